@@ -1,0 +1,244 @@
+"""Table definitions (SQLAlchemy Core): the one description of the schema.
+
+The migrations create exactly these tables, and a test compares `alembic upgrade head` with
+them. Runtime code does not use SQLAlchemy; it sends the named statements in `billing.sql`
+(and `delivery`'s own query modules) through asyncpg. Every text column has a length CHECK,
+every money column is a bigint number of credits, and every table carries `account_id`, so
+the data can be distributed by account when one server is outgrown.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+ACCOUNT_STATUSES = ("active", "closing", "deleted")
+DELIVERY_STATES = ("pending", "sending", "delivered", "dead")
+LIVE_STATES = ("pending", "sending")
+DEAD_REASONS = (
+    "out_of_retries",
+    "endpoint_deleted",
+    "account_closed",
+    "endpoint_disabled",
+    "attempts_exhausted",
+    "account_deleted",
+)
+LEDGER_KINDS = (
+    "charge",
+    "refund",
+    "reclaim",
+    "topup",
+    "topup_reversal",
+    "closeout",
+    "adjustment",
+)
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    quoted = ", ".join(f"'{value}'" for value in values)
+    return f"{column} IN ({quoted})"
+
+
+def _length(column: str, low: int, high: int) -> str:
+    return f"char_length({column}) BETWEEN {low} AND {high}"
+
+
+def _created_at() -> sa.Column:
+    return sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+
+
+accounts = sa.Table(
+    "accounts",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("status", sa.Text, nullable=False, server_default="active"),
+    sa.Column("balance", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("price_per_delivery", sa.BigInteger, nullable=False, server_default="1"),
+    _created_at(),
+    sa.Column("deleted_at", sa.DateTime(timezone=True)),
+    sa.CheckConstraint(_length("name", 1, 200), name="name_length"),
+    sa.CheckConstraint(_in("status", ACCOUNT_STATUSES), name="status"),
+    sa.CheckConstraint("price_per_delivery >= 0", name="price_non_negative"),
+    comment="A sender. balance is a cached sum of its ledger entries, updated in the same transaction as each entry.",
+)
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
+    sa.Column("key_hash", sa.LargeBinary, nullable=False, unique=True),
+    sa.Column("prefix", sa.Text, nullable=False),
+    _created_at(),
+    sa.Column("revoked_at", sa.DateTime(timezone=True)),
+    sa.CheckConstraint(_length("prefix", 4, 32), name="prefix_length"),
+    sa.CheckConstraint("octet_length(key_hash) = 32", name="key_hash_length"),
+    sa.Index(None, "account_id"),
+    comment="Account API keys, stored only as SHA-256 hashes; the prefix lets a person tell keys apart.",
+)
+
+endpoints = sa.Table(
+    "endpoints",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("description", sa.Text, nullable=False, server_default=""),
+    sa.Column("event_types", pg.ARRAY(sa.Text)),
+    sa.Column("secret", sa.LargeBinary),
+    sa.Column("previous_secret", sa.LargeBinary),
+    sa.Column("previous_secret_expires_at", sa.DateTime(timezone=True)),
+    sa.Column("timeout_ms", sa.Integer, nullable=False, server_default="15000"),
+    sa.Column("enabled", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Column("disabled_reason", sa.Text),
+    _created_at(),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("deleted_at", sa.DateTime(timezone=True)),
+    sa.CheckConstraint(_length("url", 1, 2048), name="url_length"),
+    sa.CheckConstraint(_length("description", 0, 1000), name="description_length"),
+    sa.CheckConstraint("disabled_reason IS NULL OR " + _length("disabled_reason", 1, 500), name="disabled_reason_length"),
+    sa.CheckConstraint("cardinality(event_types) BETWEEN 1 AND 100", name="event_types_count"),
+    sa.CheckConstraint("timeout_ms BETWEEN 1000 AND 60000", name="timeout_range"),
+    sa.CheckConstraint("octet_length(secret) <= 1024 AND octet_length(previous_secret) <= 1024", name="secret_length"),
+    sa.Index(None, "account_id"),
+    comment="Where an account's webhooks go. Secrets are encrypted at rest (signing.at_rest); event_types NULL means every type.",
+)
+
+messages = sa.Table(
+    "messages",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
+    sa.Column("event_type", sa.Text, nullable=False),
+    sa.Column("payload", sa.LargeBinary),
+    sa.Column("idempotency_key", sa.Text),
+    sa.Column("request_hash", sa.LargeBinary),
+    _created_at(),
+    sa.CheckConstraint(_length("event_type", 1, 256), name="event_type_length"),
+    sa.CheckConstraint("idempotency_key IS NULL OR " + _length("idempotency_key", 1, 255), name="idempotency_key_length"),
+    sa.CheckConstraint("octet_length(payload) <= 1048576", name="payload_size"),
+    sa.UniqueConstraint("account_id", "idempotency_key"),
+    comment="An event an app enqueued. payload is the exact body bytes sent; erased (NULL) when the account is deleted.",
+)
+
+deliveries = sa.Table(
+    "deliveries",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
+    sa.Column("message_id", pg.UUID(as_uuid=True), sa.ForeignKey("messages.id"), nullable=False),
+    sa.Column("endpoint_id", pg.UUID(as_uuid=True), sa.ForeignKey("endpoints.id"), nullable=False),
+    sa.Column("price", sa.BigInteger, nullable=False),
+    sa.Column("state", sa.Text, nullable=False, server_default="pending"),
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("attempts_max", sa.Integer, nullable=False),
+    sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("leased_until", sa.DateTime(timezone=True)),
+    sa.Column("dead_reason", sa.Text),
+    _created_at(),
+    sa.Column("finished_at", sa.DateTime(timezone=True)),
+    sa.CheckConstraint("price >= 0", name="price_non_negative"),
+    sa.CheckConstraint(_in("state", DELIVERY_STATES), name="state"),
+    sa.CheckConstraint("dead_reason IS NULL OR " + _in("dead_reason", DEAD_REASONS), name="dead_reason"),
+    sa.CheckConstraint("(state = 'dead') = (dead_reason IS NOT NULL) OR state = 'delivered'", name="dead_has_reason"),
+    sa.CheckConstraint("attempt >= 0 AND attempt <= attempts_max", name="attempt_range"),
+    sa.CheckConstraint("attempts_max BETWEEN 1 AND 50", name="attempts_max_range"),
+    sa.CheckConstraint("(state = 'sending') = (leased_until IS NOT NULL)", name="lease_only_when_sending"),
+    sa.Index("ix_deliveries_due", "next_attempt_at", postgresql_where=sa.text("state = 'pending'")),
+    sa.Index("ix_deliveries_lease", "leased_until", postgresql_where=sa.text("state = 'sending'")),
+    sa.Index("ix_deliveries_account_live", "account_id", "id", postgresql_where=sa.text("state IN ('pending', 'sending')")),
+    sa.Index(None, "account_id", "created_at"),
+    sa.Index(None, "message_id"),
+    sa.Index(None, "endpoint_id", "state"),
+    comment="One message to one endpoint. Charged when created; ends delivered or dead (refunded once by billing.settle).",
+)
+
+delivery_attempts = sa.Table(
+    "delivery_attempts",
+    metadata,
+    sa.Column("delivery_id", pg.UUID(as_uuid=True), sa.ForeignKey("deliveries.id"), primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("finished_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("status_code", sa.Integer),
+    sa.Column("latency_ms", sa.Integer),
+    sa.Column("error", sa.Text),
+    sa.Column("response_excerpt", sa.Text),
+    sa.Column("stale", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.CheckConstraint("attempt >= 1", name="attempt_positive"),
+    sa.CheckConstraint("status_code IS NULL OR status_code BETWEEN 100 AND 599", name="status_code_range"),
+    sa.CheckConstraint("error IS NULL OR " + _length("error", 1, 1000), name="error_length"),
+    sa.CheckConstraint("response_excerpt IS NULL OR char_length(response_excerpt) <= 4096", name="excerpt_length"),
+    sa.CheckConstraint("latency_ms IS NULL OR latency_ms >= 0", name="latency_non_negative"),
+    sa.Index(None, "account_id", "finished_at"),
+    comment="What each send did. stale marks a result that arrived after its attempt was fenced off.",
+)
+
+ledger_entries = sa.Table(
+    "ledger_entries",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("seq", sa.BigInteger, sa.Identity(always=True), nullable=False, unique=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
+    sa.Column("delivery_id", pg.UUID(as_uuid=True)),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("amount", sa.BigInteger, nullable=False),
+    sa.Column("note", sa.Text),
+    _created_at(),
+    sa.CheckConstraint(_in("kind", LEDGER_KINDS), name="kind"),
+    sa.CheckConstraint(_length("id", 3, 300), name="id_length"),
+    sa.CheckConstraint("note IS NULL OR " + _length("note", 1, 1000), name="note_length"),
+    # Ids are derived, never random: the id says what the entry is for, so a second write of
+    # the same fact collides on the primary key instead of adding money.
+    sa.CheckConstraint(
+        "(kind IN ('charge', 'refund', 'reclaim')) = (delivery_id IS NOT NULL)"
+        " AND (delivery_id IS NULL OR id = kind || ':' || delivery_id::text)",
+        name="delivery_entry_id",
+    ),
+    sa.CheckConstraint(
+        "kind NOT IN ('topup', 'topup_reversal', 'closeout') OR id LIKE kind || ':%'",
+        name="derived_id",
+    ),
+    sa.CheckConstraint(
+        "CASE kind WHEN 'charge' THEN amount <= 0 WHEN 'reclaim' THEN amount <= 0"
+        " WHEN 'refund' THEN amount >= 0 WHEN 'topup' THEN amount > 0"
+        " WHEN 'topup_reversal' THEN amount < 0 ELSE true END",
+        name="amount_sign",
+    ),
+    sa.Index(None, "account_id", "seq"),
+    sa.Index(None, "delivery_id", postgresql_where=sa.text("delivery_id IS NOT NULL")),
+    comment="Append-only ledger. Every credit moves through here; a trigger refuses UPDATE, DELETE and TRUNCATE.",
+)
+
+APPEND_ONLY_FUNCTION = """
+CREATE FUNCTION ledger_entries_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'ledger_entries is append-only: % refused', TG_OP
+        USING ERRCODE = 'raise_exception', HINT = 'correct a mistake with an adjustment entry';
+END;
+$$
+"""
+APPEND_ONLY_TRIGGERS = (
+    "CREATE TRIGGER ledger_entries_no_update_delete BEFORE UPDATE OR DELETE ON ledger_entries"
+    " FOR EACH ROW EXECUTE FUNCTION ledger_entries_append_only()",
+    "CREATE TRIGGER ledger_entries_no_truncate BEFORE TRUNCATE ON ledger_entries"
+    " FOR EACH STATEMENT EXECUTE FUNCTION ledger_entries_append_only()",
+)
+# ALWAYS: the triggers fire even under session_replication_role = replica, which a superuser
+# could otherwise set to skip ordinary triggers.
+APPEND_ONLY_ENABLE_ALWAYS = (
+    "ALTER TABLE ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_no_update_delete",
+    "ALTER TABLE ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_no_truncate",
+)

@@ -1,0 +1,1 @@
+"""Standard Webhooks signing and verification. Pure: imports nothing of ours."""

