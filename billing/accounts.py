@@ -1,0 +1,178 @@
+"""Accounts and top-ups: create, top up by order id, reverse a top-up, read the balance.
+
+Every operation is one transaction that locks the account row first (the lock order used
+everywhere: account, then deliveries), writes its ledger entry with a derived id, and moves
+the cached balance in the same transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from billing import ids
+from billing.database import Executor, transaction
+from billing.errors import (
+    AccountNotActive,
+    AccountNotFound,
+    InsufficientBalance,
+    InvalidInput,
+    TopupConflict,
+    TopupUnknown,
+)
+
+NAME_LENGTH_MAX = 200
+ORDER_ID_LENGTH_MAX = 200
+AMOUNT_MAX = 10**15  # credits; far above any real top-up, far below bigint overflow
+PRICE_MAX = 10**9
+
+
+@dataclass(frozen=True)
+class Account:
+    id: uuid.UUID
+    name: str
+    status: str
+    balance: int
+    price_per_delivery: int
+
+
+@dataclass(frozen=True)
+class Balance:
+    balance: int
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class TopupResult:
+    entry_id: str
+    amount: int
+    balance: int
+    applied: bool  # False when this order was already applied before (idempotent repeat)
+
+
+def _check_amount(amount: object, what: str) -> int:
+    if isinstance(amount, bool) or not isinstance(amount, int):
+        raise InvalidInput(f"{what} must be an integer number of credits, got {amount!r}")
+    if not 0 < amount <= AMOUNT_MAX:
+        raise InvalidInput(f"{what} must be between 1 and {AMOUNT_MAX}, got {amount}")
+    return amount
+
+
+def _check_text(value: object, what: str, length_max: int) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(f"{what} must be a non-empty string")
+    if len(value) > length_max:
+        raise InvalidInput(f"{what} is {len(value)} characters; the limit is {length_max}")
+    return value
+
+
+async def _lock_account(connection, account_id: uuid.UUID):
+    row = await connection.fetchrow(
+        "SELECT id, name, status, balance, price_per_delivery FROM accounts WHERE id = $1 FOR UPDATE",
+        account_id,
+    )
+    if row is None:
+        raise AccountNotFound(f"no account {account_id}")
+    return row
+
+
+async def create_account(executor: Executor, name: str, *, price_per_delivery: int = 1) -> Account:
+    _check_text(name, "name", NAME_LENGTH_MAX)
+    if isinstance(price_per_delivery, bool) or not isinstance(price_per_delivery, int):
+        raise InvalidInput(f"price_per_delivery must be an integer, got {price_per_delivery!r}")
+    if not 0 <= price_per_delivery <= PRICE_MAX:
+        raise InvalidInput(f"price_per_delivery must be between 0 and {PRICE_MAX}")
+    account_id = ids.new_id()
+    async with transaction(executor) as connection:
+        row = await connection.fetchrow(
+            "INSERT INTO accounts (id, name, price_per_delivery) VALUES ($1, $2, $3)"
+            " RETURNING id, name, status, balance, price_per_delivery",
+            account_id,
+            name,
+            price_per_delivery,
+        )
+    return Account(**dict(row))
+
+
+async def get_account(executor: Executor, account_id: uuid.UUID) -> Account:
+    row = await executor.fetchrow(
+        "SELECT id, name, status, balance, price_per_delivery FROM accounts WHERE id = $1", account_id
+    )
+    if row is None:
+        raise AccountNotFound(f"no account {account_id}")
+    return Account(**dict(row))
+
+
+async def top_up(executor: Executor, account_id: uuid.UUID, order_id: str, amount: int) -> TopupResult:
+    """Add credits for a paid order. The same order twice adds once; another amount is an error."""
+    _check_text(order_id, "order_id", ORDER_ID_LENGTH_MAX)
+    _check_amount(amount, "amount")
+    entry_id = ids.topup_id(order_id)
+    async with transaction(executor) as connection:
+        account = await _lock_account(connection, account_id)
+        existing = await connection.fetchrow(
+            "SELECT account_id, amount FROM ledger_entries WHERE id = $1", entry_id
+        )
+        if existing is not None:
+            if existing["account_id"] != account_id or existing["amount"] != amount:
+                raise TopupConflict(
+                    f"order {order_id!r} was already applied with amount {existing['amount']}"
+                    + ("" if existing["account_id"] == account_id else " to another account")
+                )
+            return TopupResult(entry_id, amount, account["balance"], applied=False)
+        if account["status"] != "active":
+            raise AccountNotActive(f"account {account_id} is {account['status']}")
+        balance = await connection.fetchval(
+            "WITH entry AS (INSERT INTO ledger_entries (id, account_id, kind, amount)"
+            " VALUES ($1, $2, 'topup', $3))"
+            " UPDATE accounts SET balance = balance + $3 WHERE id = $2 RETURNING balance",
+            entry_id,
+            account_id,
+            amount,
+        )
+    return TopupResult(entry_id, amount, balance, applied=True)
+
+
+async def reverse_top_up(executor: Executor, account_id: uuid.UUID, order_id: str) -> TopupResult:
+    """Take back a top-up (a chargeback). Refused when unknown, or when the balance cannot cover it."""
+    _check_text(order_id, "order_id", ORDER_ID_LENGTH_MAX)
+    entry_id = ids.topup_reversal_id(order_id)
+    async with transaction(executor) as connection:
+        account = await _lock_account(connection, account_id)
+        rows = await connection.fetch(
+            "SELECT id, account_id, amount FROM ledger_entries WHERE id = ANY($1::text[])",
+            [ids.topup_id(order_id), entry_id],
+        )
+        entries = {row["id"]: row for row in rows}
+        topup = entries.get(ids.topup_id(order_id))
+        if topup is None or topup["account_id"] != account_id:
+            raise TopupUnknown(f"no top-up with order id {order_id!r} on account {account_id}")
+        amount = topup["amount"]
+        if entry_id in entries:
+            return TopupResult(entry_id, -amount, account["balance"], applied=False)
+        if account["balance"] < amount:
+            raise InsufficientBalance(
+                f"balance {account['balance']} cannot cover reversing {amount}; the balance never goes below zero"
+            )
+        balance = await connection.fetchval(
+            "WITH entry AS (INSERT INTO ledger_entries (id, account_id, kind, amount)"
+            " VALUES ($1, $2, 'topup_reversal', $3))"
+            " UPDATE accounts SET balance = balance + $3 WHERE id = $2 RETURNING balance",
+            entry_id,
+            account_id,
+            -amount,
+        )
+    return TopupResult(entry_id, -amount, balance, applied=True)
+
+
+async def get_balance(executor: Executor, account_id: uuid.UUID) -> Balance:
+    """The balance, and the credits charged for deliveries not yet delivered or refunded."""
+    row = await executor.fetchrow(
+        "SELECT a.balance, (SELECT coalesce(sum(d.price), 0) FROM deliveries d"
+        "   WHERE d.account_id = a.id AND d.state IN ('pending', 'sending'))::bigint AS in_flight"
+        " FROM accounts a WHERE a.id = $1",
+        account_id,
+    )
+    if row is None:
+        raise AccountNotFound(f"no account {account_id}")
+    return Balance(balance=row["balance"], in_flight=row["in_flight"])

@@ -1,0 +1,249 @@
+"""Create messages: fan out to subscribed endpoints and charge every delivery, all or nothing.
+
+`create_messages` takes a batch of requests and runs them in ONE transaction: that is what
+the API's group commit feeds it (concurrent requests coalesced), and a single create is a
+batch of one. Accounts are locked in id order, so two batches never deadlock. Each request
+succeeds or fails on its own: one request's insufficient balance refuses that request alone,
+and a refused request writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+
+from billing import ids
+from billing.database import Executor, transaction
+from billing.errors import (
+    AccountNotActive,
+    AccountNotFound,
+    BillingError,
+    IdempotencyConflict,
+    InsufficientBalance,
+    InvalidInput,
+)
+
+EVENT_TYPE_LENGTH_MAX = 256
+IDEMPOTENCY_KEY_LENGTH_MAX = 255
+PAYLOAD_BYTES_MAX = 1_048_576  # the schema's bound; the API enforces its own, smaller limit
+BATCH_REQUESTS_MAX = 1000
+
+
+@dataclass(frozen=True)
+class MessageRequest:
+    account_id: uuid.UUID
+    event_type: str
+    payload: bytes
+    idempotency_key: str | None = None
+
+    def request_hash(self) -> bytes:
+        return hashlib.sha256(self.event_type.encode() + b"\0" + self.payload).digest()
+
+
+@dataclass(frozen=True)
+class CreatedDelivery:
+    id: uuid.UUID
+    endpoint_id: uuid.UUID
+    price: int
+
+
+@dataclass(frozen=True)
+class MessageCreated:
+    message_id: uuid.UUID
+    account_id: uuid.UUID
+    event_type: str
+    deliveries: tuple[CreatedDelivery, ...]
+    total_charged: int
+    replayed: bool  # True when an idempotency key returned an earlier result
+
+
+def validate(request: MessageRequest) -> None:
+    if not isinstance(request.event_type, str) or not request.event_type:
+        raise InvalidInput("event_type must be a non-empty string")
+    if len(request.event_type) > EVENT_TYPE_LENGTH_MAX:
+        raise InvalidInput(f"event_type is longer than {EVENT_TYPE_LENGTH_MAX} characters")
+    if not isinstance(request.payload, bytes):
+        raise InvalidInput("payload must be bytes (the exact body to send)")
+    if len(request.payload) > PAYLOAD_BYTES_MAX:
+        raise InvalidInput(f"payload is {len(request.payload)} bytes; the limit is {PAYLOAD_BYTES_MAX}")
+    key = request.idempotency_key
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= IDEMPOTENCY_KEY_LENGTH_MAX):
+        raise InvalidInput(f"idempotency key must be 1 to {IDEMPOTENCY_KEY_LENGTH_MAX} characters")
+
+
+async def create_message(executor: Executor, request: MessageRequest, *, attempts_max: int) -> MessageCreated:
+    """Create one message; raises the request's BillingError if refused."""
+    (result,) = await create_messages(executor, [request], attempts_max=attempts_max)
+    if isinstance(result, BillingError):
+        raise result
+    return result
+
+
+async def create_messages(
+    executor: Executor, requests: list[MessageRequest], *, attempts_max: int
+) -> list[MessageCreated | BillingError]:
+    """Create a batch in one transaction; the result list matches the requests one to one."""
+    if not 1 <= len(requests) <= BATCH_REQUESTS_MAX:
+        raise InvalidInput(f"a batch holds 1 to {BATCH_REQUESTS_MAX} requests")
+    results: list[MessageCreated | BillingError | None] = [None] * len(requests)
+    for index, request in enumerate(requests):
+        try:
+            validate(request)
+        except BillingError as error:
+            results[index] = error
+    valid = [index for index, result in enumerate(results) if result is None]
+    if valid:
+        async with transaction(executor) as connection:
+            plan = await _Plan.load(connection, [requests[index] for index in valid])
+            for index in valid:
+                results[index] = plan.decide(requests[index], attempts_max)
+            await plan.write(connection)
+    return results  # type: ignore[return-value]
+
+
+class _Plan:
+    """What one batch will write, decided in memory after the accounts are locked."""
+
+    def __init__(self, accounts, endpoints, replays) -> None:
+        self.accounts = accounts  # account id -> locked row
+        self.balances = {account_id: row["balance"] for account_id, row in accounts.items()}
+        self.endpoints = endpoints  # account id -> [(endpoint id, event types)]
+        self.replays = replays  # (account id, key) -> (request hash, MessageCreated)
+        self.messages: list[tuple] = []
+        self.deliveries: list[tuple] = []
+
+    @classmethod
+    async def load(cls, connection, requests: list[MessageRequest]) -> _Plan:
+        account_ids = sorted({request.account_id for request in requests})
+        rows = await connection.fetch(
+            "SELECT id, status, balance, price_per_delivery FROM accounts"
+            " WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE",
+            account_ids,
+        )
+        accounts = {row["id"]: row for row in rows}
+        endpoint_rows = await connection.fetch(
+            "SELECT id, account_id, event_types FROM endpoints"
+            " WHERE account_id = ANY($1::uuid[]) AND enabled AND deleted_at IS NULL ORDER BY id",
+            list(accounts),
+        )
+        endpoints = defaultdict(list)
+        for row in endpoint_rows:
+            endpoints[row["account_id"]].append((row["id"], row["event_types"]))
+        keyed = [r for r in requests if r.idempotency_key is not None and r.account_id in accounts]
+        replays = await _load_replays(connection, keyed) if keyed else {}
+        return cls(accounts, endpoints, replays)
+
+    def decide(self, request: MessageRequest, attempts_max: int) -> MessageCreated | BillingError:
+        account = self.accounts.get(request.account_id)
+        if account is None:
+            return AccountNotFound(f"no account {request.account_id}")
+        key = (request.account_id, request.idempotency_key)
+        if request.idempotency_key is not None and key in self.replays:
+            stored_hash, stored = self.replays[key]
+            if stored_hash != request.request_hash():
+                return IdempotencyConflict(
+                    f"idempotency key {request.idempotency_key!r} was used with a different request"
+                )
+            return stored
+        if account["status"] != "active":
+            return AccountNotActive(f"account {request.account_id} is {account['status']}")
+        subscribed = [
+            endpoint_id
+            for endpoint_id, event_types in self.endpoints.get(request.account_id, ())
+            if event_types is None or request.event_type in event_types
+        ]
+        price = account["price_per_delivery"]
+        total = price * len(subscribed)
+        if self.balances[request.account_id] < total:
+            return InsufficientBalance(
+                f"balance {self.balances[request.account_id]} cannot cover {len(subscribed)}"
+                f" deliveries at {price} credits each ({total})"
+            )
+        self.balances[request.account_id] -= total
+        created = self._add(request, subscribed, price, attempts_max)
+        if request.idempotency_key is not None:
+            self.replays[key] = (request.request_hash(), _replayed(created))
+        return created
+
+    def _add(self, request: MessageRequest, subscribed, price: int, attempts_max: int) -> MessageCreated:
+        message_id = ids.new_id()
+        self.messages.append(
+            (message_id, request.account_id, request.event_type, request.payload,
+             request.idempotency_key, request.request_hash() if request.idempotency_key else None)
+        )
+        created = []
+        for endpoint_id in subscribed:
+            delivery_id = ids.new_id()
+            self.deliveries.append((delivery_id, request.account_id, message_id, endpoint_id, price, attempts_max))
+            created.append(CreatedDelivery(delivery_id, endpoint_id, price))
+        return MessageCreated(
+            message_id, request.account_id, request.event_type, tuple(created), price * len(created), replayed=False
+        )
+
+    async def write(self, connection) -> None:
+        """Three set-based inserts and one balance update for the whole batch."""
+        if not self.messages:
+            return
+        await connection.execute(
+            "INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash)"
+            " SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[])",
+            *zip(*self.messages),
+        )
+        if not self.deliveries:
+            return
+        columns = list(zip(*self.deliveries))
+        await connection.execute(
+            "INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"
+            " SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::uuid[], $5::bigint[], $6::int[])",
+            *columns,
+        )
+        # One charge per delivery, with the id derived from the delivery id (invariant I1).
+        await connection.execute(
+            "INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
+            " SELECT 'charge:' || d, a, d, 'charge', -p FROM unnest($1::uuid[], $2::uuid[], $3::bigint[]) AS t(d, a, p)",
+            columns[0],
+            columns[1],
+            columns[4],
+        )
+        changed = [(account_id, balance) for account_id, balance in self.balances.items()
+                   if balance != self.accounts[account_id]["balance"]]
+        if changed:
+            await connection.execute(
+                "UPDATE accounts SET balance = t.balance FROM unnest($1::uuid[], $2::bigint[]) AS t(id, balance)"
+                " WHERE accounts.id = t.id",
+                *zip(*changed),
+            )
+
+
+def _replayed(created: MessageCreated) -> MessageCreated:
+    return MessageCreated(
+        created.message_id, created.account_id, created.event_type, created.deliveries, created.total_charged, True
+    )
+
+
+async def _load_replays(connection, requests: list[MessageRequest]) -> dict:
+    """Earlier results for the batch's idempotency keys, read after the accounts are locked."""
+    rows = await connection.fetch(
+        "SELECT m.id, m.account_id, m.event_type, m.idempotency_key, m.request_hash,"
+        "   coalesce(array_agg(d.id ORDER BY d.id) FILTER (WHERE d.id IS NOT NULL), '{}') AS delivery_ids,"
+        "   coalesce(array_agg(d.endpoint_id ORDER BY d.id) FILTER (WHERE d.id IS NOT NULL), '{}') AS endpoint_ids,"
+        "   coalesce(array_agg(d.price ORDER BY d.id) FILTER (WHERE d.id IS NOT NULL), '{}') AS prices"
+        " FROM messages m JOIN unnest($1::uuid[], $2::text[]) AS k(account_id, idempotency_key)"
+        "   ON m.account_id = k.account_id AND m.idempotency_key = k.idempotency_key"
+        " LEFT JOIN deliveries d ON d.message_id = m.id"
+        " GROUP BY m.id",
+        [request.account_id for request in requests],
+        [request.idempotency_key for request in requests],
+    )
+    replays = {}
+    for row in rows:
+        deliveries = tuple(
+            CreatedDelivery(d, e, p) for d, e, p in zip(row["delivery_ids"], row["endpoint_ids"], row["prices"])
+        )
+        created = MessageCreated(
+            row["id"], row["account_id"], row["event_type"], deliveries, sum(d.price for d in deliveries), True
+        )
+        replays[(row["account_id"], row["idempotency_key"])] = (row["request_hash"], created)
+    return replays

@@ -1,0 +1,73 @@
+"""The pre-send check: load what a claimed delivery needs, or settle it if it cannot be sent.
+
+Runs after the claim committed and before the send, in one read: account still active,
+endpoint still there and enabled. What fails the check dies here through billing.settle,
+quoting the claimed attempt (death paths 2 and 3).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import asyncpg
+
+from billing.settle import DeadReason, Settled, settle
+from delivery.claims import Claimed
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A claimed delivery with everything the sender needs."""
+
+    claimed: Claimed
+    url: str
+    timeout_ms: int
+    secret: bytes | None  # ciphertext (signing.at_rest)
+    previous_secret: bytes | None  # still signs until it expires (rotation)
+    event_type: str
+    payload: bytes
+
+
+_LOAD = (
+    "SELECT d.id, a.status AS account_status, e.url, e.timeout_ms, e.enabled, e.deleted_at IS NOT NULL AS endpoint_deleted,"
+    "   e.secret, CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,"
+    "   m.event_type, m.payload"
+    " FROM deliveries d JOIN accounts a ON a.id = d.account_id JOIN endpoints e ON e.id = d.endpoint_id"
+    " JOIN messages m ON m.id = d.message_id"
+    " WHERE d.id = ANY($1::uuid[])"
+)
+
+
+def reason_not_to_send(row) -> DeadReason | None:
+    if row["account_status"] != "active" or row["payload"] is None:
+        return DeadReason.ACCOUNT_CLOSED
+    if row["endpoint_deleted"]:
+        return DeadReason.ENDPOINT_DELETED
+    if not row["enabled"]:
+        return DeadReason.ENDPOINT_DISABLED
+    return None
+
+
+async def load_for_send(pool: asyncpg.Pool, claimed: list[Claimed]) -> tuple[list[Outgoing], list[Settled]]:
+    """Split claimed deliveries into those to send and those settled by the check."""
+    if not claimed:
+        return [], []
+    rows = {row["id"]: row for row in await pool.fetch(_LOAD, [c.id for c in claimed])}
+    outgoing: list[Outgoing] = []
+    settled: list[Settled] = []
+    for item in claimed:
+        row = rows[item.id]
+        reason = reason_not_to_send(row)
+        if reason is not None:
+            settled.append(await settle(pool, item.id, reason, attempt=item.attempt))
+            continue
+        outgoing.append(
+            Outgoing(item, row["url"], row["timeout_ms"], row["secret"], row["previous_secret"],
+                     row["event_type"], row["payload"])
+        )
+    return outgoing, settled
+
+
+def delivery_ids(items: list[Outgoing]) -> list[uuid.UUID]:
+    return [item.claimed.id for item in items]

@@ -1,0 +1,171 @@
+"""Record what sends did, quoting the attempt, in batches; and expire lost leases.
+
+A result only changes a delivery still `sending` on the attempt it quotes (fencing). A write
+that matches nothing is stale and changes nothing, with one exception: a stale success on a
+delivery that was meanwhile dead-lettered and refunded takes the refund back once
+(billing.settle.reclaim). A failure on the last attempt settles the delivery
+(`out_of_retries`). Rows are locked in id order, the one order every batched writer uses.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from billing.settle import DeadReason, Outcome, reclaim, settle
+
+RESULT_BATCH_MAX = 1000
+LEASE_EXPIRED_ERROR = "lease expired before a result was recorded"
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    delivery_id: uuid.UUID
+    attempt: int
+    account_id: uuid.UUID
+    success: bool
+    latency_ms: int
+    status_code: int | None = None
+    error: str | None = None
+    response_excerpt: str | None = None
+    retry_delay_seconds: float = 0.0  # used when the attempt failed and another is left
+
+
+@dataclass
+class RecordSummary:
+    delivered: list[uuid.UUID] = field(default_factory=list)
+    retrying: list[uuid.UUID] = field(default_factory=list)
+    settled: list[uuid.UUID] = field(default_factory=list)  # out_of_retries, refunded now
+    stale: list[uuid.UUID] = field(default_factory=list)
+    reclaimed: list[uuid.UUID] = field(default_factory=list)
+
+
+_LOCK_IN_ORDER = "SELECT id, state, attempt, attempts_max FROM deliveries WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE"
+_MARK_DELIVERED = (
+    "UPDATE deliveries d SET state = 'delivered', leased_until = NULL, finished_at = now()"
+    " FROM unnest($1::uuid[], $2::int[]) AS r(id, attempt)"
+    " WHERE d.id = r.id AND d.attempt = r.attempt AND d.state = 'sending' RETURNING d.id"
+)
+_SCHEDULE_RETRY = (
+    "UPDATE deliveries d SET state = 'pending', leased_until = NULL,"
+    "   next_attempt_at = now() + r.delay * interval '1 second'"
+    " FROM unnest($1::uuid[], $2::int[], $3::float8[]) AS r(id, attempt, delay)"
+    " WHERE d.id = r.id AND d.attempt = r.attempt AND d.state = 'sending' AND d.attempt < d.attempts_max"
+    " RETURNING d.id"
+)
+# A lease-expiry placeholder is replaced by the real result when the slow send reports in.
+_INSERT_ATTEMPTS = (
+    "INSERT INTO delivery_attempts AS a (delivery_id, attempt, account_id, started_at, finished_at,"
+    "   status_code, latency_ms, error, response_excerpt, stale)"
+    " SELECT r.d, r.n, r.a, now() - r.l * interval '1 millisecond', now(), r.s, r.l, r.e, r.x, r.stale"
+    " FROM unnest($1::uuid[], $2::int[], $3::uuid[], $4::int[], $5::int[], $6::text[], $7::text[], $8::bool[])"
+    "   AS r(d, n, a, s, l, e, x, stale)"
+    " ON CONFLICT (delivery_id, attempt) DO UPDATE SET status_code = excluded.status_code,"
+    "   latency_ms = excluded.latency_ms, error = excluded.error, response_excerpt = excluded.response_excerpt,"
+    "   finished_at = excluded.finished_at, stale = true"
+    " WHERE a.error = '" + LEASE_EXPIRED_ERROR + "'"
+)
+
+
+async def record_results(pool: asyncpg.Pool, results: list[AttemptResult]) -> RecordSummary:
+    """Apply a batch of send results; settle and reclaim afterwards, each in its own transaction."""
+    if not 1 <= len(results) <= RESULT_BATCH_MAX:
+        raise ValueError(f"a result batch holds 1 to {RESULT_BATCH_MAX} results")
+    successes = [r for r in results if r.success]
+    failures = [r for r in results if not r.success]
+    summary = RecordSummary()
+    async with pool.acquire() as connection, connection.transaction():
+        rows = await connection.fetch(_LOCK_IN_ORDER, [r.delivery_id for r in results])
+        current = {row["id"]: row for row in rows}
+        if successes:
+            summary.delivered = [row["id"] for row in await connection.fetch(
+                _MARK_DELIVERED, [r.delivery_id for r in successes], [r.attempt for r in successes])]
+        if failures:
+            summary.retrying = [row["id"] for row in await connection.fetch(
+                _SCHEDULE_RETRY,
+                [r.delivery_id for r in failures],
+                [r.attempt for r in failures],
+                [r.retry_delay_seconds for r in failures])]
+        applied = set(summary.delivered) | set(summary.retrying)
+        last_attempt_failures = [
+            r for r in failures
+            if r.delivery_id not in applied and _on_attempt(current.get(r.delivery_id), r.attempt, "sending")
+        ]
+        fenced = {r.delivery_id for r in last_attempt_failures} | applied
+        await connection.execute(_INSERT_ATTEMPTS, *_attempt_columns(results, fenced))
+    for result in last_attempt_failures:
+        settled = await settle(pool, result.delivery_id, DeadReason.OUT_OF_RETRIES, attempt=result.attempt)
+        (summary.settled if settled.outcome == Outcome.REFUNDED else summary.stale).append(result.delivery_id)
+    for result in results:
+        if result.delivery_id in fenced:
+            continue
+        summary.stale.append(result.delivery_id)
+        if result.success and (await reclaim(pool, result.delivery_id)).outcome == Outcome.RECLAIMED:
+            summary.reclaimed.append(result.delivery_id)
+    return summary
+
+
+def _on_attempt(row, attempt: int, state: str) -> bool:
+    return row is not None and row["attempt"] == attempt and row["state"] == state
+
+
+def _attempt_columns(results: list[AttemptResult], fenced: set[uuid.UUID]) -> list[list]:
+    return [
+        [r.delivery_id for r in results],
+        [r.attempt for r in results],
+        [r.account_id for r in results],
+        [r.status_code for r in results],
+        [max(0, int(r.latency_ms)) for r in results],
+        [_bounded(r.error, 1000) for r in results],
+        [_bounded(r.response_excerpt, 4096) for r in results],
+        [r.delivery_id not in fenced for r in results],
+    ]
+
+
+def _bounded(text: str | None, length_max: int) -> str | None:
+    if not text:
+        return None
+    return text[:length_max]
+
+
+_EXPIRED_LEASES = (
+    "SELECT id, account_id, attempt FROM deliveries"
+    " WHERE state = 'sending' AND leased_until < now()"
+    " ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+)
+_RETURN_TO_PENDING = (
+    "UPDATE deliveries d SET state = 'pending', leased_until = NULL,"
+    "   next_attempt_at = now() + r.delay * interval '1 second'"
+    " FROM unnest($1::uuid[], $2::float8[]) AS r(id, delay) WHERE d.id = r.id"
+)
+
+
+async def expire_leases(
+    pool: asyncpg.Pool, *, batch_size: int, delay_seconds: Callable[[int], float]
+) -> list[uuid.UUID]:
+    """Treat expired `sending` leases as failed attempts (the worker died or stalled).
+
+    The delivery goes back to pending with the backoff for its next attempt. One that used its
+    last attempt is left pending at the limit; the next claim settles it (attempts_exhausted).
+    """
+    async with pool.acquire() as connection, connection.transaction():
+        rows = await connection.fetch(_EXPIRED_LEASES, batch_size)
+        if not rows:
+            return []
+        ids = [row["id"] for row in rows]
+        await connection.execute(_RETURN_TO_PENDING, ids, [float(delay_seconds(row["attempt"])) for row in rows])
+        await connection.execute(
+            _INSERT_ATTEMPTS,
+            ids,
+            [row["attempt"] for row in rows],
+            [row["account_id"] for row in rows],
+            [None] * len(rows),
+            [0] * len(rows),
+            [LEASE_EXPIRED_ERROR] * len(rows),
+            [None] * len(rows),
+            [False] * len(rows),
+        )
+    return ids
