@@ -1,1 +1,116 @@
-"""Standard Webhooks signing and verification. Pure: imports nothing of ours."""
+"""Standard Webhooks signing and verification. Pure: imports nothing of ours.
+
+Sender side: `generate_secret`, `generate_key_pair`, `Signer` / `sign` / `webhook_headers`,
+and secrets at rest (`encrypt_secret`, `decrypt_secret`, `Keyring`, `parse_keyring`).
+Receiver side: `verify` / `Verifier`, dedupe stores, and the aiohttp `webhook_handler`.
+"""
+
+from signing.at_rest import (
+    Keyring,
+    ciphertext_key_id,
+    decrypt_secret,
+    encrypt_secret,
+    format_keyring,
+    generate_at_rest_key,
+    parse_keyring,
+)
+from signing.dedupe import Claim, DedupeStore, MemoryDedupeStore, RedisDedupeStore
+from signing.dedupe_postgres import (
+    PostgresDedupe,
+    PostgresDedupeStore,
+    create_receipts_table,
+    delete_old_receipts,
+    receipts_table_ddl,
+)
+from signing.errors import (
+    AtRestError,
+    EmptyBodyError,
+    InvalidBase64Error,
+    InvalidKeyError,
+    InvalidKeyringError,
+    InvalidTimestampError,
+    MalformedCiphertextError,
+    MissingCommaError,
+    MissingHeaderError,
+    NoMatchingSignatureError,
+    SignatureLengthError,
+    SigningError,
+    TamperedCiphertextError,
+    TimestampTooNewError,
+    TimestampTooOldError,
+    UnknownKeyIdError,
+    UnknownVersionError,
+    VerificationError,
+)
+from signing.keys import (
+    Ed25519SigningKey,
+    Ed25519VerifyingKey,
+    HmacSecret,
+    generate_key_pair,
+    generate_secret,
+    parse_signing_key,
+    parse_verifying_key,
+)
+from signing.receiver import WebhookEvent, webhook_handler
+from signing.signatures import (
+    Signer,
+    VerifiedWebhook,
+    Verifier,
+    parse_signature_header,
+    sign,
+    verify,
+    webhook_headers,
+)
+
+__all__ = [
+    "AtRestError",
+    "Claim",
+    "DedupeStore",
+    "Ed25519SigningKey",
+    "Ed25519VerifyingKey",
+    "EmptyBodyError",
+    "HmacSecret",
+    "InvalidBase64Error",
+    "InvalidKeyError",
+    "InvalidKeyringError",
+    "InvalidTimestampError",
+    "Keyring",
+    "MalformedCiphertextError",
+    "MemoryDedupeStore",
+    "MissingCommaError",
+    "MissingHeaderError",
+    "NoMatchingSignatureError",
+    "PostgresDedupe",
+    "PostgresDedupeStore",
+    "RedisDedupeStore",
+    "SignatureLengthError",
+    "Signer",
+    "SigningError",
+    "TamperedCiphertextError",
+    "TimestampTooNewError",
+    "TimestampTooOldError",
+    "UnknownKeyIdError",
+    "UnknownVersionError",
+    "VerificationError",
+    "VerifiedWebhook",
+    "Verifier",
+    "WebhookEvent",
+    "ciphertext_key_id",
+    "create_receipts_table",
+    "decrypt_secret",
+    "delete_old_receipts",
+    "encrypt_secret",
+    "format_keyring",
+    "generate_at_rest_key",
+    "generate_key_pair",
+    "generate_secret",
+    "parse_keyring",
+    "parse_signature_header",
+    "parse_signing_key",
+    "parse_verifying_key",
+    "receipts_table_ddl",
+    "sign",
+    "verify",
+    "webhook_handler",
+    "webhook_headers",
+]
