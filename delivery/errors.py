@@ -40,6 +40,10 @@ class SenderSettingsError(DeliveryError, ValueError):
     """A sender setting is out of its allowed range."""
 
 
+class SenderOverloadedError(DeliveryError):
+    """More concurrent sends were started than SenderSettings.sends_pending_max allows (a caller bug)."""
+
+
 class InvalidEndpointUrlError(DeliveryError, ValueError):
     """The endpoint URL is not acceptable."""
 
