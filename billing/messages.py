@@ -117,20 +117,20 @@ class _Plan:
     @classmethod
     async def load(cls, connection, requests: list[MessageRequest]) -> _Plan:
         account_ids = sorted({request.account_id for request in requests})
+        # One round trip: lock the accounts in id order and read their live endpoints.
         rows = await connection.fetch(
-            "SELECT id, status, balance, price_per_delivery FROM accounts"
-            " WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE",
+            "SELECT a.id, a.status, a.balance, a.price_per_delivery, e.id AS endpoint_id, e.event_types"
+            " FROM accounts a LEFT JOIN endpoints e"
+            "   ON e.account_id = a.id AND e.enabled AND e.deleted_at IS NULL"
+            " WHERE a.id = ANY($1::uuid[]) ORDER BY a.id, e.id FOR UPDATE OF a",
             account_ids,
         )
-        accounts = {row["id"]: row for row in rows}
-        endpoint_rows = await connection.fetch(
-            "SELECT id, account_id, event_types FROM endpoints"
-            " WHERE account_id = ANY($1::uuid[]) AND enabled AND deleted_at IS NULL ORDER BY id",
-            list(accounts),
-        )
+        accounts = {}
         endpoints = defaultdict(list)
-        for row in endpoint_rows:
-            endpoints[row["account_id"]].append((row["id"], row["event_types"]))
+        for row in rows:
+            accounts.setdefault(row["id"], row)
+            if row["endpoint_id"] is not None:
+                endpoints[row["id"]].append((row["endpoint_id"], row["event_types"]))
         keyed = [r for r in requests if r.idempotency_key is not None and r.account_id in accounts]
         replays = await _load_replays(connection, keyed) if keyed else {}
         return cls(accounts, endpoints, replays)
@@ -183,38 +183,32 @@ class _Plan:
         )
 
     async def write(self, connection) -> None:
-        """Three set-based inserts and one balance update for the whole batch."""
+        """The whole batch in one statement: messages, deliveries, their charges, the balances."""
         if not self.messages:
             return
-        await connection.execute(
-            "INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash)"
-            " SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[])",
-            *zip(*self.messages),
-        )
-        if not self.deliveries:
-            return
-        columns = list(zip(*self.deliveries))
-        await connection.execute(
-            "INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"
-            " SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::uuid[], $5::bigint[], $6::int[])",
-            *columns,
-        )
-        # One charge per delivery, with the id derived from the delivery id (invariant I1).
-        await connection.execute(
-            "INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
-            " SELECT 'charge:' || d, a, d, 'charge', -p FROM unnest($1::uuid[], $2::uuid[], $3::bigint[]) AS t(d, a, p)",
-            columns[0],
-            columns[1],
-            columns[4],
-        )
+        deliveries = list(zip(*self.deliveries)) or [[], [], [], [], [], []]
         changed = [(account_id, balance) for account_id, balance in self.balances.items()
                    if balance != self.accounts[account_id]["balance"]]
-        if changed:
-            await connection.execute(
-                "UPDATE accounts SET balance = t.balance FROM unnest($1::uuid[], $2::bigint[]) AS t(id, balance)"
-                " WHERE accounts.id = t.id",
-                *zip(*changed),
-            )
+        balances = list(zip(*changed)) or [[], []]
+        await connection.execute(_WRITE_BATCH, *zip(*self.messages), *deliveries, *balances)
+
+
+# One charge per delivery, its id derived from the delivery id (invariant I1), written in the
+# same statement as the delivery, and the balances moved in that statement too.
+_WRITE_BATCH = (
+    "WITH message_rows AS ("
+    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash)"
+    "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[])),"
+    " delivery_rows AS ("
+    "   INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"
+    "   SELECT * FROM unnest($7::uuid[], $8::uuid[], $9::uuid[], $10::uuid[], $11::bigint[], $12::int[])"
+    "   RETURNING id, account_id, price),"
+    " charge_rows AS ("
+    "   INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
+    "   SELECT 'charge:' || id, account_id, id, 'charge', -price FROM delivery_rows)"
+    " UPDATE accounts SET balance = t.balance FROM unnest($13::uuid[], $14::bigint[]) AS t(id, balance)"
+    " WHERE accounts.id = t.id"
+)
 
 
 def _replayed(created: MessageCreated) -> MessageCreated:

@@ -29,3 +29,7 @@ def downgrade(database_url: str, revision: str = "base") -> None:
 async def upgrade_async(database_url: str, revision: str = "head") -> None:
     """Upgrade from inside a running event loop (alembic's env.py runs its own loop)."""
     await asyncio.to_thread(upgrade, database_url, revision)
+
+
+async def downgrade_async(database_url: str, revision: str = "base") -> None:
+    await asyncio.to_thread(downgrade, database_url, revision)

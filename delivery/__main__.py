@@ -1,0 +1,3 @@
+from delivery.cli import main
+
+main()

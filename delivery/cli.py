@@ -1,0 +1,71 @@
+"""The `hookledger` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import typer
+from rich.console import Console
+
+from delivery import config
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="hookledger: webhooks billed per delivery.")
+console = Console()
+
+
+@app.command()
+def migrate() -> None:
+    """Apply the database migrations (alembic upgrade head)."""
+    from delivery import migrate as migrations, services
+
+    settings = config.load()
+    migrations.upgrade(services.database_url(settings.database))
+    console.print("migrated to head")
+
+
+@app.command()
+def audit(
+    account: str = typer.Option(None, help="Audit one account (its id); default: every account."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
+) -> None:
+    """Check invariants I1-I7 against the ledger. Exit code 1 on any violation."""
+    from delivery import audit_report
+    from delivery.database import open_pool
+    from billing.audit import audit as run_audit
+
+    account_id = _uuid(account, "account") if account else None
+
+    async def main():
+        pool = await open_pool(config.load())
+        try:
+            return await run_audit(pool, account_id)
+        finally:
+            await pool.close()
+
+    report = asyncio.run(main())
+    if as_json:
+        print(audit_report.to_json(report))
+    else:
+        audit_report.render(report, console)
+    raise typer.Exit(0 if report.clean else 1)
+
+
+@app.command()
+def demo() -> None:
+    """Run the ledger demo: an account, top-ups, deliveries, some settled; prints balance and audit."""
+    from delivery import demo as demo_module
+
+    raise typer.Exit(asyncio.run(demo_module.main(config.load(), console)))
+
+
+def _uuid(value: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        console.print(f"[red]error[/red]: {what} must be an id like 01a2...-...; got {value!r}")
+        raise typer.Exit(2) from None
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,16 @@
+"""Open the platform's database: the configured server or an embedded one, migrated on request."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from billing.database import create_pool
+from delivery import migrate, services
+from delivery.config import Settings
+
+
+async def open_pool(settings: Settings, *, run_migrations: bool = False) -> asyncpg.Pool:
+    url = services.database_url(settings.database)
+    if run_migrations:
+        await migrate.upgrade_async(url)
+    return await create_pool(url, size_min=settings.database.pool_size_min, size_max=settings.database.pool_size_max)
