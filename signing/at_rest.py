@@ -62,7 +62,8 @@ def parse_keyring(text: str) -> Keyring:
     """`"k2:<base64>,k1:<base64>"`: the first key is current, the rest still decrypt."""
     keys: dict[str, bytes] = {}
     for entry in text.split(","):
-        key_id, colon, encoded = entry.strip().partition(":")
+        key_id, colon, encoded = entry.partition(":")
+        key_id = key_id.strip()
         if not colon:
             raise errors.InvalidKeyringError(f"entry {key_id[:KEY_ID_LENGTH_MAX]!r} has no colon")
         if key_id in keys:
