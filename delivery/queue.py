@@ -1,0 +1,66 @@
+"""The job queue (arq on Redis), kept behind this one module so it could be replaced.
+
+Redis holds nothing that cannot be rebuilt from PostgreSQL: a job is only a hint that some
+deliveries are due. If every job is lost, the sweeper (a cron in the worker) finds the due
+deliveries in PostgreSQL within one sweep interval. Jobs carry ids, never rows, and are
+serialized as JSON, never pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+
+from arq.connections import ArqRedis, RedisSettings, create_pool
+
+QUEUE_NAME = "hookledger:deliveries"
+IDS_PER_JOB_MAX = 500
+
+
+def serialize(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def deserialize(data: bytes) -> object:
+    return json.loads(data)
+
+
+def redis_settings(redis_url: str) -> RedisSettings:
+    settings = RedisSettings.from_dsn(redis_url)
+    settings.conn_timeout = 2
+    settings.conn_retries = 5
+    settings.conn_retry_delay = 1
+    return settings
+
+
+async def connect(redis_url: str) -> ArqRedis:
+    return await create_pool(
+        redis_settings(redis_url), job_serializer=serialize, job_deserializer=deserialize,
+        default_queue_name=QUEUE_NAME,
+    )
+
+
+class Queue:
+    """Wake workers for deliveries that are due now or later."""
+
+    def __init__(self, redis: ArqRedis) -> None:
+        self.redis = redis
+
+    async def wake(self, delivery_ids: Iterable[uuid.UUID]) -> None:
+        """Ask a worker to claim these deliveries now (after their create committed)."""
+        await self._enqueue(delivery_ids, None)
+
+    async def defer(self, delivery_ids: Iterable[uuid.UUID], at: datetime) -> None:
+        """Ask a worker to claim these deliveries at their next attempt time."""
+        await self._enqueue(delivery_ids, at)
+
+    async def _enqueue(self, delivery_ids: Iterable[uuid.UUID], at: datetime | None) -> None:
+        ids = [str(delivery_id) for delivery_id in delivery_ids]
+        for start in range(0, len(ids), IDS_PER_JOB_MAX):
+            # A random job id per call: arq silently refuses a job id it has seen recently
+            # (arq #137, #432), and a lost job costs at most one sweep interval anyway.
+            await self.redis.enqueue_job(
+                "deliver", ids[start:start + IDS_PER_JOB_MAX], _job_id=uuid.uuid4().hex, _defer_until=at,
+            )
