@@ -1,0 +1,340 @@
+"""The sender against real receivers on 127.0.0.1 (loopback allowed through the allowlist).
+
+Every outcome the worker must tell apart: success, failure, gone, Retry-After, redirects not
+followed, timeout, reset, refused, a huge body cut short, and one stalled endpoint not
+delaying another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from delivery.errors import SenderOverloadedError
+from delivery.sender import USER_AGENT, Sender, SenderSettings, SendRequest
+
+LOOPBACK_ALLOWED = SenderSettings(allowed_networks=("127.0.0.0/8",))
+BODY = b'{"type":"invoice.paid","data":{"id":"in_1","amount":1200}}'
+WEBHOOK_HEADERS = {
+    "webhook-id": "msg_2Lh9KqXcV1",
+    "webhook-timestamp": "1700000000",
+    "webhook-signature": "v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9NDN/H/pI4=",
+}
+
+
+class Receiver:
+    """A real aiohttp server with one handler per path, counting hits per path."""
+
+    def __init__(self) -> None:
+        self.app = web.Application()
+        self.hits: dict[str, int] = {}
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+
+    def route(self, path: str, handler) -> None:
+        async def counted(request: web.Request) -> web.StreamResponse:
+            self.hits[path] = self.hits.get(path, 0) + 1
+            self.requests.append((dict(request.headers), await request.read()))
+            return await handler(request)
+
+        self.app.router.add_route("*", path, counted)
+
+    async def start(self) -> None:
+        self.server = TestServer(self.app, host="127.0.0.1")
+        await self.server.start_server()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.port}{path}"
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    receiver = Receiver()
+    yield receiver
+    await receiver.server.close()
+
+
+@pytest.fixture
+async def sender() -> AsyncIterator[Sender]:
+    async with Sender(LOOPBACK_ALLOWED) as sender:
+        yield sender
+
+
+def request_to(url: str, timeout_ms: int = 5000, endpoint_id: str = "ep_1") -> SendRequest:
+    return SendRequest(
+        delivery_id="msg_2Lh9KqXcV1",
+        attempt=1,
+        url=url,
+        body=BODY,
+        headers=WEBHOOK_HEADERS,
+        timeout_ms=timeout_ms,
+        endpoint_id=endpoint_id,
+    )
+
+
+def answer(status: int, text: str = "", headers: dict[str, str] | None = None):
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(status=status, text=text, headers=headers)
+
+    return handler
+
+
+async def test_success_delivers_headers_and_body_intact(receiver: Receiver, sender: Sender) -> None:
+    """A 200 is a success, and the receiver sees our exact body, the caller's headers and ours."""
+    receiver.route("/hook", answer(200, "thanks"))
+    await receiver.start()
+    result = await sender.send(request_to(receiver.url("/hook")))
+    assert result.success and result.status_code == 200 and result.error is None
+    assert result.response_excerpt == "thanks" and not result.gone and result.retry_after_seconds is None
+    headers, body = receiver.requests[0]
+    assert body == BODY
+    for name, value in WEBHOOK_HEADERS.items():
+        assert headers[name] == value
+    assert headers["Content-Type"] == "application/json"
+    assert headers["User-Agent"] == USER_AGENT and USER_AGENT.startswith("hookledger/")
+    assert "Cookie" not in headers
+
+
+async def test_server_error_is_a_failure_with_the_body_excerpt(receiver: Receiver, sender: Sender) -> None:
+    """A 500 is a failed attempt; the error names the status and the excerpt keeps the receiver's words."""
+    receiver.route("/hook", answer(500, "database is down"))
+    await receiver.start()
+    result = await sender.send(request_to(receiver.url("/hook")))
+    assert not result.success and result.status_code == 500 and not result.gone
+    assert result.error == "http 500 Internal Server Error"
+    assert result.response_excerpt == "database is down"
+
+
+async def test_gone_says_disable_the_endpoint(receiver: Receiver, sender: Sender) -> None:
+    """A 410 is a failed attempt flagged gone, so the worker disables the endpoint."""
+    receiver.route("/hook", answer(410))
+    await receiver.start()
+    result = await sender.send(request_to(receiver.url("/hook")))
+    assert result.gone and not result.success and result.status_code == 410
+
+
+async def test_retry_after_is_parsed_on_429_and_503_only(receiver: Receiver, sender: Sender) -> None:
+    """Retry-After is honoured on 429 (seconds) and 503 (HTTP-date), and ignored on a 500."""
+    receiver.route("/busy", answer(429, headers={"Retry-After": "120"}))
+    receiver.route("/down", answer(503, headers={"Retry-After": "Fri, 01 Jan 2100 00:00:00 GMT"}))
+    receiver.route("/broken", answer(500, headers={"Retry-After": "120"}))
+    await receiver.start()
+    busy = await sender.send(request_to(receiver.url("/busy")))
+    assert busy.status_code == 429 and busy.retry_after_seconds == 120.0 and not busy.success
+    down = await sender.send(request_to(receiver.url("/down")))
+    assert down.retry_after_seconds is not None and down.retry_after_seconds > 365 * 86400
+    broken = await sender.send(request_to(receiver.url("/broken")))
+    assert broken.retry_after_seconds is None
+
+
+async def test_redirects_are_not_followed(receiver: Receiver, sender: Sender) -> None:
+    """A 302 is a failed attempt and the redirect target is never requested."""
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPFound(receiver.url("/target"))
+
+    receiver.route("/hook", redirect)
+    receiver.route("/target", answer(200))
+    await receiver.start()
+    result = await sender.send(request_to(receiver.url("/hook")))
+    assert result.status_code == 302 and not result.success
+    assert result.error is not None and "redirects are not followed" in result.error
+    assert receiver.hits.get("/target", 0) == 0
+
+
+async def test_slow_receiver_times_out_at_the_bounded_timeout(receiver: Receiver, sender: Sender) -> None:
+    """An endpoint timeout below the 1 s floor is raised to 1 s; a receiver slower than that times out."""
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.Response()
+
+    receiver.route("/hook", slow)
+    await receiver.start()
+    started = time.monotonic()
+    result = await sender.send(request_to(receiver.url("/hook"), timeout_ms=10))
+    elapsed_seconds = time.monotonic() - started
+    assert result.status_code is None and not result.success
+    assert result.error == "timeout after 1000 ms"
+    assert 0.9 <= elapsed_seconds < 2.5
+    assert 900 <= result.latency_ms < 2500
+
+
+async def raw_server(handle) -> tuple[asyncio.Server, int]:
+    """A plain TCP server on loopback, for receivers that misbehave below HTTP."""
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def reset(writer: asyncio.StreamWriter) -> None:
+    # SO_LINGER with a zero timeout makes close() send a TCP RST rather than a FIN.
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    writer.transport.abort()
+
+
+async def test_connection_reset_before_the_response(sender: Sender) -> None:
+    """A receiver that reads the request and resets the connection gives a failed attempt, 'connection reset'."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        reset(writer)
+
+    server, port = await raw_server(handle)
+    async with server:
+        result = await sender.send(request_to(f"http://127.0.0.1:{port}/hook"))
+    assert result.status_code is None and not result.success
+    assert result.error == "connection reset"
+
+
+async def test_connection_closed_mid_body(sender: Sender) -> None:
+    """A receiver that promises 1000 bytes, sends 10 and resets: the status counts, the break is noted."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 1000\r\n\r\n0123456789")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        reset(writer)
+
+    server, port = await raw_server(handle)
+    async with server:
+        result = await sender.send(request_to(f"http://127.0.0.1:{port}/hook"))
+    assert result.status_code == 500 and not result.success
+    assert result.error is not None and result.error.startswith("response body: ")
+
+
+async def test_connection_refused_on_a_closed_port(sender: Sender) -> None:
+    """Sending to a port nobody listens on gives a failed attempt, 'connection refused', quickly."""
+    with socket.socket() as placeholder:
+        placeholder.bind(("127.0.0.1", 0))
+        port = placeholder.getsockname()[1]
+    result = await sender.send(request_to(f"http://127.0.0.1:{port}/hook"))
+    assert result.status_code is None and result.error == "connection refused"
+    assert result.latency_ms < 1000
+
+
+async def test_dns_failure_is_reported_as_dns() -> None:
+    """A name that does not resolve gives a failed attempt whose error starts with 'dns: '."""
+    async with Sender(SenderSettings()) as sender:
+        result = await sender.send(request_to("http://does-not-exist.invalid/hook"))
+    assert result.status_code is None and result.error is not None and result.error.startswith("dns: ")
+
+
+async def test_huge_body_is_cut_at_the_bound_without_waiting(receiver: Receiver, sender: Sender) -> None:
+    """A receiver streaming an endless body: we keep 4 KiB, close the connection and return at once."""
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        chunk = b"x" * 65536
+        for _ in range(100_000):  # 6.5 GB: far more than anyone could wait for.
+            await response.write(chunk)
+        return response
+
+    receiver.route("/hook", endless)
+    await receiver.start()
+    started = time.monotonic()
+    result = await sender.send(request_to(receiver.url("/hook")))
+    assert time.monotonic() - started < 1.0
+    assert result.success and result.status_code == 200
+    assert result.response_excerpt == "x" * 4096
+
+
+async def test_excerpt_is_decoded_with_replacement(receiver: Receiver, sender: Sender) -> None:
+    """Invalid UTF-8 in the response does not raise; it is kept with replacement characters."""
+
+    async def binary(request: web.Request) -> web.Response:
+        return web.Response(status=400, body=b"bad \xff\xfe input")
+
+    receiver.route("/hook", binary)
+    await receiver.start()
+    result = await sender.send(request_to(receiver.url("/hook")))
+    assert result.response_excerpt == "bad \ufffd\ufffd input"
+
+
+async def test_cookies_are_never_sent_back(receiver: Receiver, sender: Sender) -> None:
+    """A receiver's Set-Cookie is dropped: the next send carries no Cookie header."""
+    receiver.route("/hook", answer(200, headers={"Set-Cookie": "session=abc; Path=/"}))
+    await receiver.start()
+    await sender.send(request_to(receiver.url("/hook")))
+    await sender.send(request_to(receiver.url("/hook")))
+    assert all("Cookie" not in headers for headers, _ in receiver.requests)
+
+
+async def test_a_stalled_endpoint_does_not_delay_another() -> None:
+    """With endpoint A's receiver stalled and more sends queued for A than connections exist,
+    a send to endpoint B still completes at once, and A never holds more than its bound."""
+    settings = SenderSettings(allowed_networks=("127.0.0.0/8",), connections_max=8, sends_per_endpoint_max=4)
+    release = asyncio.Event()
+    in_flight = {"now": 0, "peak": 0}
+
+    async def stalled(request: web.Request) -> web.Response:
+        in_flight["now"] += 1
+        in_flight["peak"] = max(in_flight["peak"], in_flight["now"])
+        await release.wait()
+        in_flight["now"] -= 1
+        return web.Response()
+
+    stalled_receiver, healthy_receiver = Receiver(), Receiver()
+    stalled_receiver.route("/a", stalled)
+    healthy_receiver.route("/b", answer(200))
+    await stalled_receiver.start()
+    await healthy_receiver.start()
+    try:
+        async with Sender(settings) as sender:
+            stalled_sends = [
+                asyncio.create_task(sender.send(request_to(stalled_receiver.url("/a"), endpoint_id="ep_a")))
+                for _ in range(20)
+            ]
+            while in_flight["now"] < 4:
+                await asyncio.sleep(0.01)
+            started = time.monotonic()
+            healthy = await sender.send(request_to(healthy_receiver.url("/b"), endpoint_id="ep_b"))
+            assert healthy.success and time.monotonic() - started < 0.5
+            assert in_flight["peak"] == 4
+            release.set()
+            results = await asyncio.gather(*stalled_sends)
+            assert all(result.success for result in results)
+            assert in_flight["peak"] == 4
+    finally:
+        release.set()
+        await stalled_receiver.server.close()
+        await healthy_receiver.server.close()
+
+
+async def test_endpoint_gates_stay_bounded(receiver: Receiver) -> None:
+    """Idle per-endpoint gates are evicted, so sending to many endpoints keeps the gate map within its bound."""
+    settings = SenderSettings(allowed_networks=("127.0.0.0/8",), endpoint_gates_max=3, sends_pending_max=3)
+    receiver.route("/hook", answer(200))
+    await receiver.start()
+    async with Sender(settings) as sender:
+        for number in range(10):
+            result = await sender.send(request_to(receiver.url("/hook"), endpoint_id=f"ep_{number}"))
+            assert result.success
+            assert len(sender._gates) <= 3
+
+
+async def test_too_many_concurrent_sends_is_a_caller_bug(receiver: Receiver) -> None:
+    """Starting more concurrent sends than sends_pending_max raises: the worker must bound its concurrency."""
+    settings = SenderSettings(allowed_networks=("127.0.0.0/8",), endpoint_gates_max=2, sends_pending_max=2)
+    release = asyncio.Event()
+
+    async def stalled(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.Response()
+
+    receiver.route("/hook", stalled)
+    await receiver.start()
+    async with Sender(settings) as sender:
+        pending = [asyncio.create_task(sender.send(request_to(receiver.url("/hook")))) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(SenderOverloadedError):
+            await sender.send(request_to(receiver.url("/hook")))
+        release.set()
+        assert all(result.success for result in await asyncio.gather(*pending))
