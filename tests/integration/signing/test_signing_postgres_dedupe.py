@@ -1,0 +1,116 @@
+"""The PostgreSQL dedupe store on a real server: exactly-once across connections, DDL, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from signing import errors
+from signing.dedupe_postgres import (
+    PostgresDedupeStore,
+    create_receipts_table,
+    delete_old_receipts,
+    receipts_table_ddl,
+)
+
+CONCURRENT_CONNECTIONS = 30
+
+
+async def test_concurrent_claims_on_separate_connections_succeed_exactly_once(pool):
+    """30 transactions on 30 connections claim one id at once: exactly one gets "first time"."""
+    async with pool.acquire() as connection:
+        await create_receipts_table(connection)
+    started = asyncio.Barrier(CONCURRENT_CONNECTIONS)
+
+    async def claim_in_own_transaction() -> bool:
+        async with pool.acquire() as connection, connection.transaction():
+            await started.wait()
+            first = await PostgresDedupeStore(connection).claim("evt_race")
+            # Hold the transaction open a moment, as a handler would, so others must wait on it.
+            await asyncio.sleep(0.02)
+            return first
+
+    results = await asyncio.gather(*(claim_in_own_transaction() for _ in range(CONCURRENT_CONNECTIONS)))
+    assert results.count(True) == 1
+
+
+async def test_a_rolled_back_claim_lets_the_waiting_copy_through(pool):
+    """If the first transaction rolls back, the copy blocked behind it claims the id."""
+    async with pool.acquire() as connection:
+        await create_receipts_table(connection)
+    first_claimed = asyncio.Event()
+
+    async def failing_first() -> None:
+        with pytest.raises(RuntimeError):
+            async with pool.acquire() as connection, connection.transaction():
+                assert await PostgresDedupeStore(connection).claim("evt_rollback")
+                first_claimed.set()
+                await asyncio.sleep(0.05)
+                raise RuntimeError("handler failed")
+
+    async def waiting_second() -> bool:
+        await first_claimed.wait()
+        async with pool.acquire() as connection, connection.transaction():
+            return await PostgresDedupeStore(connection).claim("evt_rollback")
+
+    _, second = await asyncio.gather(failing_first(), waiting_second())
+    assert second is True
+
+
+async def test_claiming_outside_a_transaction_is_refused(pool):
+    """Outside a transaction the claim would commit before the work: that is refused, loudly."""
+    async with pool.acquire() as connection:
+        await create_receipts_table(connection)
+        with pytest.raises(errors.NotInTransactionError):
+            await PostgresDedupeStore(connection).claim("evt_no_transaction")
+
+
+async def test_release_and_is_complete_within_the_transaction(pool):
+    """`release` deletes the receipt in the caller's transaction; `is_complete` sees committed ones."""
+    async with pool.acquire() as connection:
+        await create_receipts_table(connection)
+        store = PostgresDedupeStore(connection)
+        async with connection.transaction():
+            assert await store.claim("evt_release")
+            await store.release("evt_release")
+        async with connection.transaction():
+            assert await store.claim("evt_release")
+        assert await store.is_complete("evt_release")
+
+
+async def test_ddl_is_idempotent_and_a_chosen_schema_qualified_table_works(pool):
+    """The DDL can run at every start, and a receiver may choose its table name and schema."""
+    async with pool.acquire() as connection:
+        await connection.execute("CREATE SCHEMA receiver")
+        for _ in range(2):
+            await create_receipts_table(connection, "receiver.hook_ids")
+        async with connection.transaction():
+            assert await PostgresDedupeStore(connection, table="receiver.hook_ids").claim("evt_schema")
+        comment = await connection.fetchval("SELECT obj_description('receiver.hook_ids'::regclass)")
+    assert "processed" in comment
+
+
+@pytest.mark.parametrize(
+    "table", ["", "Receipts", "a;drop table x", 'a"b', "a.b.c", "x" * 41, "1receipts", None]
+)
+def test_table_names_that_are_not_plain_identifiers_are_refused(table):
+    """Only lowercase identifiers (optionally schema.table) reach SQL; everything else is refused."""
+    with pytest.raises(errors.InvalidTableNameError):
+        receipts_table_ddl(table)
+
+
+async def test_cleanup_deletes_only_old_receipts_in_bounded_batches(pool):
+    """Old receipts are deleted, at most `rows_max` per call; recent ones stay."""
+    async with pool.acquire() as connection:
+        await create_receipts_table(connection)
+        await connection.execute(
+            "INSERT INTO webhook_receipts (webhook_id, received_at)"
+            " SELECT 'old_' || n, now() - interval '8 days' FROM generate_series(1, 5) AS n"
+        )
+        await connection.execute("INSERT INTO webhook_receipts (webhook_id) VALUES ('recent')")
+        week_seconds = 7 * 24 * 3600
+        assert await delete_old_receipts(connection, older_than_seconds=week_seconds, rows_max=3) == 3
+        assert await delete_old_receipts(connection, older_than_seconds=week_seconds, rows_max=3) == 2
+        assert await delete_old_receipts(connection, older_than_seconds=week_seconds) == 0
+        assert await connection.fetchval("SELECT array_agg(webhook_id) FROM webhook_receipts") == ["recent"]
