@@ -1,0 +1,143 @@
+"""The settle function's own checks: a wrong charge stops it cold, attempt fencing, delivered is final."""
+
+from __future__ import annotations
+
+import pytest
+
+from billing import closeout, ids
+from billing.errors import BulkSettleMismatch, DeliveryNotFound, InvalidInput, LedgerMismatch
+from billing.settle import DeadReason, Outcome, settle
+from delivery import results
+from ledger_helpers import (
+    add_endpoint,
+    assert_audit_clean,
+    balance,
+    claim,
+    delivery,
+    entries_of,
+    insert_raw_delivery,
+    make_account,
+    one_delivery,
+    row_counts,
+)
+
+
+@pytest.mark.parametrize(
+    ("charge", "problem"),
+    [
+        ("missing", "has no charge entry"),
+        ("wrong amount", "is -2, expected -1"),
+        ("other account", "belongs to another account"),
+    ],
+)
+async def test_settle_refuses_a_delivery_whose_charge_is_wrong(pool, charge, problem):
+    """A delivery written by raw SQL with a missing or wrong charge raises LedgerMismatch; it stays live and unrefunded."""
+    account_id = await make_account(pool, balance=10)
+    other = await make_account(pool, balance=10)
+    endpoint_id = await add_endpoint(pool, account_id)
+    delivery_id = await insert_raw_delivery(
+        pool, account_id, endpoint_id, price=1,
+        charge_amount={"missing": None, "wrong amount": -2, "other account": -1}[charge],
+        charge_account_id=other if charge == "other account" else None,
+    )
+    entries_before = await entries_of(pool, delivery_id)
+    counts_before = await row_counts(pool)
+    balances_before = (await balance(pool, account_id), await balance(pool, other))
+
+    for reason in DeadReason:
+        with pytest.raises(LedgerMismatch, match=problem):
+            await settle(pool, delivery_id, reason)
+
+    row = await delivery(pool, delivery_id)
+    assert (row["state"], row["dead_reason"]) == ("pending", None)
+    assert await entries_of(pool, delivery_id) == entries_before
+    assert ids.refund_id(delivery_id) not in entries_before
+    assert await row_counts(pool) == counts_before
+    assert (await balance(pool, account_id), await balance(pool, other)) == balances_before
+
+
+async def test_bulk_settle_refuses_all_when_one_delivery_disagrees(pool):
+    """One live delivery with a wrong charge makes bulk_settle raise with a report naming it, and settle none at all."""
+    account_id = await make_account(pool, balance=10)
+    endpoint_id = await add_endpoint(pool, account_id)
+    good_id = await one_delivery(pool, account_id)
+    bad_id = await insert_raw_delivery(pool, account_id, endpoint_id, price=1, charge_amount=-3)
+    await closeout.begin_closing(pool, account_id)
+    counts_before = await row_counts(pool)
+    balance_before = await balance(pool, account_id)
+
+    with pytest.raises(BulkSettleMismatch) as raised:
+        await closeout.bulk_settle(pool, account_id)
+    assert [(m.delivery_id, m.problem) for m in raised.value.mismatches] == [(bad_id, "charge is -3, expected -1")]
+    assert await row_counts(pool) == counts_before
+    assert await balance(pool, account_id) == balance_before
+    for delivery_id in (good_id, bad_id):
+        assert (await delivery(pool, delivery_id))["state"] == "pending"
+        assert ids.refund_id(delivery_id) not in await entries_of(pool, delivery_id)
+
+
+async def test_settle_quoting_an_old_attempt_is_stale(pool):
+    """A settle that quotes an attempt the delivery has moved past returns STALE and changes nothing."""
+    account_id = await make_account(pool, balance=10)
+    await add_endpoint(pool, account_id)
+    delivery_id = await one_delivery(pool, account_id, attempts_max=3)
+    first = await claim(pool, delivery_id)
+    await results.record_results(pool, [results.AttemptResult(
+        delivery_id, first.attempt, account_id, False, 1, 503, "HTTP 503", retry_delay_seconds=0.0)])
+    second = await claim(pool, delivery_id)
+    before = await delivery(pool, delivery_id)
+
+    for reason in DeadReason:
+        outcome = await settle(pool, delivery_id, reason, attempt=first.attempt)
+        assert (outcome.outcome, outcome.amount) == (Outcome.STALE, 0)
+
+    assert await delivery(pool, delivery_id) == before
+    assert (before["state"], before["attempt"]) == ("sending", second.attempt)
+    assert await entries_of(pool, delivery_id) == {ids.charge_id(delivery_id): -1}
+    assert await balance(pool, account_id) == 9
+    await assert_audit_clean(pool, account_id)
+
+
+async def test_settle_of_a_delivered_delivery_refunds_nothing(pool):
+    """Settling a delivered delivery, quoting its attempt or not, returns DELIVERED and refunds nothing."""
+    account_id = await make_account(pool, balance=10, price=2)
+    await add_endpoint(pool, account_id)
+    delivery_id = await one_delivery(pool, account_id)
+    claimed = await claim(pool, delivery_id)
+    await results.record_results(pool, [results.AttemptResult(delivery_id, claimed.attempt, account_id, True, 1, 204)])
+
+    for quoted in (claimed.attempt, None):
+        for reason in DeadReason:
+            outcome = await settle(pool, delivery_id, reason, attempt=quoted)
+            assert (outcome.outcome, outcome.amount) == (Outcome.DELIVERED, 0)
+
+    row = await delivery(pool, delivery_id)
+    assert (row["state"], row["dead_reason"]) == ("delivered", None)
+    assert await entries_of(pool, delivery_id) == {ids.charge_id(delivery_id): -2}
+    assert await balance(pool, account_id) == 8
+    await assert_audit_clean(pool, account_id)
+
+
+async def test_settle_of_a_pending_delivery_quoting_its_attempt_refunds(pool):
+    """Control for fencing: quoting the attempt the delivery is on (0, never claimed) settles it."""
+    account_id = await make_account(pool, balance=10)
+    await add_endpoint(pool, account_id)
+    delivery_id = await one_delivery(pool, account_id)
+    outcome = await settle(pool, delivery_id, DeadReason.ENDPOINT_DELETED, attempt=0)
+    assert (outcome.outcome, outcome.amount) == (Outcome.REFUNDED, 1)
+    assert await balance(pool, account_id) == 10
+    await assert_audit_clean(pool, account_id)
+
+
+async def test_settle_refuses_unknown_delivery_and_unknown_reason(pool):
+    """An unknown delivery raises DeliveryNotFound; an unknown reason raises InvalidInput; neither writes anything."""
+    account_id = await make_account(pool, balance=10)
+    await add_endpoint(pool, account_id)
+    delivery_id = await one_delivery(pool, account_id)
+    before = await row_counts(pool)
+    with pytest.raises(DeliveryNotFound):
+        await settle(pool, ids.new_id(), DeadReason.OUT_OF_RETRIES)
+    with pytest.raises(InvalidInput, match="unknown dead reason"):
+        await settle(pool, delivery_id, "gave_up")
+    assert await row_counts(pool) == before
+    assert (await delivery(pool, delivery_id))["state"] == "pending"
