@@ -131,20 +131,24 @@ class Verifier:
         return VerifiedWebhook(webhook_id, timestamp_seconds)
 
     def _matches(self, signatures: tuple[tuple[str, bytes], ...], signed_prefix: bytes, body: bytes) -> bool:
+        # Each expected HMAC is computed once, however many `v1` entries the header lists.
         expected_hmacs: list[bytes] | None = None
         message: bytes | None = None
         for version, signature in signatures:
             if version == HMAC_VERSION:
                 if expected_hmacs is None:
                     expected_hmacs = [secret.digest(signed_prefix, body) for secret in self._hmac_secrets]
-                # compare_digest takes time independent of where the bytes differ, so a
-                # receiver cannot be used as an oracle to guess a signature byte by byte.
-                if any(hmac.compare_digest(expected, signature) for expected in expected_hmacs):
-                    return True
+                for expected in expected_hmacs:
+                    # compare_digest takes time independent of where the bytes differ, so a
+                    # receiver cannot be used as an oracle to guess a signature byte by byte.
+                    if hmac.compare_digest(expected, signature):
+                        return True
             elif self._ed25519_keys:
-                message = message if message is not None else signed_prefix + body
-                if any(key.verify(signature, message) for key in self._ed25519_keys):
-                    return True
+                if message is None:
+                    message = signed_prefix + body
+                for key in self._ed25519_keys:
+                    if key.verify(signature, message):
+                        return True
         return False
 
 
@@ -215,18 +219,16 @@ def parse_signature_header(value: str) -> tuple[tuple[str, bytes], ...]:
 def _read_headers(headers: Headers) -> tuple[str, str, str]:
     """id, timestamp and signature; `svix-*` headers are read when `webhook-*` are absent."""
     for prefix in _HEADER_PREFIXES:
-        signature = _header(headers, prefix + "signature")
-        if signature is not None:
+        signature_text = _header(headers, prefix + "signature")
+        if signature_text is not None:
             break
     else:
-        prefix = _HEADER_PREFIXES[0]
-    values = []
-    for name in ("id", "timestamp", "signature"):
-        value = _header(headers, prefix + name)
+        raise errors.MissingHeaderError("webhook-signature")
+    webhook_id = _header(headers, prefix + "id")
+    timestamp_text = _header(headers, prefix + "timestamp")
+    for name, value in (("id", webhook_id), ("timestamp", timestamp_text), ("signature", signature_text)):
         if not isinstance(value, str) or not value:
             raise errors.MissingHeaderError(prefix + name)
-        values.append(value)
-    webhook_id, timestamp_text, signature_text = values
     if not _RECEIVED_ID.fullmatch(webhook_id):
         raise errors.InvalidReceivedIdError(repr(webhook_id[:32]))
     return webhook_id, timestamp_text, signature_text
