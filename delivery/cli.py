@@ -52,6 +52,18 @@ def audit(
 
 
 @app.command()
+def worker() -> None:
+    """Run a delivery worker (arq) until SIGTERM: claims, sends, records, retries, sweeps."""
+    import logging
+
+    from delivery import services, worker as worker_module
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = config.load()
+    worker_module.run(settings, services.redis_url(settings.redis))
+
+
+@app.command()
 def demo() -> None:
     """Run the ledger demo: an account, top-ups, deliveries, some settled; prints balance and audit."""
     from delivery import demo as demo_module

@@ -13,6 +13,10 @@ from pathlib import Path
 
 import platformdirs
 
+from delivery.engine import EngineSettings
+from delivery.retry import RetrySchedule, RetrySettings
+from delivery.sender import SenderSettings
+
 
 class ConfigError(Exception):
     """A setting in the environment is malformed."""
@@ -62,10 +66,31 @@ class LedgerSettings:
 
 
 @dataclass(frozen=True)
+class WorkerSettings:
+    """The delivery worker: arq job limits, sweeps, shutdown, and the engine's pacing."""
+
+    jobs_max: int = 20
+    sweep_interval_seconds: int = 5
+    shutdown_grace_seconds: int = 10
+    secret_keyring: str | None = None
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    sender: SenderSettings = field(default_factory=SenderSettings)
+
+    def __post_init__(self) -> None:
+        # A lease shorter than a send would let a second worker claim a delivery still in flight.
+        if self.engine.lease_ms <= self.sender.timeout_ms_max + 1000:
+            raise ConfigError(
+                f"the lease ({self.engine.lease_ms} ms) must exceed the longest send timeout"
+                f" ({self.sender.timeout_ms_max} ms) by at least a second"
+            )
+
+
+@dataclass(frozen=True)
 class Settings:
     database: DatabaseSettings
     redis: RedisSettings
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
 
 
 def load(environ: Mapping[str, str] | None = None) -> Settings:
@@ -81,6 +106,52 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         redis=RedisSettings(url=environ.get("REDIS_URL") or None, data_dir=data_dir / "redis"),
         ledger=LedgerSettings(
             price_per_delivery_default=_integer(environ, "HOOKLEDGER_PRICE_PER_DELIVERY", 1, 0, 10**12),
-            attempts_max=_integer(environ, "HOOKLEDGER_ATTEMPTS_MAX", 8, 1, 50),
+            attempts_max=_attempts_max(environ),
         ),
+        worker=_worker(environ),
+    )
+
+
+def _flag(environ: Mapping[str, str], name: str) -> bool:
+    raw = (environ.get(name) or "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{name} must be true or false, got {raw!r}")
+
+
+def _schedule(environ: Mapping[str, str]) -> RetrySchedule:
+    raw = environ.get("HOOKLEDGER_RETRY_SCHEDULE")
+    return RetrySchedule.from_string(raw) if raw else RetrySchedule()
+
+
+def _attempts_max(environ: Mapping[str, str]) -> int:
+    """The attempt limit is the retry schedule's length unless set on its own."""
+    return _integer(environ, "HOOKLEDGER_ATTEMPTS_MAX", _schedule(environ).attempts_max, 1, 50)
+
+
+def _worker(environ: Mapping[str, str]) -> WorkerSettings:
+    networks = tuple(n.strip() for n in (environ.get("HOOKLEDGER_ALLOWED_NETWORKS") or "").split(",") if n.strip())
+    sender = SenderSettings(
+        timeout_ms_default=_integer(environ, "HOOKLEDGER_SEND_TIMEOUT_MS", 15_000, 1000, 60_000),
+        timeout_ms_max=_integer(environ, "HOOKLEDGER_SEND_TIMEOUT_MS_MAX", 60_000, 1000, 60_000),
+        connections_max=_integer(environ, "HOOKLEDGER_CONNECTIONS_MAX", 256, 1, 100_000),
+        connections_per_host_max=_integer(environ, "HOOKLEDGER_CONNECTIONS_PER_HOST_MAX", 64, 1, 100_000),
+        sends_per_endpoint_max=_integer(environ, "HOOKLEDGER_SENDS_PER_ENDPOINT_MAX", 16, 1, 100_000),
+        allowed_networks=networks,
+        allow_loopback=_flag(environ, "HOOKLEDGER_DEV"),
+    )
+    engine = EngineSettings(
+        batch_size=_integer(environ, "HOOKLEDGER_CLAIM_BATCH", 200, 1, 1000),
+        lease_ms=_integer(environ, "HOOKLEDGER_LEASE_MS", 90_000, 1000, 3_600_000),
+        retry=RetrySettings(schedule=_schedule(environ)),
+    )
+    return WorkerSettings(
+        jobs_max=_integer(environ, "HOOKLEDGER_WORKER_JOBS", 20, 1, 1000),
+        sweep_interval_seconds=_integer(environ, "HOOKLEDGER_SWEEP_SECONDS", 5, 1, 60),
+        shutdown_grace_seconds=_integer(environ, "HOOKLEDGER_SHUTDOWN_GRACE_SECONDS", 10, 0, 300),
+        secret_keyring=environ.get("HOOKLEDGER_SECRET_KEYS") or None,
+        engine=engine,
+        sender=sender,
     )

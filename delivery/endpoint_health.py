@@ -1,0 +1,55 @@
+"""Disable endpoints that answered 410 Gone or keep failing (the policy is delivery.retry's).
+
+Their pending deliveries then die at the pre-send check and are refunded (endpoint_disabled).
+The failure streak is read from the database at most once per endpoint per check interval.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import asyncpg
+
+from delivery.retry import AutoDisablePolicy, FailureStreak, disable_reason
+
+CHECK_INTERVAL_SECONDS = 600
+CHECKED_ENDPOINTS_MAX = 10_000
+
+_DISABLE = (
+    "UPDATE endpoints SET enabled = false, disabled_reason = $2, updated_at = now()"
+    " WHERE id = $1 AND enabled AND deleted_at IS NULL"
+)
+# The endpoint's current streak: failures since its last success (bounded to the last 30 days).
+_STREAK = (
+    "WITH attempts AS ("
+    "   SELECT a.finished_at, a.status_code BETWEEN 200 AND 299 AS ok FROM delivery_attempts a"
+    "   JOIN deliveries d ON d.id = a.delivery_id"
+    "   WHERE d.endpoint_id = $1 AND a.finished_at > now() - interval '30 days'),"
+    " last_success AS (SELECT max(finished_at) AS at FROM attempts WHERE ok)"
+    " SELECT min(finished_at) AS first_failure_at, max(finished_at) AS last_failure_at, count(*) AS failures"
+    " FROM attempts WHERE NOT ok AND finished_at > coalesce((SELECT at FROM last_success), '-infinity')"
+)
+
+
+class EndpointHealth:
+    def __init__(self, pool: asyncpg.Pool, policy: AutoDisablePolicy) -> None:
+        self.pool = pool
+        self.policy = policy
+        self._checked_at: dict[uuid.UUID, float] = {}
+
+    async def disable(self, endpoint_id: uuid.UUID, reason: str) -> bool:
+        return await self.pool.execute(_DISABLE, endpoint_id, reason[:500]) == "UPDATE 1"
+
+    async def check_failing(self, endpoint_id: uuid.UUID) -> bool:
+        """Disable the endpoint if its failure streak meets the policy. Returns True if disabled."""
+        now = time.monotonic()
+        if now - self._checked_at.get(endpoint_id, -CHECK_INTERVAL_SECONDS) < CHECK_INTERVAL_SECONDS:
+            return False
+        if len(self._checked_at) >= CHECKED_ENDPOINTS_MAX:
+            self._checked_at.clear()
+        self._checked_at[endpoint_id] = now
+        row = await self.pool.fetchrow(_STREAK, endpoint_id)
+        streak = FailureStreak(row["first_failure_at"], row["last_failure_at"], row["failures"], False)
+        reason = disable_reason(streak, self.policy)
+        return reason is not None and await self.disable(endpoint_id, reason)

@@ -1,0 +1,163 @@
+"""The delivery pipeline a worker runs: claim, check, sign, send, record, reschedule.
+
+    claim (one short transaction, fenced by attempt)
+      -> pre-send check (settles what cannot be sent)
+      -> sign and send, concurrently, with NO transaction open and no row locked
+      -> record every result of the batch in one transaction, quoting each attempt
+      -> wake a worker again at each retry's time; disable endpoints that answered 410
+
+Everything that decides a state change reads the clock of PostgreSQL (`now()`); the local
+clock only stamps the signature and times the send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import timedelta
+
+import asyncpg
+
+from delivery import claims, presend, retry
+from delivery.endpoint_health import EndpointHealth
+from delivery.presend import Outgoing
+from delivery.queue import Queue
+from delivery.results import AttemptResult, RecordSummary, expire_leases, record_results
+from delivery.sender import Sender, SendRequest, SendResult
+from delivery.signer_cache import SignerCache
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How a worker claims and paces its work."""
+
+    batch_size: int = 200
+    lease_ms: int = 90_000  # longer than the longest per-attempt timeout (60 s), with margin
+    sweep_batches_max: int = 50  # a sweep stops after this many batches; the next sweep goes on
+    retry: retry.RetrySettings = retry.RetrySettings()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch_size <= claims.CLAIM_BATCH_MAX:
+            raise ValueError(f"batch_size must be 1..{claims.CLAIM_BATCH_MAX}")
+        if not claims.LEASE_MS_MIN <= self.lease_ms <= claims.LEASE_MS_MAX:
+            raise ValueError(f"lease_ms must be {claims.LEASE_MS_MIN}..{claims.LEASE_MS_MAX}")
+
+
+@dataclass
+class BatchReport:
+    claimed: int = 0
+    settled_before_send: int = 0
+    sent: int = 0
+    summary: RecordSummary | None = None
+
+
+class Engine:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        sender: Sender,
+        queue: Queue | None,
+        signers: SignerCache,
+        settings: EngineSettings,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.pool = pool
+        self.sender = sender
+        self.queue = queue
+        self.signers = signers
+        self.settings = settings
+        self.rng = rng or random.Random()
+        self.health = EndpointHealth(pool, settings.retry.auto_disable)
+        self.accepting = True  # cleared on shutdown: claim nothing new
+
+    async def deliver_ids(self, delivery_ids: list[uuid.UUID]) -> BatchReport:
+        """The fast path after a create: claim exactly these deliveries if they are due."""
+        if not self.accepting:
+            return BatchReport()
+        claimed = await claims.claim_ids(self.pool, delivery_ids, lease_ms=self.settings.lease_ms)
+        return await self.process(claimed)
+
+    async def sweep(self) -> int:
+        """Find what Redis may have lost: expired leases, exhausted deliveries, due deliveries."""
+        await expire_leases(self.pool, batch_size=claims.CLAIM_BATCH_MAX, delay_seconds=self._lease_expiry_delay)
+        await claims.settle_exhausted(self.pool, batch_size=claims.CLAIM_BATCH_MAX)
+        processed = 0
+        for _ in range(self.settings.sweep_batches_max):
+            if not self.accepting:
+                break
+            claimed = await claims.claim_due(
+                self.pool, batch_size=self.settings.batch_size, lease_ms=self.settings.lease_ms
+            )
+            if not claimed:
+                break
+            processed += (await self.process(claimed)).claimed
+        return processed
+
+    async def process(self, claimed: list[claims.Claimed]) -> BatchReport:
+        report = BatchReport(claimed=len(claimed))
+        if not claimed:
+            return report
+        outgoing, settled = await presend.load_for_send(self.pool, claimed)
+        report.settled_before_send = len(settled)
+        if not outgoing:
+            return report
+        sent = await asyncio.gather(*(self._send(item) for item in outgoing))
+        report.sent = len(sent)
+        results = [self._result(item, result) for item, result in zip(outgoing, sent)]
+        report.summary = await record_results(self.pool, results)
+        await self._after_record(outgoing, sent, results, report.summary)
+        return report
+
+    async def _send(self, item: Outgoing) -> SendResult:
+        delivery_id = str(item.claimed.id)
+        signer = self.signers.signer(item.claimed.endpoint_id, item.secret, item.previous_secret)
+        headers = signer.headers(delivery_id, int(time.time()), item.payload) if signer else {
+            "webhook-id": delivery_id, "webhook-timestamp": str(int(time.time()))}
+        return await self.sender.send(
+            SendRequest(delivery_id, item.claimed.attempt, item.url, item.payload, headers,
+                        item.timeout_ms, str(item.claimed.endpoint_id))
+        )
+
+    def _result(self, item: Outgoing, sent: SendResult) -> AttemptResult:
+        delay = 0.0
+        if not sent.success:
+            delay = retry.next_delay(item.claimed.attempt, self.settings.retry, self.rng, sent.retry_after_seconds)
+            delay = 0.0 if delay is None else delay
+        return AttemptResult(
+            item.claimed.id, item.claimed.attempt, item.claimed.account_id, sent.success, sent.latency_ms,
+            sent.status_code, sent.error, sent.response_excerpt or None, delay,
+        )
+
+    async def _after_record(self, outgoing, sent, results, summary: RecordSummary) -> None:
+        gone = {item.claimed.endpoint_id for item, result in zip(outgoing, sent) if result.gone}
+        for endpoint_id in gone:
+            await self.health.disable(endpoint_id, "the endpoint answered 410 Gone")
+        failing = {item.claimed.endpoint_id for item, result in zip(outgoing, sent) if not result.success} - gone
+        for endpoint_id in failing:
+            await self.health.check_failing(endpoint_id)
+        await self._wake_retries(results, set(summary.retrying))
+
+    async def _wake_retries(self, results: list[AttemptResult], retrying: set[uuid.UUID]) -> None:
+        if self.queue is None or not retrying:
+            return
+        # Group by whole seconds so one job wakes many deliveries due together.
+        by_delay: dict[int, list[uuid.UUID]] = defaultdict(list)
+        for result in results:
+            if result.delivery_id in retrying:
+                by_delay[int(result.retry_delay_seconds + 0.999)].append(result.delivery_id)
+        try:
+            for delay, ids in by_delay.items():
+                await self.queue.defer_by(ids, timedelta(seconds=delay))
+        except Exception:  # noqa: BLE001 - Redis is a hint; the sweeper finds what is lost.
+            logger.warning("could not enqueue retries; the sweeper will find them", exc_info=True)
+
+    def _lease_expiry_delay(self, attempt: int) -> float:
+        delay = retry.next_delay(attempt, self.settings.retry, self.rng)
+        return 0.0 if delay is None else delay

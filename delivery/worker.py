@@ -1,0 +1,121 @@
+"""The worker process (`hookledger worker`): arq jobs that drive delivery.engine.
+
+Two kinds of work:
+- `deliver` jobs carry delivery ids: enqueued right after a create commits, and deferred to a
+  retry's time. They only ever claim what PostgreSQL says is due.
+- the `sweep` cron: expired leases, exhausted deliveries, and every due delivery whose job
+  Redis lost. Redis is never the source of truth; this is what guarantees liveness.
+
+On SIGTERM the worker stops claiming, lets in-flight sends finish within the grace period,
+records what finished, and cancels the rest (their leases expire; they are tried again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import uuid
+
+from arq import Worker, cron, func
+
+from delivery import queue as job_queue
+from delivery.config import Settings
+from delivery.database import open_pool
+from delivery.engine import Engine
+from delivery.sender import Sender
+from delivery.signer_cache import SignerCache
+
+logger = logging.getLogger(__name__)
+SWEEP_TIMEOUT_SECONDS = 600
+
+
+async def deliver(ctx: dict, delivery_ids: list[str]) -> int:
+    """Claim and send these deliveries if they are due. Returns how many were claimed."""
+    ids = [uuid.UUID(value) for value in delivery_ids[: job_queue.IDS_PER_JOB_MAX]]
+    report = await ctx["engine"].deliver_ids(ids)
+    return report.claimed
+
+
+async def sweep(ctx: dict) -> int:
+    return await ctx["engine"].sweep()
+
+
+async def _startup(ctx: dict) -> None:
+    settings: Settings = ctx["settings"]
+    pool = ctx.get("pool") or await open_pool(settings)
+    ctx.setdefault("pool", pool)
+    sender = Sender(settings.worker.sender)
+    ctx["sender"] = sender
+    keyring = None
+    if settings.worker.secret_keyring:
+        from signing import parse_keyring
+
+        keyring = parse_keyring(settings.worker.secret_keyring)
+    ctx["engine"] = Engine(pool, sender, job_queue.Queue(ctx["redis"]), SignerCache(keyring), settings.worker.engine)
+    logger.info("worker started")
+
+
+async def _shutdown(ctx: dict) -> None:
+    engine: Engine | None = ctx.get("engine")
+    if engine is not None:
+        engine.accepting = False
+    sender = ctx.get("sender")
+    if sender is not None:
+        await sender.close()
+    if ctx.get("owns_pool", True) and ctx.get("pool") is not None:
+        await ctx["pool"].close()
+
+
+class DeliveryWorker(Worker):
+    """arq's worker, told to stop claiming the moment a shutdown signal arrives."""
+
+    def _stop_claiming(self) -> None:
+        engine = self.ctx.get("engine")
+        if engine is not None:
+            engine.accepting = False
+
+    def handle_sig_wait_for_completion(self, signum: signal.Signals) -> None:
+        self._stop_claiming()
+        super().handle_sig_wait_for_completion(signum)
+
+    def handle_sig(self, signum: signal.Signals) -> None:
+        self._stop_claiming()
+        super().handle_sig(signum)
+
+
+def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = True, pool=None) -> DeliveryWorker:
+    worker_settings = settings.worker
+    lease_seconds = worker_settings.engine.lease_ms / 1000
+    ctx = {"settings": settings}
+    if pool is not None:
+        ctx.update(pool=pool, owns_pool=False)
+    return DeliveryWorker(
+        functions=[func(deliver, name="deliver", max_tries=1, timeout=lease_seconds + 30)],
+        cron_jobs=[
+            cron(sweep, name="sweep", second=set(range(0, 60, worker_settings.sweep_interval_seconds)),
+                 run_at_startup=True, unique=True, timeout=SWEEP_TIMEOUT_SECONDS, max_tries=1)
+        ],
+        redis_settings=job_queue.redis_settings(redis_url),
+        queue_name=job_queue.QUEUE_NAME,
+        job_serializer=job_queue.serialize,
+        job_deserializer=job_queue.deserialize,
+        on_startup=_startup,
+        on_shutdown=_shutdown,
+        ctx=ctx,
+        max_jobs=worker_settings.jobs_max,
+        job_timeout=lease_seconds + 30,
+        keep_result=0,
+        max_tries=1,
+        retry_jobs=False,
+        poll_delay=0.05,
+        handle_signals=handle_signals,
+        job_completion_wait=worker_settings.shutdown_grace_seconds,
+        health_check_interval=30,
+    )
+
+
+def run(settings: Settings, redis_url: str) -> None:
+    """Run a worker until SIGTERM/SIGINT (blocking)."""
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    build_worker(settings, redis_url).run()
