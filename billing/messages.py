@@ -29,6 +29,7 @@ EVENT_TYPE_LENGTH_MAX = 256
 IDEMPOTENCY_KEY_LENGTH_MAX = 255
 PAYLOAD_BYTES_MAX = 1_048_576  # the schema's bound; the API enforces its own, smaller limit
 BATCH_REQUESTS_MAX = 1000
+TARGET_ENDPOINTS_MAX = 100  # a targeted request (a replay) names at most this many endpoints
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,16 @@ class MessageRequest:
     event_type: str
     payload: bytes
     idempotency_key: str | None = None
+    # None fans out to every subscribed endpoint. Given (a replay), only these endpoints, each
+    # of which must still be enabled and not deleted; their event type filters do not apply.
+    endpoint_ids: tuple[uuid.UUID, ...] | None = None
 
     def request_hash(self) -> bytes:
-        return hashlib.sha256(self.event_type.encode() + b"\0" + self.payload).digest()
+        content = self.event_type.encode() + b"\0" + self.payload
+        if self.endpoint_ids is not None:
+            # The target is part of what was asked, so one key reused for another target conflicts.
+            content += b"\0" + b"".join(endpoint_id.bytes for endpoint_id in self.endpoint_ids)
+        return hashlib.sha256(content).digest()
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,12 @@ def validate(request: MessageRequest) -> None:
     key = request.idempotency_key
     if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= IDEMPOTENCY_KEY_LENGTH_MAX):
         raise InvalidInput(f"idempotency key must be 1 to {IDEMPOTENCY_KEY_LENGTH_MAX} characters")
+    targets = request.endpoint_ids
+    if targets is not None:
+        if not isinstance(targets, tuple) or not 1 <= len(targets) <= TARGET_ENDPOINTS_MAX:
+            raise InvalidInput(f"endpoint_ids must be a tuple of 1 to {TARGET_ENDPOINTS_MAX} endpoint ids")
+        if not all(isinstance(endpoint_id, uuid.UUID) for endpoint_id in targets) or len(set(targets)) != len(targets):
+            raise InvalidInput("endpoint_ids must be distinct UUIDs")
 
 
 async def create_message(executor: Executor, request: MessageRequest, *, attempts_max: int) -> MessageCreated:
@@ -149,11 +163,9 @@ class _Plan:
             return stored
         if account["status"] != "active":
             return AccountNotActive(f"account {request.account_id} is {account['status']}")
-        subscribed = [
-            endpoint_id
-            for endpoint_id, event_types in self.endpoints.get(request.account_id, ())
-            if event_types is None or request.event_type in event_types
-        ]
+        subscribed = self._targets(request)
+        if isinstance(subscribed, BillingError):
+            return subscribed
         price = account["price_per_delivery"]
         total = price * len(subscribed)
         if self.balances[request.account_id] < total:
@@ -166,6 +178,20 @@ class _Plan:
         if request.idempotency_key is not None:
             self.replays[key] = (request.request_hash(), _replayed(created))
         return created
+
+    def _targets(self, request: MessageRequest) -> list[uuid.UUID] | BillingError:
+        live = self.endpoints.get(request.account_id, ())
+        if request.endpoint_ids is None:
+            return [
+                endpoint_id for endpoint_id, event_types in live if event_types is None or request.event_type in event_types
+            ]
+        live_ids = {endpoint_id for endpoint_id, _ in live}
+        missing = [endpoint_id for endpoint_id in request.endpoint_ids if endpoint_id not in live_ids]
+        if missing:
+            return InvalidInput(
+                f"endpoint {missing[0]} is not an enabled, undeleted endpoint of account {request.account_id}"
+            )
+        return list(request.endpoint_ids)
 
     def _add(self, request: MessageRequest, subscribed, price: int, attempts_max: int) -> MessageCreated:
         message_id = ids.new_id()
