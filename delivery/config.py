@@ -86,11 +86,35 @@ class WorkerSettings:
 
 
 @dataclass(frozen=True)
+class ApiSettings:
+    """The HTTP API: where it listens, its operator key, body limits, SSRF policy and group commit.
+
+    operator_key and secret_keyring None are allowed only in dev mode, where `hookledger api`
+    generates them and prints them once.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    operator_key: str | None = None
+    secret_keyring: str | None = None
+    payload_bytes_max: int = 262_144
+    dev_mode: bool = False
+    allowed_networks: tuple[str, ...] = ()
+    group_commit_batch_max: int = 500
+    group_commit_concurrency: int = 2
+    group_commit_queue_max: int = 10_000
+    auth_cache_ttl_ms: int = 5_000
+    secret_rotation_overlap_seconds: int = 86_400
+    log_level: str = "info"
+
+
+@dataclass(frozen=True)
 class Settings:
     database: DatabaseSettings
     redis: RedisSettings
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
+    api: ApiSettings = field(default_factory=ApiSettings)
 
 
 def load(environ: Mapping[str, str] | None = None) -> Settings:
@@ -109,6 +133,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             attempts_max=_attempts_max(environ),
         ),
         worker=_worker(environ),
+        api=_api(environ),
     )
 
 
@@ -154,4 +179,26 @@ def _worker(environ: Mapping[str, str]) -> WorkerSettings:
         secret_keyring=environ.get("HOOKLEDGER_SECRET_KEYS") or None,
         engine=engine,
         sender=sender,
+    )
+
+
+def _api(environ: Mapping[str, str]) -> ApiSettings:
+    networks = tuple(n.strip() for n in (environ.get("HOOKLEDGER_ALLOWED_NETWORKS") or "").split(",") if n.strip())
+    log_level = (environ.get("HOOKLEDGER_LOG_LEVEL") or "info").strip().lower()
+    if log_level not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"HOOKLEDGER_LOG_LEVEL must be debug, info, warning or error, got {log_level!r}")
+    return ApiSettings(
+        host=environ.get("HOOKLEDGER_API_HOST") or "127.0.0.1",
+        port=_integer(environ, "HOOKLEDGER_API_PORT", 8000, 0, 65535),
+        operator_key=environ.get("HOOKLEDGER_OPERATOR_KEY") or None,
+        secret_keyring=environ.get("HOOKLEDGER_SECRET_KEYS") or None,
+        payload_bytes_max=_integer(environ, "HOOKLEDGER_PAYLOAD_BYTES_MAX", 262_144, 1, 1_048_576),
+        dev_mode=_flag(environ, "HOOKLEDGER_DEV"),
+        allowed_networks=networks,
+        group_commit_batch_max=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_BATCH_MAX", 500, 1, 1000),
+        group_commit_concurrency=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_CONCURRENCY", 2, 1, 32),
+        group_commit_queue_max=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_QUEUE_MAX", 10_000, 1, 1_000_000),
+        auth_cache_ttl_ms=_integer(environ, "HOOKLEDGER_AUTH_CACHE_TTL_MS", 5_000, 0, 600_000),
+        secret_rotation_overlap_seconds=_integer(environ, "HOOKLEDGER_SECRET_ROTATION_OVERLAP_SECONDS", 86_400, 0, 604_800),
+        log_level=log_level,
     )
