@@ -1,4 +1,7 @@
-"""A complete webhook receiver: verify, dedupe, process. Run: WEBHOOK_SECRET=whsec_... python -m signing.example_receiver"""
+"""A complete webhook receiver: verify, dedupe, process.
+
+Run: WEBHOOK_SECRET=whsec_... python -m signing.example_receiver
+"""
 
 import os
 

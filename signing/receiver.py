@@ -109,7 +109,7 @@ async def _process_once(handler: WebhookHandler, dedupe: ClaimScopes, event: Web
         # aiohttp's own "raise HTTPBadRequest()" style: the claim is already undone.
         raise
     except Exception:
-        logger.exception("webhook handler failed for %s; the claim is undone so a retry runs", event.id)
+        logger.exception("processing webhook %s failed; its claim is undone so the retry runs", event.id)
         return _problem(500, "The webhook could not be processed; retry later.", event.id)
     return response if response is not None else web.json_response({"id": event.id, "received": True})
 

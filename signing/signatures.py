@@ -253,9 +253,11 @@ def _parse_timestamp(text: str) -> int:
 
 
 def _check_tolerance(timestamp_seconds: int, tolerance_seconds: float, now: float) -> None:
-    if timestamp_seconds < now - tolerance_seconds:
+    # Written as "not inside" rather than "outside" so that a NaN clock or tolerance refuses
+    # the request instead of silently skipping the replay check.
+    if not timestamp_seconds >= now - tolerance_seconds:
         raise errors.TimestampTooOldError(f"{now - timestamp_seconds:.0f} s old")
-    if timestamp_seconds > now + tolerance_seconds:
+    if not timestamp_seconds <= now + tolerance_seconds:
         raise errors.TimestampTooNewError(f"{timestamp_seconds - now:.0f} s ahead")
 
 

@@ -108,6 +108,13 @@ def test_timestamp_tolerance_is_300_seconds_both_ways(now, error):
             verify(headers, BODY, secret, now=now)
 
 
+def test_a_nan_clock_refuses_instead_of_skipping_the_replay_check():
+    """A broken clock (NaN) must not turn the tolerance check off."""
+    secret = generate_secret()
+    with pytest.raises(errors.TimestampTooOldError):
+        verify(headers_for([secret]), BODY, secret, now=float("nan"))
+
+
 def test_tolerance_is_configurable():
     """A receiver may choose its own tolerance in seconds."""
     secret = generate_secret()
