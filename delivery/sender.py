@@ -233,10 +233,11 @@ class Sender:
     async def _result_from(self, response: aiohttp.ClientResponse, started: float, timeout_ms: int) -> SendResult:
         status_code = response.status
         body_error = None
+        chunks: list[bytes] = []
         try:
-            excerpt, complete = await _read_excerpt(response, self._settings.excerpt_bytes_max)
+            complete = await _read_excerpt(response, self._settings.excerpt_bytes_max, chunks)
         except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as error:
-            excerpt, complete = b"", False
+            complete = False
             body_error = "response body: " + describe_failure(error, timeout_ms)
         if not complete:
             # Do not wait for (or drain) the rest of a body we will not keep: drop the connection.
@@ -253,7 +254,7 @@ class Sender:
             status_code=status_code,
             latency_ms=_elapsed_ms(started),
             error=error,
-            response_excerpt=excerpt.decode("utf-8", "replace"),
+            response_excerpt=b"".join(chunks).decode("utf-8", "replace"),
             retry_after_seconds=retry_after_seconds,
             gone=status_code == retry.GONE_STATUS,
             success=success,
@@ -283,18 +284,21 @@ def _create_session(settings: SenderSettings) -> aiohttp.ClientSession:
     )
 
 
-async def _read_excerpt(response: aiohttp.ClientResponse, excerpt_bytes_max: int) -> tuple[bytes, bool]:
-    """Up to excerpt_bytes_max bytes of the body, and whether that was all of it."""
+async def _read_excerpt(response: aiohttp.ClientResponse, excerpt_bytes_max: int, chunks: list[bytes]) -> bool:
+    """Read up to excerpt_bytes_max bytes of the body into chunks; True when that was all of it.
+
+    The caller owns chunks, so the bytes that did arrive are kept when the read fails midway.
+    """
     content = response.content
-    chunks: list[bytes] = []
     size = 0
     while size < excerpt_bytes_max:
         chunk = await content.read(excerpt_bytes_max - size)
-        if not chunk:
-            return b"".join(chunks), True
         chunks.append(chunk)
+        if not chunk or content.at_eof():
+            # Checking at_eof saves a second read for the usual small body that arrived whole.
+            return True
         size += len(chunk)
-    return b"".join(chunks), content.at_eof()
+    return content.at_eof()
 
 
 def _find_cause(error: BaseException, kind: type[BaseException]) -> BaseException | None:

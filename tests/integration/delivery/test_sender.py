@@ -193,7 +193,7 @@ async def test_connection_reset_before_the_response(sender: Sender) -> None:
 
 
 async def test_connection_closed_mid_body(sender: Sender) -> None:
-    """A receiver that promises 1000 bytes, sends 10 and resets: the status counts, the break is noted."""
+    """A receiver that promises 1000 bytes, sends 10 and resets: the status and the 10 bytes are kept, the break noted."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -207,6 +207,7 @@ async def test_connection_closed_mid_body(sender: Sender) -> None:
         result = await sender.send(request_to(f"http://127.0.0.1:{port}/hook"))
     assert result.status_code == 500 and not result.success
     assert result.error is not None and result.error.startswith("response body: ")
+    assert result.response_excerpt == "0123456789"
 
 
 async def test_connection_refused_on_a_closed_port(sender: Sender) -> None:
