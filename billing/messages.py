@@ -29,6 +29,7 @@ EVENT_TYPE_LENGTH_MAX = 256
 IDEMPOTENCY_KEY_LENGTH_MAX = 255
 PAYLOAD_BYTES_MAX = 1_048_576  # the schema's bound; the API enforces its own, smaller limit
 BATCH_REQUESTS_MAX = 1000
+ATTEMPTS_MAX_LIMIT = 50  # the schema's bound on deliveries.attempts_max
 TARGET_ENDPOINTS_MAX = 100  # a targeted request (a replay) names at most this many endpoints
 
 
@@ -101,6 +102,10 @@ async def create_messages(
     """Create a batch in one transaction; the result list matches the requests one to one."""
     if not 1 <= len(requests) <= BATCH_REQUESTS_MAX:
         raise InvalidInput(f"a batch holds 1 to {BATCH_REQUESTS_MAX} requests")
+    # Checked here, not left to the CHECK constraint: a driver error is not a BillingError, and
+    # it would fail every request of the batch instead of being refused before anything is written.
+    if isinstance(attempts_max, bool) or not isinstance(attempts_max, int) or not 1 <= attempts_max <= ATTEMPTS_MAX_LIMIT:
+        raise InvalidInput(f"attempts_max must be an integer from 1 to {ATTEMPTS_MAX_LIMIT}, got {attempts_max!r}")
     results: list[MessageCreated | BillingError | None] = [None] * len(requests)
     for index, request in enumerate(requests):
         try:
