@@ -22,6 +22,7 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from aiohttp import SocketFactoryType
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 from yarl import URL
@@ -339,13 +340,13 @@ class GuardedResolver(AbstractResolver):
         await self._inner.close()
 
 
-def guarded_socket_factory(policy: AddressPolicy):
+def guarded_socket_factory(policy: AddressPolicy) -> SocketFactoryType:
     """An aiohttp socket_factory that refuses to create a socket for a forbidden address.
 
     The last check, on the exact address about to be connected to, whatever path led there.
     """
 
-    def create_socket(address_info: tuple) -> socket.socket:
+    def create_socket(address_info: tuple) -> socket.socket:  # type: ignore[type-arg]
         family, socket_type, protocol, _, socket_address = address_info
         address = ipaddress.ip_address(socket_address[0].split("%", 1)[0])
         category = policy.refusal(address)
