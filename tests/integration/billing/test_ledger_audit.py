@@ -1,0 +1,205 @@
+"""The audit: clean on a healthy history; names the invariant and the offender for each corruption; scopes by account.
+
+Every corruption here BYPASSES THE APP with raw SQL: that is the only way to break the ledger.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from billing import accounts, closeout, ids
+from billing.audit import audit
+from billing.settle import DeadReason, settle
+from delivery import claims, presend, results
+from ledger_helpers import (
+    add_endpoint,
+    assert_audit_clean,
+    claim,
+    expire_lease,
+    insert_raw_delivery,
+    make_account,
+    one_delivery,
+    order_id,
+)
+
+
+async def _healthy_history(pool):
+    """Every state the app can reach: live, delivered, each death, a reclaim, reversals, a deleted account."""
+    account_id = await make_account(pool, balance=50, price=2)
+    await add_endpoint(pool, account_id)
+    topup = order_id(account_id)
+    await accounts.top_up(pool, account_id, topup, 10)
+    await accounts.reverse_top_up(pool, account_id, topup)
+    await one_delivery(pool, account_id)  # stays pending
+    await claim(pool, await one_delivery(pool, account_id))  # stays sending
+    delivered = await claim(pool, await one_delivery(pool, account_id))
+    await results.record_results(pool, [results.AttemptResult(delivered.id, 1, account_id, True, 1, 200)])
+    failed = await claim(pool, await one_delivery(pool, account_id, attempts_max=1))
+    await results.record_results(pool, [results.AttemptResult(failed.id, 1, account_id, False, 1, 500, "HTTP 500")])
+    await settle(pool, await one_delivery(pool, account_id), DeadReason.ENDPOINT_DELETED)
+    late = await claim(pool, await one_delivery(pool, account_id, attempts_max=1))
+    await expire_lease(pool, late.id)
+    await results.expire_leases(pool, batch_size=10, delay_seconds=lambda attempt: 0.0)
+    await claims.settle_exhausted(pool, batch_size=10)
+    await results.record_results(pool, [results.AttemptResult(late.id, 1, account_id, True, 1, 200)])  # reclaim
+
+    gone_id = await make_account(pool, balance=5)
+    await add_endpoint(pool, gone_id)
+    sending = await claim(pool, await one_delivery(pool, gone_id))
+    await one_delivery(pool, gone_id)
+    await closeout.begin_closing(pool, gone_id)
+    await presend.load_for_send(pool, [sending])
+    await closeout.bulk_settle(pool, gone_id)
+    await closeout.close_out(pool, gone_id)
+    return account_id, gone_id
+
+
+async def test_audit_is_clean_on_a_healthy_history(pool):
+    """A history through every path the app has passes every check, and the report counts what it read."""
+    account_id, gone_id = await _healthy_history(pool)
+    report = await audit(pool)
+    assert report.clean and report.violations == [] and report.notices == [], report.to_json()
+    assert (report.accounts, report.deliveries) == (2, 8)
+    assert report.ledger_entries == await pool.fetchval("SELECT count(*) FROM ledger_entries")
+    scoped = await audit(pool, gone_id)
+    assert scoped.clean and (scoped.accounts, scoped.deliveries) == (1, 2)
+    assert report.to_json()["clean"] is True
+
+
+def _named(report, invariant: str, *, delivery_id=None, account_id=None) -> list[str]:
+    """The details of the violations of one invariant that name this delivery (or account)."""
+    return [
+        v.detail for v in report.violations
+        if v.invariant == invariant
+        and (delivery_id is None or v.delivery_id == delivery_id)
+        and (account_id is None or v.account_id == account_id)
+    ]
+
+
+async def test_extra_refund_on_a_live_delivery(pool):
+    """A refund:<id> inserted for a live delivery (balance moved with it) is I3 and I2 for that delivery, and nothing else."""
+    account_id = await make_account(pool, balance=10)
+    await add_endpoint(pool, account_id)
+    delivery_id = await one_delivery(pool, account_id)
+    await pool.execute(
+        "INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount) VALUES ($1, $2, $3, 'refund', 1)",
+        ids.refund_id(delivery_id), account_id, delivery_id,
+    )
+    await pool.execute("UPDATE accounts SET balance = balance + 1 WHERE id = $1", account_id)
+    report = await audit(pool)
+    assert _named(report, "I3", delivery_id=delivery_id, account_id=account_id) == ["refund on a live delivery"]
+    assert _named(report, "I2", delivery_id=delivery_id) == ["net 0 for a pending delivery, expected -1"]
+    assert {v.invariant for v in report.violations} == {"I2", "I3"}
+
+
+async def test_charge_with_a_wrong_amount(pool):
+    """A delivery written by raw SQL with a charge of -2 at price 1 is I1 (and I2), naming that delivery."""
+    account_id = await make_account(pool, balance=10)
+    endpoint_id = await add_endpoint(pool, account_id)
+    delivery_id = await insert_raw_delivery(pool, account_id, endpoint_id, price=1, charge_amount=-2)
+    report = await audit(pool)
+    assert _named(report, "I1", delivery_id=delivery_id, account_id=account_id) == ["charge is -2, expected -1"]
+    assert _named(report, "I2", delivery_id=delivery_id) == ["net -2 for a pending delivery, expected -1"]
+    assert {v.invariant for v in report.violations} == {"I1", "I2"}
+
+
+async def test_missing_charge_and_charge_on_another_account(pool):
+    """A delivery without a charge, and one whose charge sits on another account, are both I1 with their ids."""
+    account_id = await make_account(pool, balance=10)
+    other_id = await make_account(pool, balance=10)
+    endpoint_id = await add_endpoint(pool, account_id)
+    uncharged = await insert_raw_delivery(pool, account_id, endpoint_id, charge_amount=None)
+    elsewhere = await insert_raw_delivery(pool, account_id, endpoint_id, charge_amount=-1, charge_account_id=other_id)
+    report = await audit(pool)
+    assert _named(report, "I1", delivery_id=uncharged) == ["0 charge entries"]
+    assert _named(report, "I1", delivery_id=elsewhere) == ["an entry is on another account"]
+
+
+async def test_balance_changed_directly(pool):
+    """accounts.balance edited by hand is I4 for exactly that account, with both numbers in the detail."""
+    account_id = await make_account(pool, balance=10)
+    await make_account(pool, balance=10)
+    await pool.execute("UPDATE accounts SET balance = 1000 WHERE id = $1", account_id)
+    report = await audit(pool)
+    assert [(v.invariant, v.account_id, v.delivery_id, v.detail) for v in report.violations] == [
+        ("I4", account_id, None, "balance 1000 but the ledger sums to 10")]
+
+
+async def test_charge_below_zero(pool):
+    """A charge that took the running balance below zero (written around the app) is I7, naming the delivery."""
+    account_id = await make_account(pool, balance=0)
+    endpoint_id = await add_endpoint(pool, account_id)
+    delivery_id = await insert_raw_delivery(pool, account_id, endpoint_id, price=1, charge_amount=-1)
+    report = await audit(pool)
+    assert [(v.invariant, v.account_id, v.delivery_id, v.detail) for v in report.violations] == [
+        ("I7", account_id, delivery_id, "charge took the balance to -1")]
+
+
+async def test_reclaim_without_refund_and_orphan_entry(pool):
+    """A reclaim with no refund before it is I3; a ledger entry for a delivery that does not exist is I1."""
+    account_id = await make_account(pool, balance=10)
+    await add_endpoint(pool, account_id)
+    delivery_id = await one_delivery(pool, account_id)
+    ghost_id = ids.new_id()
+    for entry_id, target, kind, amount in [
+        (ids.reclaim_id(delivery_id), delivery_id, "reclaim", -1),
+        (ids.refund_id(ghost_id), ghost_id, "refund", 1),
+    ]:
+        await pool.execute(
+            "INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount) VALUES ($1, $2, $3, $4, $5)",
+            entry_id, account_id, target, kind, amount,
+        )
+    report = await audit(pool)  # the two entries cancel out: no I4, only the two findings below
+    assert "reclaim without a refund" in _named(report, "I3", delivery_id=delivery_id)
+    assert _named(report, "I1", delivery_id=ghost_id, account_id=account_id) == [
+        "ledger entries for a delivery that does not exist"]
+    assert _named(report, "I4") == []
+
+
+async def test_delivered_without_a_success_on_record(pool):
+    """A delivery marked delivered by hand, with no 2xx attempt recorded, is I6."""
+    account_id = await make_account(pool, balance=10)
+    await add_endpoint(pool, account_id)
+    delivery_id = await one_delivery(pool, account_id)
+    await pool.execute("UPDATE deliveries SET state = 'delivered' WHERE id = $1", delivery_id)
+    report = await audit(pool)
+    assert _named(report, "I6", delivery_id=delivery_id) == ["delivered without a 2xx attempt on record"]
+
+
+async def test_audit_scopes_by_account(pool):
+    """Corrupting one account shows in its own audit and the global one, never in another account's audit."""
+    broken = await make_account(pool, balance=10)
+    healthy = await make_account(pool, balance=10)
+    for account_id in (broken, healthy):
+        await add_endpoint(pool, account_id)
+        await one_delivery(pool, account_id)
+    live_id = await one_delivery(pool, broken)
+    await pool.execute(
+        "INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount) VALUES ($1, $2, $3, 'refund', 1)",
+        ids.refund_id(live_id), broken, live_id,
+    )  # balance not moved: I4 as well
+
+    await assert_audit_clean(pool, healthy)
+    scoped = await audit(pool, broken)
+    everything = await audit(pool)
+    expected = {("I2", live_id), ("I3", live_id), ("I4", None)}
+    assert {(v.invariant, v.delivery_id) for v in scoped.violations} == expected
+    assert {(v.invariant, v.delivery_id) for v in everything.violations} == expected
+    assert {v.account_id for v in everything.violations} == {broken}
+    assert (scoped.accounts, scoped.deliveries, scoped.ledger_entries) == (1, 2, 4)
+
+
+@pytest.mark.parametrize("invariant", ["I2", "I3"])
+async def test_to_json_names_the_offender(pool, invariant):
+    """The JSON report (what the CLI prints) carries the invariant, the account and the delivery as strings."""
+    account_id = await make_account(pool, balance=10)
+    await add_endpoint(pool, account_id)
+    delivery_id = await one_delivery(pool, account_id)
+    await pool.execute(
+        "INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount) VALUES ($1, $2, $3, 'refund', 1)",
+        ids.refund_id(delivery_id), account_id, delivery_id,
+    )
+    data = (await audit(pool, account_id)).to_json()
+    assert data["clean"] is False
+    assert {"invariant": invariant, "account_id": str(account_id), "delivery_id": str(delivery_id)}.items() <= next(
+        v for v in data["violations"] if v["invariant"] == invariant).items()
