@@ -242,3 +242,23 @@ APPEND_ONLY_ENABLE_ALWAYS = (
     "ALTER TABLE ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_no_update_delete",
     "ALTER TABLE ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_no_truncate",
 )
+
+DELETION_STATUSES = ("running", "waiting_repair", "done", "failed")
+DELETION_STEPS = ("queued", "begin_closing", "bulk_settle", "close_out", "report")
+
+account_deletions = sa.Table(
+    "account_deletions",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False, unique=True),
+    sa.Column("status", sa.Text, nullable=False, server_default="running"),
+    sa.Column("step", sa.Text, nullable=False, server_default="queued"),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("finished_at", sa.DateTime(timezone=True)),
+    sa.Column("report", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.CheckConstraint(_in("status", DELETION_STATUSES), name="status"),
+    sa.CheckConstraint(_in("step", DELETION_STEPS), name="step"),
+    sa.CheckConstraint("octet_length(report::text) <= 1048576", name="report_size"),
+    comment="One deletion job per account (a second request shares the row): its progress, status and report.",
+)
