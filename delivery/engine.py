@@ -128,8 +128,7 @@ class Engine:
     def _result(self, item: Outgoing, sent: SendResult) -> AttemptResult:
         delay = 0.0
         if not sent.success:
-            delay = retry.next_delay(item.claimed.attempt, self.settings.retry, self.rng, sent.retry_after_seconds)
-            delay = 0.0 if delay is None else delay
+            delay = self._next_delay(item.claimed.attempt, sent.retry_after_seconds)
         return AttemptResult(
             item.claimed.id, item.claimed.attempt, item.claimed.account_id, sent.success, sent.latency_ms,
             sent.status_code, sent.error, sent.response_excerpt or None, delay,
@@ -158,6 +157,14 @@ class Engine:
         except Exception:  # noqa: BLE001 - Redis is a hint; the sweeper finds what is lost.
             logger.warning("could not enqueue retries; the sweeper will find them", exc_info=True)
 
+    def _next_delay(self, failed_attempt: int, retry_after_seconds: float | None = None) -> float:
+        """The backoff before the next attempt. Past the schedule's end (an attempt limit set
+        higher than the schedule) the last delay repeats; the database decides when to stop."""
+        delay = retry.next_delay(failed_attempt, self.settings.retry, self.rng, retry_after_seconds)
+        if delay is None:
+            last = self.settings.retry.schedule.delays_seconds[-1]
+            delay = min(max(last, retry_after_seconds or 0.0), self.settings.retry.delay_cap_seconds)
+        return delay
+
     def _lease_expiry_delay(self, attempt: int) -> float:
-        delay = retry.next_delay(attempt, self.settings.retry, self.rng)
-        return 0.0 if delay is None else delay
+        return self._next_delay(attempt)

