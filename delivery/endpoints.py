@@ -1,20 +1,36 @@
-"""Endpoint storage: create, read, update, delete an account's endpoints.
+"""Endpoint storage: create, list, read, update, soft-delete, rotate and read an account's endpoints.
 
-Secrets are stored encrypted (signing.at_rest); the URL is validated (delivery.ssrf) before
-anything is written.
+Every statement is scoped by account id, so another account's endpoint is as invisible as a
+missing one. Secrets are stored encrypted (signing.at_rest), bound to their endpoint by the
+associated data `delivery.signer_cache.endpoint_secret_context`, which is what the worker
+decrypts with. Callers validate the URL (delivery.ssrf) before anything is written.
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
 from billing import ids
+from billing.database import Executor, transaction
+from billing.settle import DeadReason, settle
+from delivery.signer_cache import endpoint_secret_context
+from signing import Keyring, decrypt_secret, encrypt_secret
 
 ENDPOINTS_PER_ACCOUNT_MAX = 100
 EVENT_TYPES_PER_ENDPOINT_MAX = 100
+DESCRIPTION_LENGTH_MAX = 1000
+ENDPOINT_TIMEOUT_MS_MIN = 1000
+ENDPOINT_TIMEOUT_MS_MAX = 60_000
+SECRET_TEXT_LENGTH_MAX = 100  # "whsec_" and the base64 of at most 64 bytes
+SETTLE_ON_DELETE_MAX = 100  # pending deliveries refunded right away; the worker's check settles the rest
+
+
+class EndpointLimitReached(Exception):
+    """The account already has the most endpoints allowed."""
 
 
 @dataclass(frozen=True)
@@ -27,13 +43,23 @@ class Endpoint:
     enabled: bool
     disabled_reason: str | None
     timeout_ms: int
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
 
 
-_COLUMNS = "id, account_id, url, description, event_types, enabled, disabled_reason, timeout_ms"
+_COLUMNS = "id, account_id, url, description, event_types, enabled, disabled_reason, timeout_ms, created_at, updated_at"
+
+
+def seal_secret(secret: str, keyring: Keyring, endpoint_id: uuid.UUID) -> bytes:
+    return encrypt_secret(secret, keyring, context=endpoint_secret_context(endpoint_id))
+
+
+def open_secret(ciphertext: bytes, keyring: Keyring, endpoint_id: uuid.UUID) -> str:
+    return decrypt_secret(bytes(ciphertext), keyring, context=endpoint_secret_context(endpoint_id))
 
 
 async def insert_endpoint(
-    pool: asyncpg.Pool,
+    pool: Executor,
     account_id: uuid.UUID,
     url: str,
     *,
@@ -41,11 +67,149 @@ async def insert_endpoint(
     event_types: list[str] | None = None,
     description: str = "",
     timeout_ms: int = 15000,
+    endpoint_id: uuid.UUID | None = None,
+    enabled: bool = True,
 ) -> Endpoint:
     """Insert a validated endpoint (callers validate the URL and encrypt the secret first)."""
     row = await pool.fetchrow(
-        "INSERT INTO endpoints (id, account_id, url, description, event_types, secret, timeout_ms)"
-        f" VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {_COLUMNS}",
-        ids.new_id(), account_id, url, description, event_types, secret_ciphertext, timeout_ms,
+        "INSERT INTO endpoints (id, account_id, url, description, event_types, secret, timeout_ms, enabled)"
+        f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {_COLUMNS}",
+        endpoint_id or ids.new_id(), account_id, url, description, event_types, secret_ciphertext, timeout_ms, enabled,
     )
     return Endpoint(**dict(row))
+
+
+async def create_endpoint(
+    pool: asyncpg.Pool,
+    account_id: uuid.UUID,
+    url: str,
+    *,
+    secret: str,
+    keyring: Keyring,
+    event_types: list[str] | None = None,
+    description: str = "",
+    timeout_ms: int = 15000,
+    enabled: bool = True,
+) -> Endpoint:
+    """Create an endpoint under the per-account bound; raises EndpointLimitReached past it.
+
+    The account row is locked first (the platform's one lock order), so two concurrent creates
+    cannot both pass the count.
+    """
+    endpoint_id = ids.new_id()
+    ciphertext = seal_secret(secret, keyring, endpoint_id)
+    async with transaction(pool) as connection:
+        await connection.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
+        count = await connection.fetchval(
+            "SELECT count(*) FROM endpoints WHERE account_id = $1 AND deleted_at IS NULL", account_id
+        )
+        if count >= ENDPOINTS_PER_ACCOUNT_MAX:
+            raise EndpointLimitReached(f"an account has at most {ENDPOINTS_PER_ACCOUNT_MAX} endpoints")
+        return await insert_endpoint(
+            connection, account_id, url, secret_ciphertext=ciphertext, event_types=event_types,
+            description=description, timeout_ms=timeout_ms, endpoint_id=endpoint_id, enabled=enabled,
+        )
+
+
+async def list_endpoints(pool: Executor, account_id: uuid.UUID) -> list[Endpoint]:
+    """Every live endpoint of the account (at most ENDPOINTS_PER_ACCOUNT_MAX), oldest first."""
+    rows = await pool.fetch(
+        f"SELECT {_COLUMNS} FROM endpoints WHERE account_id = $1 AND deleted_at IS NULL ORDER BY id LIMIT $2",
+        account_id, ENDPOINTS_PER_ACCOUNT_MAX,
+    )
+    return [Endpoint(**dict(row)) for row in rows]
+
+
+async def get_endpoint(pool: Executor, account_id: uuid.UUID, endpoint_id: uuid.UUID) -> Endpoint | None:
+    row = await pool.fetchrow(
+        f"SELECT {_COLUMNS} FROM endpoints WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL",
+        endpoint_id, account_id,
+    )
+    return None if row is None else Endpoint(**dict(row))
+
+
+_UPDATABLE = ("url", "description", "event_types", "enabled", "timeout_ms")
+
+
+async def update_endpoint(
+    pool: Executor, account_id: uuid.UUID, endpoint_id: uuid.UUID, changes: dict[str, object]
+) -> Endpoint | None:
+    """Apply the given fields; re-enabling clears disabled_reason. None when there is no such endpoint."""
+    unknown = set(changes) - set(_UPDATABLE)
+    assert not unknown, f"not updatable: {unknown}"
+    # One fixed statement: each column takes $n when its flag says it was given, else keeps its value.
+    given = [name in changes for name in _UPDATABLE]
+    values = [changes.get(name) for name in _UPDATABLE]
+    row = await pool.fetchrow(
+        "UPDATE endpoints SET"
+        "   url = CASE WHEN $3 THEN $4 ELSE url END,"
+        "   description = CASE WHEN $5 THEN $6 ELSE description END,"
+        "   event_types = CASE WHEN $7 THEN $8::text[] ELSE event_types END,"
+        "   enabled = CASE WHEN $9 THEN $10 ELSE enabled END,"
+        "   disabled_reason = CASE WHEN $9 AND $10 THEN NULL ELSE disabled_reason END,"
+        "   timeout_ms = CASE WHEN $11 THEN $12 ELSE timeout_ms END,"
+        "   updated_at = now()"
+        f" WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL RETURNING {_COLUMNS}",
+        endpoint_id, account_id,
+        *[item for pair in zip(given, values) for item in pair],
+    )
+    return None if row is None else Endpoint(**dict(row))
+
+
+async def delete_endpoint(pool: asyncpg.Pool, account_id: uuid.UUID, endpoint_id: uuid.UUID) -> int | None:
+    """Soft-delete; settle up to SETTLE_ON_DELETE_MAX pending deliveries now. None when there is no such endpoint.
+
+    Returns how many deliveries were refunded right away. The rest (and any being sent right
+    now) die at the worker's pre-send check with reason endpoint_deleted. Each settle quotes the
+    attempt it read, so a delivery a worker claims in between is left to that worker.
+    """
+    deleted = await pool.fetchval(
+        "UPDATE endpoints SET deleted_at = now(), updated_at = now()"
+        " WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL RETURNING id",
+        endpoint_id, account_id,
+    )
+    if deleted is None:
+        return None
+    pending = await pool.fetch(
+        "SELECT id, attempt FROM deliveries WHERE endpoint_id = $1 AND account_id = $2 AND state = 'pending'"
+        " ORDER BY id LIMIT $3",
+        endpoint_id, account_id, SETTLE_ON_DELETE_MAX,
+    )
+    refunded = 0
+    for row in pending:
+        settled = await settle(pool, row["id"], DeadReason.ENDPOINT_DELETED, attempt=row["attempt"])
+        refunded += settled.amount > 0
+    return refunded
+
+
+async def rotate_secret(
+    pool: Executor,
+    account_id: uuid.UUID,
+    endpoint_id: uuid.UUID,
+    *,
+    secret: str,
+    keyring: Keyring,
+    overlap_seconds: int,
+) -> bool:
+    """New secret now; the old one keeps signing for overlap_seconds. False when there is no such endpoint."""
+    ciphertext = seal_secret(secret, keyring, endpoint_id)
+    status = await pool.execute(
+        "UPDATE endpoints SET previous_secret = secret,"
+        "   previous_secret_expires_at = CASE WHEN secret IS NULL THEN NULL"
+        "       ELSE now() + make_interval(secs => $4) END,"
+        "   secret = $3, updated_at = now()"
+        " WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL",
+        endpoint_id, account_id, ciphertext, float(overlap_seconds),
+    )
+    return status == "UPDATE 1"
+
+
+async def read_secret(
+    pool: Executor, account_id: uuid.UUID, endpoint_id: uuid.UUID, keyring: Keyring
+) -> str | None:
+    """The endpoint's current secret in clear text, or None when there is no such endpoint (or no secret)."""
+    ciphertext = await pool.fetchval(
+        "SELECT secret FROM endpoints WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL",
+        endpoint_id, account_id,
+    )
+    return None if ciphertext is None else open_secret(ciphertext, keyring, endpoint_id)

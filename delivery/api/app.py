@@ -1,0 +1,69 @@
+"""The aiohttp application: context, middlewares, routes, and the group commit's lifecycle."""
+
+from __future__ import annotations
+
+import asyncpg
+from aiohttp import web
+
+from delivery.api import (
+    middleware,
+    routes_accounts,
+    routes_api_keys,
+    routes_deliveries,
+    routes_endpoints,
+    routes_messages,
+    routes_ops,
+)
+from delivery.api.auth import Authenticator
+from delivery.api.context import CONTEXT, ApiContext
+from delivery.api.group_commit import Coalescer
+from delivery.config import ConfigError, Settings
+from delivery.queue import Queue
+from delivery.ssrf import AddressPolicy
+from signing import SigningError, parse_keyring
+
+
+def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> web.Application:
+    """Build the app. The caller owns the pool and the queue and closes them after the app stops.
+
+    settings.api.operator_key and settings.api.secret_keyring must be set (`hookledger api`
+    generates both in dev mode). queue None means no wake-ups: the sweeper finds new deliveries.
+    """
+    api = settings.api
+    if not api.operator_key:
+        raise ConfigError("HOOKLEDGER_OPERATOR_KEY is required (dev mode generates one)")
+    if not api.secret_keyring:
+        raise ConfigError("HOOKLEDGER_SECRET_KEYS is required to seal endpoint secrets (dev mode generates one)")
+    try:
+        keyring = parse_keyring(api.secret_keyring)
+    except SigningError as error:
+        raise ConfigError(f"HOOKLEDGER_SECRET_KEYS: {error}") from None
+    try:
+        policy = AddressPolicy.from_strings(api.allowed_networks, allow_loopback=api.dev_mode)
+    except ValueError as error:
+        raise ConfigError(f"HOOKLEDGER_ALLOWED_NETWORKS: {error}") from None
+    coalescer = Coalescer(
+        pool,
+        attempts_max=settings.ledger.attempts_max,
+        batch_max=api.group_commit_batch_max,
+        concurrency=api.group_commit_concurrency,
+        queue_max=api.group_commit_queue_max,
+        wake=queue.wake if queue is not None else None,
+    )
+    app = web.Application(
+        middlewares=[middleware.observe, middleware.errors_as_problems],
+        client_max_size=routes_messages.body_bytes_max(api.payload_bytes_max),
+    )
+    app[CONTEXT] = ApiContext(
+        settings=settings, pool=pool, queue=queue, keyring=keyring, policy=policy,
+        auth=Authenticator(pool, api.operator_key, api.auth_cache_ttl_ms), coalescer=coalescer,
+    )
+    for module in (routes_accounts, routes_api_keys, routes_endpoints, routes_messages, routes_deliveries, routes_ops):
+        app.add_routes(module.routes)
+    app.on_shutdown.append(_drain)
+    return app
+
+
+async def _drain(app: web.Application) -> None:
+    """Finish the creates in flight (their clients get answers), then stop taking new ones."""
+    await app[CONTEXT].coalescer.close()

@@ -1,0 +1,40 @@
+"""What every handler needs, kept on the application under one typed key."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import asyncpg
+from aiohttp import web
+
+from delivery.api.auth import Authenticator
+from delivery.api.group_commit import Coalescer
+from delivery.config import Settings
+from delivery.queue import Queue
+from delivery.ssrf import AddressPolicy
+from signing import Keyring
+
+
+@dataclass
+class ApiContext:
+    settings: Settings
+    pool: asyncpg.Pool
+    queue: Queue | None
+    keyring: Keyring
+    policy: AddressPolicy
+    auth: Authenticator
+    coalescer: Coalescer
+
+    async def account(self, request: web.Request) -> uuid.UUID:
+        return await self.auth.account(request)
+
+    async def operator(self, request: web.Request) -> None:
+        await self.auth.operator(request)
+
+
+CONTEXT = web.AppKey("hookledger", ApiContext)
+
+
+def context(request: web.Request) -> ApiContext:
+    return request.app[CONTEXT]

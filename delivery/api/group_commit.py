@@ -1,0 +1,165 @@
+"""Group commit: coalesce concurrent creates into few transactions (the ingest hot path).
+
+One transaction per request serializes a hot account on its balance row and pays a commit per
+message. Instead, while a create transaction is in flight, arriving requests wait in a queue;
+the next transaction takes them all (at most `batch_max`) through
+`billing.messages.create_messages`, which locks the accounts in id order and refuses each
+request on its own (one request's insufficient balance fails that request alone). Up to
+`concurrency` transactions run at once, so traffic across many accounts is not bottlenecked on
+one connection. Each request awaits its own future, and every future is resolved: a batch whose
+transaction fails (a database error) fails exactly its own requests, with `BatchFailed`.
+
+Idempotency keys: a key whose request is still in flight in this process answers 409
+(`KeyInProgress`), as Stripe does. Across processes there is no shared in-flight set; there
+the account row lock serializes the two transactions, and the later one finds the first one's
+message and returns it as a replay (or a 422 for another body), which is also correct.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+
+from billing.errors import BillingError
+from billing.messages import MessageCreated, MessageRequest, create_messages
+from delivery import metrics
+
+logger = logging.getLogger(__name__)
+
+WAKE_TASKS_MAX = 64  # concurrent Redis wake-ups; past this a batch is left to the sweeper
+
+
+class Overloaded(Exception):
+    """Too many create requests are waiting; try again shortly."""
+
+
+class KeyInProgress(Exception):
+    """A request with this idempotency key is still being processed."""
+
+
+class BatchFailed(Exception):
+    """The transaction carrying this request failed; nothing of it was written."""
+
+
+class ShuttingDown(Exception):
+    """The server is shutting down and takes no new creates."""
+
+
+Waker = Callable[[list[uuid.UUID]], Awaitable[None]]
+_Item = tuple[MessageRequest, asyncio.Future]
+
+
+class Coalescer:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        attempts_max: int,
+        batch_max: int = 500,
+        concurrency: int = 2,
+        queue_max: int = 10_000,
+        wake: Waker | None = None,
+    ) -> None:
+        assert 1 <= batch_max <= 1000 and 1 <= concurrency <= 32 and queue_max >= 1
+        self._pool = pool
+        self._attempts_max = attempts_max
+        self._batch_max = batch_max
+        self._concurrency = concurrency
+        self._queue_max = queue_max
+        self._wake = wake
+        self._waiting: collections.deque[_Item] = collections.deque()
+        self._keys_in_flight: set[tuple[uuid.UUID, str]] = set()
+        self._batches: set[asyncio.Task] = set()
+        self._wakes: set[asyncio.Task] = set()
+        self._closed = False
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def submit(self, request: MessageRequest) -> MessageCreated | BillingError:
+        """Create one message in the next group transaction; its own result or refusal.
+
+        Raises Overloaded, KeyInProgress, ShuttingDown before queueing, BatchFailed after.
+        """
+        if self._closed:
+            raise ShuttingDown()
+        if len(self._waiting) >= self._queue_max:
+            raise Overloaded()
+        key = None if request.idempotency_key is None else (request.account_id, request.idempotency_key)
+        if key is not None:
+            if key in self._keys_in_flight:
+                raise KeyInProgress()
+            self._keys_in_flight.add(key)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        if key is not None:
+            # Released when the result is known, not when the caller stops waiting: a client that
+            # disconnects and retries at once still gets a 409 until the first attempt committed.
+            future.add_done_callback(lambda _: self._keys_in_flight.discard(key))
+        self._waiting.append((request, future))
+        self._start_batches()
+        # Shielded: a cancelled handler (client gone) must not cancel the batch's future.
+        return await asyncio.shield(future)
+
+    def _start_batches(self) -> None:
+        while self._waiting and len(self._batches) < self._concurrency:
+            count = min(len(self._waiting), self._batch_max)
+            batch = [self._waiting.popleft() for _ in range(count)]
+            task = asyncio.create_task(self._run(batch))
+            self._batches.add(task)
+            task.add_done_callback(self._batch_done)
+
+    def _batch_done(self, task: asyncio.Task) -> None:
+        self._batches.discard(task)
+        self._start_batches()
+
+    async def _run(self, batch: list[_Item]) -> None:
+        metrics.GROUP_COMMIT_BATCH.observe(len(batch))
+        try:
+            results = await create_messages(self._pool, [request for request, _ in batch], attempts_max=self._attempts_max)
+        except BaseException as error:
+            logger.error("group commit of %d requests failed: %r", len(batch), error)
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(BatchFailed())
+            if not isinstance(error, Exception):
+                raise
+            return
+        created: list[uuid.UUID] = []
+        for (_, future), result in zip(batch, results, strict=True):
+            if isinstance(result, MessageCreated) and not result.replayed:
+                metrics.MESSAGES_CREATED.inc()
+                created.extend(delivery.id for delivery in result.deliveries)
+            if not future.done():
+                future.set_result(result)
+        if created and self._wake is not None:
+            self._wake_later(created)
+
+    def _wake_later(self, delivery_ids: list[uuid.UUID]) -> None:
+        """One wake-up per batch, after commit, off the hot path. Lost wake-ups cost a sweep interval."""
+        if len(self._wakes) >= WAKE_TASKS_MAX:
+            logger.warning("wake-ups backed up; %d deliveries left to the sweeper", len(delivery_ids))
+            return
+        task = asyncio.create_task(self._wake_safely(delivery_ids))
+        self._wakes.add(task)
+        task.add_done_callback(self._wakes.discard)
+
+    async def _wake_safely(self, delivery_ids: list[uuid.UUID]) -> None:
+        try:
+            await self._wake(delivery_ids)
+        except Exception as error:  # Redis down must not fail a committed create.
+            logger.warning("could not wake workers for %d deliveries (the sweeper will): %r", len(delivery_ids), error)
+
+    async def close(self) -> None:
+        """Refuse new creates, finish the batches in flight, then the pending wake-ups."""
+        self._closed = True
+        while self._batches or self._waiting:
+            self._start_batches()
+            await asyncio.gather(*self._batches, return_exceptions=True)
+        if self._wakes:
+            await asyncio.gather(*self._wakes, return_exceptions=True)

@@ -1,0 +1,194 @@
+"""The OpenAPI 3.1 document, generated from the same msgspec Structs that validate and encode.
+
+Each operation is declared once in OPERATIONS (method, path, who may call it, body, responses);
+request and response schemas come from `msgspec.json.schema_components`, so what the document
+says a body looks like is exactly what the decoder accepts and the encoder writes.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+import msgspec
+
+from billing.tables import DELIVERY_STATES
+from delivery.api import responses as r
+from delivery.api import validation as v
+from delivery.api.problems import ProblemBody
+
+ACCOUNT = "account"
+OPERATOR = "operator"
+
+_UUID = {"type": "string", "format": "uuid"}
+_LIMIT = {"name": "limit", "in": "query", "required": False,
+          "schema": {"type": "integer", "minimum": 1, "maximum": v.PAGE_LIMIT_MAX, "default": v.PAGE_LIMIT_DEFAULT}}
+_CURSOR = {"name": "cursor", "in": "query", "required": False,
+           "description": "next_cursor of the previous page.",
+           "schema": {"type": "string", "minLength": 1, "maxLength": v.CURSOR_LENGTH_MAX}}
+
+
+def _path_id(name: str = "id") -> dict:
+    return {"name": name, "in": "path", "required": True, "schema": _UUID}
+
+
+def _query(name: str, schema: dict, description: str = "") -> dict:
+    parameter = {"name": name, "in": "query", "required": False, "schema": schema}
+    if description:
+        parameter["description"] = description
+    return parameter
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str
+    summary: str
+    auth: str | None
+    ok: dict[int, type | None]  # success statuses and their bodies (None: no body)
+    errors: tuple[int, ...] = ()
+    body: type | None = None
+    body_optional: bool = False
+    parameters: tuple[dict, ...] = ()
+    headers: dict[int, dict] = field(default_factory=dict)
+
+
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key", "in": "header", "required": False,
+    "description": "Same key and body: the stored response again (Idempotent-Replayed: true). Another body: 422.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"},
+}
+_REPLAYED = {"Idempotent-Replayed": {"description": "true when this is a stored response for a reused key",
+                                     "schema": {"type": "string", "enum": ["true"]}}}
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation("post", "/v1/accounts", "Create an account and its first API key (operator)", OPERATOR,
+              {201: r.AccountCreated}, (400, 422), v.AccountCreate),
+    Operation("get", "/v1/accounts/{id}", "Read an account (operator)", OPERATOR, {200: r.Account}, (404,),
+              parameters=(_path_id(),)),
+    Operation("post", "/v1/accounts/{id}/topups", "Top up by order id, idempotently (operator)", OPERATOR,
+              {201: r.Topup, 200: r.Topup}, (400, 404, 409, 422), v.TopupCreate, parameters=(_path_id(),)),
+    Operation("post", "/v1/accounts/{id}/topups/{order_id}/reversal", "Reverse a top-up (operator)", OPERATOR,
+              {201: r.Topup, 200: r.Topup}, (402, 404, 409),
+              parameters=(_path_id(), {"name": "order_id", "in": "path", "required": True,
+                                       "schema": {"type": "string", "minLength": 1, "maxLength": 200}})),
+    Operation("get", "/v1/dead-deliveries", "Dead deliveries across accounts (operator)", OPERATOR,
+              {200: r.DeliveryPage}, (422,), parameters=(_LIMIT, _CURSOR)),
+    Operation("get", "/v1/balance", "The balance and the credits in flight", ACCOUNT, {200: r.Balance}),
+    Operation("get", "/v1/ledger", "The account's ledger, oldest first", ACCOUNT, {200: r.LedgerPage}, (422,),
+              parameters=(_LIMIT, _CURSOR, _query("delivery_id", _UUID))),
+    Operation("post", "/v1/api-keys", "Create an API key (shown once)", ACCOUNT, {201: r.ApiKeyCreated},
+              (400, 409, 422), v.Empty, body_optional=True),
+    Operation("get", "/v1/api-keys", "List API keys (prefixes only)", ACCOUNT, {200: r.ApiKeyList}),
+    Operation("delete", "/v1/api-keys/{id}", "Revoke an API key", ACCOUNT, {204: None}, (404,),
+              parameters=(_path_id(),)),
+    Operation("post", "/v1/endpoints", "Create an endpoint", ACCOUNT, {201: r.Endpoint}, (400, 409, 422),
+              v.EndpointCreate),
+    Operation("get", "/v1/endpoints", "List endpoints", ACCOUNT, {200: r.EndpointList}),
+    Operation("get", "/v1/endpoints/{id}", "Read an endpoint", ACCOUNT, {200: r.Endpoint}, (404,),
+              parameters=(_path_id(),)),
+    Operation("patch", "/v1/endpoints/{id}", "Change an endpoint", ACCOUNT, {200: r.Endpoint}, (400, 404, 422),
+              v.EndpointPatch, parameters=(_path_id(),)),
+    Operation("delete", "/v1/endpoints/{id}", "Delete an endpoint (its pending deliveries are refunded)", ACCOUNT,
+              {200: r.EndpointDeleted}, (404,), parameters=(_path_id(),)),
+    Operation("post", "/v1/endpoints/{id}/secret/rotate", "Rotate the signing secret (the old one signs 24 h more)",
+              ACCOUNT, {200: r.EndpointSecret}, (400, 404, 422), v.SecretRotate, body_optional=True,
+              parameters=(_path_id(),)),
+    Operation("get", "/v1/endpoints/{id}/secret", "Read the signing secret", ACCOUNT, {200: r.EndpointSecret}, (404,),
+              parameters=(_path_id(),)),
+    Operation("post", "/v1/messages", "Send an event to the subscribed endpoints, charged per delivery", ACCOUNT,
+              {202: r.MessageAccepted}, (400, 402, 409, 413, 422, 503), v.MessageCreate,
+              parameters=(_IDEMPOTENCY_KEY,), headers={202: _REPLAYED}),
+    Operation("get", "/v1/deliveries", "List deliveries, newest first", ACCOUNT, {200: r.DeliveryPage}, (422,),
+              parameters=(_LIMIT, _CURSOR, _query("state", {"enum": list(DELIVERY_STATES)}),
+                          _query("endpoint_id", _UUID), _query("message_id", _UUID),
+                          _query("created_after", {"type": "string", "format": "date-time"}),
+                          _query("created_before", {"type": "string", "format": "date-time"}))),
+    Operation("get", "/v1/deliveries/{id}", "Read a delivery with its attempts and ledger entries", ACCOUNT,
+              {200: r.DeliveryDetail}, (404,), parameters=(_path_id(),)),
+    Operation("post", "/v1/deliveries/{id}/replay", "Send a dead or delivered delivery again (a new, charged delivery)",
+              ACCOUNT, {202: r.MessageAccepted}, (402, 404, 409, 422, 503), parameters=(_path_id(),)),
+    Operation("get", "/healthz", "The process is up", None, {200: r.Health}),
+    Operation("get", "/readyz", "PostgreSQL and Redis are reachable", None, {200: r.Readiness, 503: r.Readiness}),
+)
+
+_DESCRIPTIONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No content", 400: "Malformed JSON",
+                 401: "Missing or wrong API key", 402: "The balance cannot cover every delivery; nothing was written",
+                 403: "The key may not call this route", 404: "No such resource (or not yours)",
+                 409: "Conflict with the current state", 413: "Payload too large",
+                 422: "Invalid request; errors lists each field", 503: "Unavailable; retry after Retry-After"}
+
+
+def _schemas() -> dict:
+    kinds = (*v.REQUEST_BODIES, v.Empty, *r.RESPONSE_BODIES, ProblemBody)
+    _, components = msgspec.json.schema_components(kinds, ref_template="#/components/schemas/{name}")
+    return components
+
+
+def _ref(kind: type) -> dict:
+    return {"$ref": f"#/components/schemas/{kind.__name__}"}
+
+
+def _operation(op: Operation) -> dict:
+    result: dict = {"summary": op.summary, "operationId": f"{op.method}_{op.path}", "responses": {}}
+    if op.parameters:
+        result["parameters"] = list(op.parameters)
+    if op.body is not None:
+        result["requestBody"] = {"required": not op.body_optional,
+                                 "content": {"application/json": {"schema": _ref(op.body)}}}
+    for status, kind in op.ok.items():
+        response: dict = {"description": _DESCRIPTIONS[status]}
+        if kind is not None:
+            response["content"] = {"application/json": {"schema": _ref(kind)}}
+        if status in op.headers:
+            response["headers"] = op.headers[status]
+        result["responses"][str(status)] = response
+    errors = set(op.errors)
+    if op.auth is not None:
+        result["security"] = [{"bearer": []}]
+        errors |= {401, 403}
+    for status in sorted(errors):
+        result["responses"][str(status)] = {
+            "description": _DESCRIPTIONS[status],
+            "content": {"application/problem+json": {"schema": _ref(ProblemBody)}},
+        }
+    return result
+
+
+def document() -> dict:
+    paths: dict = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op)
+    paths["/metrics"] = {"get": {"summary": "Prometheus metrics", "operationId": "get_/metrics",
+                                 "responses": {"200": {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}}}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "hookledger", "version": "1", "description": "Webhook delivery billed per delivery."},
+        "paths": paths,
+        "components": {
+            "schemas": _schemas(),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "An account key (hl_live_...) or the operator key."}},
+        },
+    }
+
+
+def docs_html(spec: dict) -> str:
+    """A plain page listing every operation: no scripts, no external CDN."""
+    rows = []
+    for path, methods in spec["paths"].items():
+        for method, operation in methods.items():
+            statuses = ", ".join(operation["responses"])
+            rows.append(
+                f"<tr><td><code>{method.upper()}</code></td><td><code>{html.escape(path)}</code></td>"
+                f"<td>{html.escape(operation['summary'])}</td><td>{html.escape(statuses)}</td></tr>"
+            )
+    return (
+        "<!doctype html><html><head><meta charset=utf-8><title>hookledger API</title>"
+        "<style>body{font-family:sans-serif;margin:2em}td,th{padding:.3em .8em;text-align:left}"
+        "tr:nth-child(even){background:#f4f4f4}</style></head><body>"
+        "<h1>hookledger API v1</h1><p>Bearer authentication. Errors are application/problem+json. "
+        "The full description is at <a href=/openapi.json>/openapi.json</a>.</p>"
+        "<table><tr><th>method</th><th>path</th><th>what</th><th>statuses</th></tr>"
+        + "".join(rows) + "</table></body></html>"
+    )

@@ -1,0 +1,107 @@
+"""Errors as application/problem+json (RFC 9457): one exception type, one mapping from billing errors.
+
+A handler raises `Problem` (or lets a `billing.errors` error escape); the middleware in
+`middleware.py` turns it into a response. Every billing error maps to a status in one table,
+`BILLING_STATUSES`, so a reader sees every money refusal and its HTTP meaning in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+from aiohttp import web
+
+from billing import errors as billing_errors
+
+CONTENT_TYPE = "application/problem+json"
+TYPE_BASE = "https://hookledger.dev/problems/"
+
+# Most specific first: the first class the error is an instance of wins.
+BILLING_STATUSES: tuple[tuple[type[billing_errors.BillingError], int, str], ...] = (
+    (billing_errors.AccountNotFound, 404, "not-found"),
+    (billing_errors.DeliveryNotFound, 404, "not-found"),
+    (billing_errors.TopupUnknown, 404, "not-found"),
+    (billing_errors.InsufficientBalance, 402, "insufficient-balance"),
+    (billing_errors.IdempotencyConflict, 422, "idempotency-key-reused"),
+    (billing_errors.TopupConflict, 409, "topup-conflict"),
+    (billing_errors.AccountNotActive, 409, "account-not-active"),
+    (billing_errors.AccountNotClosable, 409, "account-not-closable"),
+    (billing_errors.InvalidInput, 422, "invalid-request"),
+    (billing_errors.LedgerMismatch, 500, "ledger-mismatch"),
+    (billing_errors.BulkSettleMismatch, 500, "ledger-mismatch"),
+)
+
+_TITLES = {
+    400: "Bad request",
+    401: "Unauthorized",
+    402: "Insufficient balance",
+    403: "Forbidden",
+    404: "Not found",
+    405: "Method not allowed",
+    409: "Conflict",
+    413: "Payload too large",
+    415: "Unsupported media type",
+    422: "Unprocessable request",
+    500: "Internal server error",
+    503: "Service unavailable",
+}
+
+
+class FieldError(msgspec.Struct):
+    field: str
+    message: str
+
+
+class ProblemBody(msgspec.Struct, omit_defaults=True):
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[FieldError] = []
+
+
+@dataclass
+class Problem(Exception):
+    """An HTTP error to answer as problem+json."""
+
+    status: int
+    detail: str
+    slug: str = "error"
+    errors: list[FieldError] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.detail)
+
+
+def not_found(what: str = "resource") -> Problem:
+    # The same answer for a missing row and another account's row: ids do not leak existence.
+    return Problem(404, f"no such {what}", "not-found")
+
+
+def validation(errors: list[FieldError], detail: str = "the request is not valid") -> Problem:
+    return Problem(422, detail, "invalid-request", errors)
+
+
+def from_billing(error: billing_errors.BillingError) -> Problem:
+    for kind, status, slug in BILLING_STATUSES:
+        if isinstance(error, kind):
+            return Problem(status, error.detail, slug)
+    return Problem(500, error.detail, "billing-error")
+
+
+_ENCODER = msgspec.json.Encoder()
+
+
+def response(problem: Problem) -> web.Response:
+    body = ProblemBody(
+        type=TYPE_BASE + problem.slug,
+        title=_TITLES.get(problem.status, "Error"),
+        status=problem.status,
+        detail=problem.detail,
+        errors=problem.errors,
+    )
+    return web.Response(
+        status=problem.status, body=_ENCODER.encode(body), content_type=CONTENT_TYPE, headers=problem.headers
+    )

@@ -1,0 +1,105 @@
+"""The API's read queries: each statement named, described in one line, and scoped by account.
+
+Pagination is by cursor, never by offset: deliveries newest first by id (ids are time-ordered
+UUIDv7, so id order is creation order), ledger entries oldest first by seq. A page asks for
+one row more than its limit to know whether there is a next page.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+import asyncpg
+
+from billing.database import Executor
+
+_DELIVERY_COLUMNS = (
+    "d.id, d.account_id, d.message_id, d.endpoint_id, m.event_type, d.state, d.attempt, d.attempts_max, d.price,"
+    " d.next_attempt_at, d.dead_reason, d.created_at, d.finished_at"
+)
+
+# One page of an account's deliveries, newest first, with optional filters ($2.. NULL = any).
+_DELIVERIES_PAGE = (
+    f"SELECT {_DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.message_id"
+    " WHERE d.account_id = $1"
+    "   AND ($2::text IS NULL OR d.state = $2) AND ($3::uuid IS NULL OR d.endpoint_id = $3)"
+    "   AND ($4::uuid IS NULL OR d.message_id = $4)"
+    "   AND ($5::timestamptz IS NULL OR d.created_at > $5) AND ($6::timestamptz IS NULL OR d.created_at < $6)"
+    "   AND ($7::uuid IS NULL OR d.id < $7)"
+    " ORDER BY d.id DESC LIMIT $8"
+)
+# One delivery of an account.
+_DELIVERY = f"SELECT {_DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1 AND d.account_id = $2"
+# Every recorded attempt of a delivery, in order (bounded by attempts_max <= 50).
+_ATTEMPTS = (
+    "SELECT attempt, started_at, finished_at, status_code, latency_ms, error, response_excerpt, stale"
+    " FROM delivery_attempts WHERE delivery_id = $1 AND account_id = $2 ORDER BY attempt, finished_at LIMIT 100"
+)
+_LEDGER_COLUMNS = "id, seq, kind, amount, delivery_id, note, created_at"
+# The ledger entries of one delivery (charge, refund, reclaim: at most three).
+_DELIVERY_LEDGER = f"SELECT {_LEDGER_COLUMNS} FROM ledger_entries WHERE delivery_id = $1 AND account_id = $2 ORDER BY seq"
+# One page of an account's ledger, oldest first, optionally for one delivery.
+_LEDGER_PAGE = (
+    f"SELECT {_LEDGER_COLUMNS} FROM ledger_entries WHERE account_id = $1"
+    " AND ($2::uuid IS NULL OR delivery_id = $2) AND seq > $3 ORDER BY seq LIMIT $4"
+)
+# One page of dead deliveries across every account, newest first (the operator's view).
+_DEAD_PAGE = (
+    f"SELECT {_DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.message_id"
+    " WHERE d.state = 'dead' AND ($1::uuid IS NULL OR d.id < $1) ORDER BY d.id DESC LIMIT $2"
+)
+# The message a delivery carries, for a replay.
+_MESSAGE_OF_DELIVERY = (
+    "SELECT d.state, d.endpoint_id, m.event_type, m.payload FROM deliveries d JOIN messages m ON m.id = d.message_id"
+    " WHERE d.id = $1 AND d.account_id = $2"
+)
+# Pending deliveries due now: the queue depth gauge.
+_QUEUE_DEPTH = "SELECT count(*) FROM deliveries WHERE state = 'pending' AND next_attempt_at <= now()"
+
+
+async def deliveries_page(
+    executor: Executor,
+    account_id: uuid.UUID,
+    *,
+    state: str | None,
+    endpoint_id: uuid.UUID | None,
+    message_id: uuid.UUID | None,
+    created_after: datetime | None,
+    created_before: datetime | None,
+    before_id: uuid.UUID | None,
+    limit: int,
+) -> list[asyncpg.Record]:
+    return await executor.fetch(
+        _DELIVERIES_PAGE, account_id, state, endpoint_id, message_id, created_after, created_before, before_id, limit + 1
+    )
+
+
+async def delivery(executor: Executor, account_id: uuid.UUID, delivery_id: uuid.UUID) -> asyncpg.Record | None:
+    return await executor.fetchrow(_DELIVERY, delivery_id, account_id)
+
+
+async def attempts(executor: Executor, account_id: uuid.UUID, delivery_id: uuid.UUID) -> list[asyncpg.Record]:
+    return await executor.fetch(_ATTEMPTS, delivery_id, account_id)
+
+
+async def delivery_ledger(executor: Executor, account_id: uuid.UUID, delivery_id: uuid.UUID) -> list[asyncpg.Record]:
+    return await executor.fetch(_DELIVERY_LEDGER, delivery_id, account_id)
+
+
+async def ledger_page(
+    executor: Executor, account_id: uuid.UUID, *, delivery_id: uuid.UUID | None, after_seq: int, limit: int
+) -> list[asyncpg.Record]:
+    return await executor.fetch(_LEDGER_PAGE, account_id, delivery_id, after_seq, limit + 1)
+
+
+async def dead_page(executor: Executor, *, before_id: uuid.UUID | None, limit: int) -> list[asyncpg.Record]:
+    return await executor.fetch(_DEAD_PAGE, before_id, limit + 1)
+
+
+async def message_of_delivery(executor: Executor, account_id: uuid.UUID, delivery_id: uuid.UUID) -> asyncpg.Record | None:
+    return await executor.fetchrow(_MESSAGE_OF_DELIVERY, delivery_id, account_id)
+
+
+async def queue_depth(executor: Executor) -> int:
+    return await executor.fetchval(_QUEUE_DEPTH)

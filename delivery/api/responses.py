@@ -1,0 +1,179 @@
+"""Response bodies as msgspec Structs: encoded fast, and the OpenAPI schemas are generated from them."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+import msgspec
+from aiohttp import web
+
+from billing.tables import DEAD_REASONS, DELIVERY_STATES
+from typing import Literal
+
+DeliveryState = Literal[DELIVERY_STATES]  # type: ignore[valid-type]
+DeadReason = Literal[DEAD_REASONS]  # type: ignore[valid-type]
+
+
+class Account(msgspec.Struct):
+    id: uuid.UUID
+    name: str
+    status: str
+    balance: int
+    price_per_delivery: int
+
+
+class ApiKey(msgspec.Struct):
+    id: uuid.UUID
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class ApiKeyCreated(msgspec.Struct):
+    id: uuid.UUID
+    prefix: str
+    created_at: datetime
+    key: str  # shown once
+
+
+class ApiKeyList(msgspec.Struct):
+    data: list[ApiKey]
+
+
+class AccountCreated(msgspec.Struct):
+    account: Account
+    api_key: ApiKeyCreated
+
+
+class Topup(msgspec.Struct):
+    order_id: str
+    entry_id: str
+    amount: int
+    balance: int
+    applied: bool  # false: this order was already applied (or reversed) before
+
+
+class Balance(msgspec.Struct):
+    balance: int
+    in_flight: int
+
+
+class LedgerEntry(msgspec.Struct):
+    id: str
+    seq: int
+    kind: str
+    amount: int
+    delivery_id: uuid.UUID | None
+    note: str | None
+    created_at: datetime
+
+
+class LedgerPage(msgspec.Struct):
+    data: list[LedgerEntry]
+    next_cursor: str | None
+
+
+class Endpoint(msgspec.Struct):
+    id: uuid.UUID
+    url: str
+    description: str
+    event_types: list[str] | None
+    enabled: bool
+    disabled_reason: str | None
+    timeout_ms: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class EndpointList(msgspec.Struct):
+    data: list[Endpoint]
+
+
+class EndpointSecret(msgspec.Struct):
+    secret: str
+
+
+class EndpointDeleted(msgspec.Struct):
+    id: uuid.UUID
+    deleted: bool
+    refunded_now: int  # pending deliveries refunded right away; the rest die at the pre-send check
+
+
+class CreatedDelivery(msgspec.Struct):
+    id: uuid.UUID
+    endpoint_id: uuid.UUID
+    price: int
+
+
+class MessageAccepted(msgspec.Struct):
+    id: uuid.UUID
+    event_type: str
+    deliveries: list[CreatedDelivery]
+    total_charged: int
+
+
+class Delivery(msgspec.Struct):
+    id: uuid.UUID
+    account_id: uuid.UUID
+    message_id: uuid.UUID
+    endpoint_id: uuid.UUID
+    event_type: str
+    state: DeliveryState
+    attempt: int
+    attempts_max: int
+    price: int
+    next_attempt_at: datetime
+    dead_reason: DeadReason | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class Attempt(msgspec.Struct):
+    attempt: int
+    started_at: datetime
+    finished_at: datetime
+    status_code: int | None
+    latency_ms: int | None
+    error: str | None
+    response_excerpt: str | None
+    stale: bool
+
+
+class DeliveryDetail(Delivery):
+    attempts: list[Attempt]
+    ledger_entries: list[LedgerEntry]
+
+
+class DeliveryPage(msgspec.Struct):
+    data: list[Delivery]
+    next_cursor: str | None
+
+
+class Health(msgspec.Struct):
+    status: str
+
+
+class Readiness(msgspec.Struct):
+    status: str
+    postgres: bool
+    redis: bool
+
+
+RESPONSE_BODIES = (
+    Account, AccountCreated, ApiKeyCreated, ApiKeyList, Topup, Balance, LedgerPage, Endpoint, EndpointList,
+    EndpointSecret, EndpointDeleted, MessageAccepted, DeliveryDetail, DeliveryPage, Health, Readiness,
+)
+
+_ENCODER = msgspec.json.Encoder()
+
+
+def json(body: msgspec.Struct, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=_ENCODER.encode(body), status=status, content_type="application/json", headers=headers)
+
+
+def from_row(kind: type, row) -> msgspec.Struct:
+    """A Struct from a database record (or a dataclass) with the Struct's fields."""
+    if hasattr(row, "keys"):
+        return kind(**{name: row[name] for name in kind.__struct_fields__})
+    return kind(**{name: getattr(row, name) for name in kind.__struct_fields__})

@@ -1,0 +1,102 @@
+"""Accounts: the operator creates them and tops them up; an account reads its balance and ledger."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from billing import accounts as billing_accounts
+from billing.database import transaction
+from delivery.api import api_keys, reads, responses
+from delivery.api.context import context
+from delivery.api.problems import FieldError, not_found
+from delivery.api.validation import AccountCreate, Query, TopupCreate, decode, path_id
+
+routes = web.RouteTableDef()
+
+
+def _account(account: billing_accounts.Account) -> responses.Account:
+    return responses.from_row(responses.Account, account)
+
+
+@routes.post("/v1/accounts")
+async def create_account(request: web.Request) -> web.Response:
+    ctx = context(request)
+    await ctx.operator(request)
+    body = decode(await request.read(), AccountCreate)
+    price = body.price_per_delivery
+    if price is None:
+        price = ctx.settings.ledger.price_per_delivery_default
+    # The account and its first key in one transaction: never an account nobody can use.
+    async with transaction(ctx.pool) as connection:
+        account = await billing_accounts.create_account(connection, body.name, price_per_delivery=price)
+        key = await api_keys.create_key(connection, account.id)
+    created = responses.AccountCreated(_account(account), responses.from_row(responses.ApiKeyCreated, key))
+    return responses.json(created, 201)
+
+
+@routes.get("/v1/accounts/{id}")
+async def get_account(request: web.Request) -> web.Response:
+    ctx = context(request)
+    await ctx.operator(request)
+    account_id = path_id(request.match_info["id"])
+    if account_id is None:
+        raise not_found("account")
+    return responses.json(_account(await billing_accounts.get_account(ctx.pool, account_id)))
+
+
+@routes.post("/v1/accounts/{id}/topups")
+async def top_up(request: web.Request) -> web.Response:
+    """Idempotent by order id: the same order again answers 200 with applied=false."""
+    ctx = context(request)
+    await ctx.operator(request)
+    account_id = path_id(request.match_info["id"])
+    if account_id is None:
+        raise not_found("account")
+    body = decode(await request.read(), TopupCreate)
+    result = await billing_accounts.top_up(ctx.pool, account_id, body.order_id, body.amount)
+    topup = responses.Topup(body.order_id, result.entry_id, result.amount, result.balance, result.applied)
+    return responses.json(topup, 201 if result.applied else 200)
+
+
+@routes.post("/v1/accounts/{id}/topups/{order_id}/reversal")
+async def reverse_top_up(request: web.Request) -> web.Response:
+    ctx = context(request)
+    await ctx.operator(request)
+    account_id = path_id(request.match_info["id"])
+    order_id = request.match_info["order_id"]
+    if account_id is None or not 1 <= len(order_id) <= billing_accounts.ORDER_ID_LENGTH_MAX or "\x00" in order_id:
+        raise not_found("top-up")
+    result = await billing_accounts.reverse_top_up(ctx.pool, account_id, order_id)
+    topup = responses.Topup(order_id, result.entry_id, result.amount, result.balance, result.applied)
+    return responses.json(topup, 201 if result.applied else 200)
+
+
+@routes.get("/v1/balance")
+async def balance(request: web.Request) -> web.Response:
+    ctx = context(request)
+    account_id = await ctx.account(request)
+    result = await billing_accounts.get_balance(ctx.pool, account_id)
+    return responses.json(responses.Balance(result.balance, result.in_flight))
+
+
+@routes.get("/v1/ledger")
+async def ledger(request: web.Request) -> web.Response:
+    """The account's ledger, oldest first; `cursor` is the seq of the last entry of the previous page."""
+    ctx = context(request)
+    account_id = await ctx.account(request)
+    query = Query(request.query)
+    limit = query.limit()
+    delivery_id = query.uuid("delivery_id")
+    cursor = query.cursor()
+    after_seq = 0
+    if cursor is not None:
+        if cursor.isascii() and cursor.isdigit() and len(cursor) <= 19:
+            after_seq = int(cursor)
+        else:
+            query.errors.append(FieldError("cursor", "is not a cursor this API returned"))
+    query.check()
+    rows = await reads.ledger_page(ctx.pool, account_id, delivery_id=delivery_id, after_seq=after_seq, limit=limit)
+    entries = [responses.from_row(responses.LedgerEntry, row) for row in rows[:limit]]
+    next_cursor = str(entries[-1].seq) if len(rows) > limit else None
+    return responses.json(responses.LedgerPage(entries, next_cursor))
+

@@ -1,0 +1,50 @@
+"""An account's API keys: create (shown once), list (prefixes only), revoke."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from billing.database import transaction
+from delivery.api import api_keys, responses
+from delivery.api.context import context
+from delivery.api.problems import Problem, not_found
+from delivery.api.validation import Empty, decode, path_id
+
+routes = web.RouteTableDef()
+
+
+@routes.post("/v1/api-keys")
+async def create_key(request: web.Request) -> web.Response:
+    ctx = context(request)
+    account_id = await ctx.account(request)
+    decode(await request.read(), Empty, optional=True)
+    async with transaction(ctx.pool) as connection:
+        # The account lock serializes concurrent creates, so the per-account bound holds.
+        await connection.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
+        try:
+            key = await api_keys.create_key(connection, account_id)
+        except api_keys.KeyLimitReached as error:
+            raise Problem(409, str(error), "limit-reached") from None
+    return responses.json(responses.from_row(responses.ApiKeyCreated, key), 201)
+
+
+@routes.get("/v1/api-keys")
+async def list_keys(request: web.Request) -> web.Response:
+    ctx = context(request)
+    account_id = await ctx.account(request)
+    keys = await api_keys.list_keys(ctx.pool, account_id)
+    return responses.json(responses.ApiKeyList([responses.from_row(responses.ApiKey, key) for key in keys]))
+
+
+@routes.delete("/v1/api-keys/{id}")
+async def revoke_key(request: web.Request) -> web.Response:
+    ctx = context(request)
+    account_id = await ctx.account(request)
+    key_id = path_id(request.match_info["id"])
+    if key_id is None:
+        raise not_found("API key")
+    digest = await api_keys.revoke_key(ctx.pool, account_id, key_id)
+    if digest is None:
+        raise not_found("API key")
+    ctx.auth.forget(bytes(digest))
+    return web.Response(status=204)

@@ -1,0 +1,138 @@
+"""Endpoints: create (URL checked against the SSRF policy, secret sealed at rest), list, read,
+patch, soft-delete, rotate and read the signing secret."""
+
+from __future__ import annotations
+
+import uuid
+
+import msgspec
+from aiohttp import web
+
+from delivery import endpoints as store
+from delivery.api import responses
+from delivery.api.context import ApiContext, context
+from delivery.api.problems import FieldError, Problem, not_found, validation
+from delivery.api.validation import EndpointCreate, EndpointPatch, SecretRotate, decode, path_id
+from delivery.errors import InvalidEndpointUrlError
+from delivery.ssrf import validate_endpoint_url
+from signing import SigningError, generate_secret, parse_signing_key
+
+routes = web.RouteTableDef()
+
+
+def _endpoint(endpoint: store.Endpoint) -> responses.Endpoint:
+    return responses.from_row(responses.Endpoint, endpoint)
+
+
+def _check_url(ctx: ApiContext, url: str) -> None:
+    try:
+        validate_endpoint_url(url, ctx.policy)
+    except InvalidEndpointUrlError as error:
+        raise validation([FieldError("url", str(error))], "the endpoint URL is not acceptable") from None
+
+
+def _check_secret(secret: str | None) -> None:
+    if secret is None:
+        return
+    try:
+        parse_signing_key(secret)
+    except SigningError as error:
+        raise validation([FieldError("secret", str(error))], "the secret is not a valid whsec_ secret") from None
+
+
+def _check_event_types(event_types: list[str] | None) -> None:
+    if event_types is not None and len(set(event_types)) != len(event_types):
+        raise validation([FieldError("event_types", "lists an event type twice")])
+
+
+async def _ids(request: web.Request) -> tuple[ApiContext, uuid.UUID, uuid.UUID]:
+    ctx = context(request)
+    account_id = await ctx.account(request)
+    endpoint_id = path_id(request.match_info["id"])
+    if endpoint_id is None:
+        raise not_found("endpoint")
+    return ctx, account_id, endpoint_id
+
+
+@routes.post("/v1/endpoints")
+async def create_endpoint(request: web.Request) -> web.Response:
+    ctx = context(request)
+    account_id = await ctx.account(request)
+    body = decode(await request.read(), EndpointCreate)
+    _check_url(ctx, body.url)
+    _check_event_types(body.event_types)
+    _check_secret(body.secret)
+    try:
+        endpoint = await store.create_endpoint(
+            ctx.pool, account_id, body.url, secret=body.secret or generate_secret(), keyring=ctx.keyring,
+            event_types=body.event_types, description=body.description, timeout_ms=body.timeout_ms,
+            enabled=body.enabled,
+        )
+    except store.EndpointLimitReached as error:
+        raise Problem(409, str(error), "limit-reached") from None
+    return responses.json(_endpoint(endpoint), 201)
+
+
+@routes.get("/v1/endpoints")
+async def list_endpoints(request: web.Request) -> web.Response:
+    ctx = context(request)
+    account_id = await ctx.account(request)
+    endpoints = await store.list_endpoints(ctx.pool, account_id)
+    return responses.json(responses.EndpointList([_endpoint(endpoint) for endpoint in endpoints]))
+
+
+@routes.get("/v1/endpoints/{id}")
+async def get_endpoint(request: web.Request) -> web.Response:
+    ctx, account_id, endpoint_id = await _ids(request)
+    endpoint = await store.get_endpoint(ctx.pool, account_id, endpoint_id)
+    if endpoint is None:
+        raise not_found("endpoint")
+    return responses.json(_endpoint(endpoint))
+
+
+@routes.patch("/v1/endpoints/{id}")
+async def patch_endpoint(request: web.Request) -> web.Response:
+    ctx, account_id, endpoint_id = await _ids(request)
+    body = decode(await request.read(), EndpointPatch)
+    changes = {name: value for name, value in msgspec.structs.asdict(body).items() if value is not msgspec.UNSET}
+    if "url" in changes:
+        _check_url(ctx, changes["url"])
+    _check_event_types(changes.get("event_types"))
+    endpoint = await store.update_endpoint(ctx.pool, account_id, endpoint_id, changes)
+    if endpoint is None:
+        raise not_found("endpoint")
+    return responses.json(_endpoint(endpoint))
+
+
+@routes.delete("/v1/endpoints/{id}")
+async def delete_endpoint(request: web.Request) -> web.Response:
+    ctx, account_id, endpoint_id = await _ids(request)
+    refunded = await store.delete_endpoint(ctx.pool, account_id, endpoint_id)
+    if refunded is None:
+        raise not_found("endpoint")
+    return responses.json(responses.EndpointDeleted(endpoint_id, True, refunded))
+
+
+@routes.post("/v1/endpoints/{id}/secret/rotate")
+async def rotate_secret(request: web.Request) -> web.Response:
+    """The old secret keeps signing beside the new one for the configured overlap (24 h by default)."""
+    ctx, account_id, endpoint_id = await _ids(request)
+    body = decode(await request.read(), SecretRotate, optional=True)
+    _check_secret(body.secret)
+    secret = body.secret or generate_secret()
+    rotated = await store.rotate_secret(
+        ctx.pool, account_id, endpoint_id, secret=secret, keyring=ctx.keyring,
+        overlap_seconds=ctx.settings.api.secret_rotation_overlap_seconds,
+    )
+    if not rotated:
+        raise not_found("endpoint")
+    return responses.json(responses.EndpointSecret(secret))
+
+
+@routes.get("/v1/endpoints/{id}/secret")
+async def read_secret(request: web.Request) -> web.Response:
+    ctx, account_id, endpoint_id = await _ids(request)
+    secret = await store.read_secret(ctx.pool, account_id, endpoint_id, ctx.keyring)
+    if secret is None:
+        raise not_found("endpoint")
+    return responses.json(responses.EndpointSecret(secret))

@@ -1,0 +1,93 @@
+"""POST /v1/messages: accept an event, fan it out, charge every delivery, through the group commit.
+
+Idempotency-Key (Stripe semantics): the same key and body again answer the stored response with
+`Idempotent-Replayed: true`; another body with that key is 422; the key while its first request
+is still in flight in this process is 409 (see group_commit.py for the cross-process case).
+Keys are kept as long as their message (forever, in `messages`), so at least 24 hours.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from aiohttp import web
+
+from billing.errors import BillingError
+from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX, MessageCreated, MessageRequest
+from delivery.api import group_commit, responses
+from delivery.api.context import ApiContext, context
+from delivery.api.problems import FieldError, Problem, validation
+from delivery.api.validation import MessageCreate, decode
+
+routes = web.RouteTableDef()
+
+RETRY_AFTER_SECONDS = "1"
+ENVELOPE_BYTES_MAX = 16 * 1024  # what a body may hold besides the payload (event type, keys, spaces)
+
+
+def body_bytes_max(payload_bytes_max: int) -> int:
+    """The largest request body the app reads (its client_max_size)."""
+    return payload_bytes_max + ENVELOPE_BYTES_MAX
+
+
+def accepted(created: MessageCreated) -> web.Response:
+    body = responses.MessageAccepted(
+        id=created.message_id,
+        event_type=created.event_type,
+        deliveries=[responses.CreatedDelivery(d.id, d.endpoint_id, d.price) for d in created.deliveries],
+        total_charged=created.total_charged,
+    )
+    headers = {"Idempotent-Replayed": "true"} if created.replayed else None
+    return responses.json(body, 202, headers)
+
+
+async def submit(ctx: ApiContext, request: MessageRequest) -> MessageCreated:
+    """Run one create through the coalescer; its refusal or failure as a Problem."""
+    try:
+        result = await ctx.coalescer.submit(request)
+    except group_commit.KeyInProgress:
+        raise Problem(409, "a request with this Idempotency-Key is still in progress; retry shortly",
+                      "idempotency-key-in-use", headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
+    except group_commit.Overloaded:
+        raise Problem(503, "too many requests are waiting to be written; retry shortly", "overloaded",
+                      headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
+    except group_commit.ShuttingDown:
+        raise Problem(503, "the server is shutting down; retry", "shutting-down",
+                      headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
+    except group_commit.BatchFailed:
+        raise Problem(503, "the database did not accept the write; nothing was written, retry", "write-failed",
+                      headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
+    if isinstance(result, BillingError):
+        raise result
+    return result
+
+
+def idempotency_key(request: web.Request) -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not 1 <= len(key) <= IDEMPOTENCY_KEY_LENGTH_MAX or not key.isprintable():
+        raise validation([FieldError("Idempotency-Key", f"must be 1 to {IDEMPOTENCY_KEY_LENGTH_MAX} printable characters")])
+    return key
+
+
+def _too_large(limit: int) -> Problem:
+    return Problem(413, f"the payload is larger than {limit} bytes", "payload-too-large")
+
+
+@routes.post("/v1/messages")
+async def create_message(request: web.Request) -> web.Response:
+    ctx = context(request)
+    account_id: uuid.UUID = await ctx.account(request)
+    limit = ctx.settings.api.payload_bytes_max
+    # Refuse on the declared length before reading; the app's client_max_size bounds the read
+    # for bodies that do not declare it, and the payload itself is measured after parsing.
+    if request.content_length is not None and request.content_length > body_bytes_max(limit):
+        raise _too_large(limit)
+    key = idempotency_key(request)
+    body = decode(await request.read(), MessageCreate)
+    payload = bytes(body.payload)
+    if len(payload) > limit:
+        raise _too_large(limit)
+    created = await submit(ctx, MessageRequest(account_id, body.event_type, payload, key))
+    return accepted(created)

@@ -1,0 +1,69 @@
+"""Operations: liveness, readiness, Prometheus metrics, the OpenAPI document and its HTML page."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from delivery import metrics
+from delivery.api import openapi, reads, responses
+from delivery.api.context import context
+
+logger = logging.getLogger(__name__)
+routes = web.RouteTableDef()
+
+READY_TIMEOUT_SECONDS = 2.0
+
+
+@routes.get("/healthz")
+async def healthz(request: web.Request) -> web.Response:
+    return responses.json(responses.Health("ok"))
+
+
+async def _reachable(check) -> bool:
+    try:
+        await asyncio.wait_for(check(), READY_TIMEOUT_SECONDS)
+        return True
+    except Exception as error:
+        logger.warning("readiness check failed: %r", error)
+        return False
+
+
+@routes.get("/readyz")
+async def readyz(request: web.Request) -> web.Response:
+    ctx = context(request)
+    postgres = await _reachable(lambda: ctx.pool.fetchval("SELECT 1"))
+    redis = ctx.queue is not None and await _reachable(ctx.queue.redis.ping)
+    ready = postgres and redis
+    return responses.json(responses.Readiness("ready" if ready else "unavailable", postgres, redis), 200 if ready else 503)
+
+
+@routes.get("/metrics")
+async def prometheus_metrics(request: web.Request) -> web.Response:
+    ctx = context(request)
+    try:
+        metrics.QUEUE_DEPTH.set(await asyncio.wait_for(reads.queue_depth(ctx.pool), READY_TIMEOUT_SECONDS))
+    except Exception as error:  # a scrape still answers with the counters
+        logger.warning("queue depth not read: %r", error)
+    response = web.Response(body=generate_latest(metrics.REGISTRY))
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
+
+
+_SPEC = openapi.document()
+_SPEC_BYTES = msgspec.json.encode(_SPEC)
+_DOCS_HTML = openapi.docs_html(_SPEC)
+
+
+@routes.get("/openapi.json")
+async def openapi_json(request: web.Request) -> web.Response:
+    return web.Response(body=_SPEC_BYTES, content_type="application/json")
+
+
+@routes.get("/docs")
+async def docs(request: web.Request) -> web.Response:
+    return web.Response(text=_DOCS_HTML, content_type="text/html")

@@ -1,0 +1,66 @@
+"""Prometheus metrics shared by the API and the worker: define here, increment where it happens.
+
+One registry of our own (not the client library's global one), so a process that imports this
+module twice under test, or embeds us, never collides on metric names. The API serves it at
+/metrics; the worker imports the same objects and increments them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+DELIVERIES = Counter(
+    "hookledger_deliveries_total",
+    "Deliveries that reached a final state, by outcome (delivered, dead).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+ATTEMPTS = Counter(
+    "hookledger_delivery_attempts_total",
+    "Send attempts by the receiver's status class (2xx, 3xx, 4xx, 5xx) or 'error' when no response came.",
+    ["status_class"],
+    registry=REGISTRY,
+)
+DELIVERY_LATENCY = Histogram(
+    "hookledger_delivery_latency_seconds",
+    "Seconds from a delivery's creation to its successful send (retries included).",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400),
+    registry=REGISTRY,
+)
+QUEUE_DEPTH = Gauge(
+    "hookledger_queue_depth",
+    "Pending deliveries whose next attempt is due now, read from PostgreSQL at scrape time.",
+    registry=REGISTRY,
+)
+REFUNDS = Counter(
+    "hookledger_refunds_total",
+    "Refunds written by billing.settle, by dead reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
+MESSAGES_CREATED = Counter(
+    "hookledger_messages_created_total",
+    "Messages accepted by the API (replays of an idempotency key not counted).",
+    registry=REGISTRY,
+)
+GROUP_COMMIT_BATCH = Histogram(
+    "hookledger_group_commit_batch_requests",
+    "Create requests carried by one group-commit transaction.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 500, 1000),
+    registry=REGISTRY,
+)
+API_REQUESTS = Counter(
+    "hookledger_api_requests_total",
+    "API requests by route template and status code.",
+    ["route", "status"],
+    registry=REGISTRY,
+)
+
+
+def status_class(status_code: int | None) -> str:
+    """The label for ATTEMPTS: '2xx'... or 'error' when the send got no HTTP response."""
+    if status_code is None or not 100 <= status_code <= 599:
+        return "error"
+    return f"{status_code // 100}xx"
