@@ -8,7 +8,7 @@ import uuid
 import typer
 from rich.console import Console
 
-from delivery import config
+from delivery import cli_api, config
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="hookledger: webhooks billed per delivery.")
 console = Console()
@@ -77,6 +77,9 @@ def _uuid(value: str, what: str) -> uuid.UUID:
     except ValueError:
         console.print(f"[red]error[/red]: {what} must be an id like 01a2...-...; got {value!r}")
         raise typer.Exit(2) from None
+
+
+app.command(name="api")(cli_api.api)
 
 
 def main() -> None:
