@@ -1,0 +1,56 @@
+"""Authentication on every route of the OpenAPI document: 401 without a key or with a wrong one,
+403 for the wrong kind of key, and a refused request writes nothing."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from delivery.api.openapi import ACCOUNT, OPERATIONS, OPERATOR
+
+GUARDED = [op for op in OPERATIONS if op.auth is not None]
+
+
+def _path(template: str) -> str:
+    return template.replace("{id}", str(uuid.uuid4())).replace("{order_id}", "order-1")
+
+
+@pytest.mark.parametrize("op", GUARDED, ids=lambda op: f"{op.method.upper()} {op.path}")
+async def test_missing_wrong_and_misplaced_keys_are_refused(api, op):
+    """No key or a wrong key: 401 problem+json with a Bearer challenge; the other kind of key: 403; nothing written."""
+    _, account_headers = await api.account(balance=5)
+    before = await api.snapshot()
+    path = _path(op.path)
+    cases = [
+        ({}, 401),
+        ({"Authorization": "Bearer hl_live_not-a-real-key"}, 401),
+        ({"Authorization": "Basic Zm9vOmJhcg=="}, 401),
+        (account_headers if op.auth == OPERATOR else api.operator, 403),
+    ]
+    for headers, status in cases:
+        response = await api.client.request(op.method, path, json={}, headers=headers)
+        assert response.status == status, (headers, await response.text())
+        assert response.content_type == "application/problem+json"
+        problem = await response.json()
+        assert problem["status"] == status and problem["type"].startswith("https://") and problem["detail"]
+        if status == 401:
+            assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    assert await api.snapshot() == before
+
+
+async def test_a_revoked_key_is_refused_at_once(api):
+    """Revoking a key through the API drops it from this process's cache: the next request is 401."""
+    _, headers = await api.account()
+    created = await (await api.client.post("/v1/api-keys", headers=headers)).json()
+    second = api.bearer(created["key"])
+    assert (await api.client.get("/v1/balance", headers=second)).status == 200
+    assert (await api.client.delete(f"/v1/api-keys/{created['id']}", headers=headers)).status == 204
+    assert (await api.client.get("/v1/balance", headers=second)).status == 401
+    assert (await api.client.get("/v1/balance", headers=headers)).status == 200
+
+
+def test_every_account_and_operator_route_is_covered():
+    """The table above is the OpenAPI document's own list, so a new route cannot skip these checks."""
+    assert {op.auth for op in GUARDED} == {ACCOUNT, OPERATOR}
+    assert len(GUARDED) >= 20
