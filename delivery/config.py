@@ -170,6 +170,7 @@ def _worker(environ: Mapping[str, str]) -> WorkerSettings:
     engine = EngineSettings(
         batch_size=_integer(environ, "HOOKLEDGER_CLAIM_BATCH", 200, 1, 1000),
         lease_ms=_integer(environ, "HOOKLEDGER_LEASE_MS", 90_000, 1000, 3_600_000),
+        sweep_lanes=_integer(environ, "HOOKLEDGER_SWEEP_LANES", 4, 1, 64),
         retry=RetrySettings(schedule=_schedule(environ)),
     )
     return WorkerSettings(

@@ -41,11 +41,14 @@ class EngineSettings:
     batch_size: int = 200
     lease_ms: int = 90_000  # longer than the longest per-attempt timeout (60 s), with margin
     sweep_batches_max: int = 50  # a sweep stops after this many batches; the next sweep goes on
+    sweep_lanes: int = 4  # batches a sweep keeps in flight at once (claim, send, record each)
     retry: retry.RetrySettings = retry.RetrySettings()
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_size <= claims.CLAIM_BATCH_MAX:
             raise ValueError(f"batch_size must be 1..{claims.CLAIM_BATCH_MAX}")
+        if not 1 <= self.sweep_lanes <= 64:
+            raise ValueError("sweep_lanes must be 1..64")
         if not claims.LEASE_MS_MIN <= self.lease_ms <= claims.LEASE_MS_MAX:
             raise ValueError(f"lease_ms must be {claims.LEASE_MS_MIN}..{claims.LEASE_MS_MAX}")
 
@@ -88,17 +91,22 @@ class Engine:
         """Find what Redis may have lost: expired leases, exhausted deliveries, due deliveries."""
         await expire_leases(self.pool, batch_size=claims.CLAIM_BATCH_MAX, delay_seconds=self._lease_expiry_delay)
         await claims.settle_exhausted(self.pool, batch_size=claims.CLAIM_BATCH_MAX)
-        processed = 0
-        for _ in range(self.settings.sweep_batches_max):
-            if not self.accepting:
-                break
-            claimed = await claims.claim_due(
-                self.pool, batch_size=self.settings.batch_size, lease_ms=self.settings.lease_ms
-            )
-            if not claimed:
-                break
-            processed += (await self.process(claimed)).claimed
-        return processed
+        budget = [self.settings.sweep_batches_max]
+
+        async def lane() -> int:
+            processed = 0
+            while self.accepting and budget[0] > 0:
+                budget[0] -= 1
+                claimed = await claims.claim_due(
+                    self.pool, batch_size=self.settings.batch_size, lease_ms=self.settings.lease_ms
+                )
+                if not claimed:
+                    break
+                processed += (await self.process(claimed)).claimed
+            return processed
+
+        # Several lanes, so one batch's slowest send does not hold up the next batch's claim.
+        return sum(await asyncio.gather(*(lane() for _ in range(self.settings.sweep_lanes))))
 
     async def process(self, claimed: list[claims.Claimed]) -> BatchReport:
         report = BatchReport(claimed=len(claimed))
