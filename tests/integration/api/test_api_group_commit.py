@@ -1,0 +1,129 @@
+"""Group commit: concurrent creates across accounts coalesce into few transactions, one account's
+refusal fails only its own requests, every future is resolved, and back-pressure answers 503."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from billing import accounts, messages
+from billing.audit import audit
+from billing.errors import InsufficientBalance
+from delivery import metrics
+from delivery.api.group_commit import BatchFailed, Coalescer, KeyInProgress, Overloaded
+
+
+async def test_many_concurrent_creates_where_one_account_lacks_balance(api):
+    """300 concurrent POSTs over 3 accounts; the poor one gets 402 past its balance, the others all 202;
+    balances equal the ledger and the audit is clean."""
+    rich = [await api.account(balance=1000) for _ in range(2)]
+    poor = await api.account(balance=10)
+    for _, headers in (*rich, poor):
+        await api.endpoint(headers)
+    batches_before = metrics.GROUP_COMMIT_BATCH._sum.get()
+    count_before = sum(bucket.get() for bucket in metrics.GROUP_COMMIT_BATCH._buckets)
+    plan = [(account_id, headers) for _ in range(100) for account_id, headers in (*rich, poor)]
+    responses = await asyncio.gather(*(api.send(headers) for _, headers in plan))
+    by_account: dict[uuid.UUID, list[int]] = {}
+    for (account_id, _), response in zip(plan, responses):
+        by_account.setdefault(account_id, []).append(response.status)
+    for account_id, _ in rich:
+        assert by_account[account_id] == [202] * 100
+    poor_statuses = by_account[poor[0]]
+    assert sorted(set(poor_statuses)) == [202, 402] and poor_statuses.count(202) == 10
+    for account_id, _ in (*rich, poor):
+        stored = await api.pool.fetchrow(
+            "SELECT a.balance, (SELECT sum(amount) FROM ledger_entries l WHERE l.account_id = a.id) AS ledger"
+            " FROM accounts a WHERE a.id = $1", account_id)
+        assert stored["balance"] == stored["ledger"]
+    assert await api.pool.fetchval("SELECT balance FROM accounts WHERE id = $1", poor[0]) == 0
+    assert (await audit(api.pool)).clean
+    transactions = sum(bucket.get() for bucket in metrics.GROUP_COMMIT_BATCH._buckets) - count_before
+    assert metrics.GROUP_COMMIT_BATCH._sum.get() - batches_before == 300
+    assert transactions < 300  # coalesced: fewer transactions than requests
+
+
+async def _account_with_endpoint(pool, balance: int) -> uuid.UUID:
+    account = await accounts.create_account(pool, "gc", price_per_delivery=1)
+    if balance:
+        await accounts.top_up(pool, account.id, f"o-{account.id}", balance)
+    await pool.execute(
+        "INSERT INTO endpoints (id, account_id, url) VALUES ($1, $2, 'https://example.com')", uuid.uuid4(), account.id
+    )
+    return account.id
+
+
+async def test_a_failed_transaction_fails_only_its_batch_and_resolves_every_future(pool, database_url):
+    """A batch whose transaction fails (its pool is closed: a real database error path) resolves every request with
+    BatchFailed; nothing is written; a coalescer on a working pool then succeeds."""
+    from billing.database import create_pool
+
+    account_id = await _account_with_endpoint(pool, 100)
+    broken = await create_pool(database_url, size_min=1, size_max=1)
+    await broken.close()
+    coalescer = Coalescer(broken, attempts_max=3, batch_max=4, concurrency=2)
+    requests = [messages.MessageRequest(account_id, "t", b"1") for _ in range(10)]
+    results = await asyncio.gather(*(coalescer.submit(r) for r in requests), return_exceptions=True)
+    assert all(isinstance(result, BatchFailed) for result in results), results
+    assert await pool.fetchval("SELECT count(*) FROM messages") == 0
+    working = Coalescer(pool, attempts_max=3)
+    created = await working.submit(requests[0])
+    assert isinstance(created, messages.MessageCreated)
+    await working.close()
+
+
+async def test_per_request_refusals_and_in_flight_keys(pool):
+    """In one batch, a request the balance cannot cover is refused alone; a key already in flight is KeyInProgress."""
+    rich = await _account_with_endpoint(pool, 100)
+    poor = await _account_with_endpoint(pool, 0)
+    coalescer = Coalescer(pool, attempts_max=3, concurrency=1)
+    results = await asyncio.gather(
+        coalescer.submit(messages.MessageRequest(rich, "t", b"1", "key")),
+        coalescer.submit(messages.MessageRequest(rich, "t", b"1", "key")),
+        coalescer.submit(messages.MessageRequest(poor, "t", b"1")),
+        coalescer.submit(messages.MessageRequest(rich, "t", b"2")),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], messages.MessageCreated)
+    assert isinstance(results[1], KeyInProgress)
+    assert isinstance(results[2], InsufficientBalance)
+    assert isinstance(results[3], messages.MessageCreated)
+    replay = await coalescer.submit(messages.MessageRequest(rich, "t", b"1", "key"))
+    assert replay.replayed and replay.message_id == results[0].message_id
+    await coalescer.close()
+
+
+async def test_a_full_queue_answers_overloaded(pool):
+    """With one transaction running and queue_max waiting, the next submit is refused at once (503 in the API)."""
+    account_id = await _account_with_endpoint(pool, 100)
+    coalescer = Coalescer(pool, attempts_max=3, concurrency=1, queue_max=1)
+    results = await asyncio.gather(
+        *(coalescer.submit(messages.MessageRequest(account_id, "t", b"1")) for _ in range(3)), return_exceptions=True
+    )
+    assert [type(result) for result in results][:2] == [messages.MessageCreated] * 2
+    assert isinstance(results[2], Overloaded)
+    await coalescer.close()
+
+
+async def test_overload_is_503_with_retry_after(api, pool, queue):
+    """Through HTTP, back-pressure is a 503 problem with Retry-After, and nothing is written for it."""
+    import dataclasses
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from delivery.api.app import create_app
+
+    tight = dataclasses.replace(api.settings.api, group_commit_concurrency=1, group_commit_queue_max=1)
+    app = create_app(dataclasses.replace(api.settings, api=tight), pool, queue)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        _, headers = await api.account(balance=1000)
+        await api.endpoint(headers)
+        responses = await asyncio.gather(*(
+            client.post("/v1/messages", json={"event_type": "t", "payload": 1}, headers=headers) for _ in range(50)))
+        statuses = [response.status for response in responses]
+        assert set(statuses) <= {202, 503} and 202 in statuses
+        accepted = statuses.count(202)
+        for response in responses:
+            if response.status == 503:
+                assert response.headers["Retry-After"] == "1"
+        assert await pool.fetchval("SELECT count(*) FROM messages") == accepted
