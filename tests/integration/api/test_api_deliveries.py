@@ -1,0 +1,136 @@
+"""Delivery routes: filtered, paginated lists; one delivery with its attempts and ledger entries;
+replay as a new charged delivery; the operator's dead-delivery view; isolation between accounts."""
+
+from __future__ import annotations
+
+import uuid
+
+from billing.audit import audit
+from billing.settle import settle
+
+
+async def _dead(api, delivery_id: str) -> None:
+    """Kill a delivery through the one settle function, as the worker would after its last attempt."""
+    await settle(api.pool, uuid.UUID(delivery_id), "out_of_retries")
+
+
+async def test_list_filters_and_pages_newest_first(api):
+    """Pages of 2 walk every delivery once, newest first; state, endpoint_id and message_id filters narrow the list."""
+    _, headers = await api.account(balance=100)
+    first = await api.endpoint(headers)
+    second = await api.endpoint(headers)
+    sent = [await (await api.send(headers)).json() for _ in range(3)]
+    await _dead(api, sent[0]["deliveries"][0]["id"])
+    seen, cursor = [], None
+    while True:
+        params = {"limit": "2", **({"cursor": cursor} if cursor else {})}
+        page = await (await api.client.get("/v1/deliveries", params=params, headers=headers)).json()
+        seen += page["data"]
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert len(seen) == 6 and [d["id"] for d in seen] == sorted((d["id"] for d in seen), reverse=True)
+    dead = await (await api.client.get("/v1/deliveries", params={"state": "dead"}, headers=headers)).json()
+    assert [d["id"] for d in dead["data"]] == [sent[0]["deliveries"][0]["id"]]
+    by_endpoint = await (await api.client.get("/v1/deliveries", params={"endpoint_id": second["id"]}, headers=headers)).json()
+    assert {d["endpoint_id"] for d in by_endpoint["data"]} == {second["id"]} and len(by_endpoint["data"]) == 3
+    by_message = await (await api.client.get("/v1/deliveries", params={"message_id": sent[1]["id"]}, headers=headers)).json()
+    assert {d["endpoint_id"] for d in by_message["data"]} == {first["id"], second["id"]}
+    later = await (await api.client.get("/v1/deliveries", params={"created_after": "2999-01-01T00:00:00Z"}, headers=headers)).json()
+    assert later["data"] == []
+    earlier = await (await api.client.get("/v1/deliveries", params={"created_before": "2999-01-01T00:00:00+00:00"}, headers=headers)).json()
+    assert len(earlier["data"]) == 6
+
+
+async def test_invalid_filters_are_422_naming_each(api):
+    """Bad limit, state, ids, timestamps and cursors are listed together in one 422."""
+    _, headers = await api.account()
+    params = {"limit": "500", "state": "lost", "endpoint_id": "x", "created_after": "yesterday", "cursor": "nope"}
+    response = await api.client.get("/v1/deliveries", params=params, headers=headers)
+    assert response.status == 422
+    assert {error["field"] for error in (await response.json())["errors"]} == set(params)
+
+
+async def test_one_delivery_with_attempts_and_ledger_entries(api):
+    """GET /v1/deliveries/{id} shows its recorded attempts and its charge and refund."""
+    account_id, headers = await api.account(balance=10, price=3)
+    await api.endpoint(headers)
+    delivery_id = (await (await api.send(headers)).json())["deliveries"][0]["id"]
+    await api.pool.execute(
+        "INSERT INTO delivery_attempts (delivery_id, attempt, account_id, started_at, status_code, latency_ms, error)"
+        " VALUES ($1, 1, $2, now(), 503, 12, 'HTTP 503')", uuid.UUID(delivery_id), account_id)
+    await _dead(api, delivery_id)
+    body = await (await api.client.get(f"/v1/deliveries/{delivery_id}", headers=headers)).json()
+    assert (body["state"], body["dead_reason"], body["price"]) == ("dead", "out_of_retries", 3)
+    assert [(a["attempt"], a["status_code"], a["error"]) for a in body["attempts"]] == [(1, 503, "HTTP 503")]
+    assert [(e["kind"], e["amount"]) for e in body["ledger_entries"]] == [("charge", -3), ("refund", 3)]
+
+
+async def test_replay_makes_a_new_charged_delivery_to_the_same_endpoint(api):
+    """Replaying a dead delivery creates a new message and delivery to that endpoint only, charged anew; the old refund stays."""
+    _, headers = await api.account(balance=10, price=2)
+    target = await api.endpoint(headers)
+    await api.endpoint(headers)
+    sent = await (await api.send(headers)).json()
+    old = next(d for d in sent["deliveries"] if d["endpoint_id"] == target["id"])
+    pending = await api.client.post(f"/v1/deliveries/{old['id']}/replay", headers=headers)
+    assert pending.status == 409
+    await _dead(api, old["id"])
+    replay = await api.client.post(f"/v1/deliveries/{old['id']}/replay", headers=headers)
+    assert replay.status == 202
+    body = await replay.json()
+    assert [d["endpoint_id"] for d in body["deliveries"]] == [target["id"]] and body["total_charged"] == 2
+    assert body["deliveries"][0]["id"] != old["id"] and body["id"] != sent["id"]
+    assert (await (await api.client.get("/v1/balance", headers=headers)).json()) == {"balance": 6, "in_flight": 4}  # 10 - 2*2 + 2 refund - 2 replay
+    old_ledger = await (await api.client.get(f"/v1/deliveries/{old['id']}", headers=headers)).json()
+    assert [e["kind"] for e in old_ledger["ledger_entries"]] == ["charge", "refund"]
+    await api.client.delete(f"/v1/endpoints/{target['id']}", headers=headers)
+    await _dead(api, body["deliveries"][0]["id"])
+    before = await api.snapshot()
+    gone = await api.client.post(f"/v1/deliveries/{old['id']}/replay", headers=headers)
+    assert gone.status == 422 and target["id"] in (await gone.json())["detail"]
+    assert await api.snapshot() == before
+    assert (await audit(api.pool)).clean
+
+
+async def test_replay_without_balance_is_402(api):
+    """A replay the balance cannot cover writes nothing."""
+    _, headers = await api.account(balance=1)
+    await api.endpoint(headers)
+    delivery_id = (await (await api.send(headers)).json())["deliveries"][0]["id"]
+    await api.pool.execute("UPDATE deliveries SET state = 'delivered', finished_at = now() WHERE id = $1", uuid.UUID(delivery_id))
+    before = await api.snapshot()
+    assert (await api.client.post(f"/v1/deliveries/{delivery_id}/replay", headers=headers)).status == 402
+    assert await api.snapshot() == before
+
+
+async def test_another_accounts_deliveries_are_404_and_invisible(api):
+    """Another account's delivery id answers 404 on read and replay, and never appears in its lists."""
+    _, owner = await api.account(balance=10)
+    _, intruder = await api.account(balance=10)
+    await api.endpoint(owner)
+    delivery_id = (await (await api.send(owner)).json())["deliveries"][0]["id"]
+    await _dead(api, delivery_id)
+    before = await api.snapshot()
+    for path in (f"/v1/deliveries/{delivery_id}", f"/v1/deliveries/{uuid.uuid4()}", "/v1/deliveries/nope"):
+        assert (await api.client.get(path, headers=intruder)).status == 404
+        assert (await api.client.post(path + "/replay", headers=intruder)).status == 404
+    listed = await (await api.client.get("/v1/deliveries", headers=intruder)).json()
+    assert listed["data"] == []
+    assert await api.snapshot() == before
+
+
+async def test_operator_sees_dead_deliveries_across_accounts(api):
+    """GET /v1/dead-deliveries lists every account's dead deliveries, newest first, page by page."""
+    ids = []
+    for _ in range(3):
+        _, headers = await api.account(balance=5)
+        await api.endpoint(headers)
+        delivery_id = (await (await api.send(headers)).json())["deliveries"][0]["id"]
+        await _dead(api, delivery_id)
+        ids.append(delivery_id)
+    first = await (await api.client.get("/v1/dead-deliveries", params={"limit": "2"}, headers=api.operator)).json()
+    rest = await (await api.client.get("/v1/dead-deliveries", params={"cursor": first["next_cursor"]}, headers=api.operator)).json()
+    assert [d["id"] for d in first["data"] + rest["data"]] == sorted(ids, reverse=True)
+    assert rest["next_cursor"] is None
+    assert len({d["account_id"] for d in first["data"] + rest["data"]}) == 3

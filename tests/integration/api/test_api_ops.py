@@ -1,0 +1,78 @@
+"""Operations routes: health, readiness (503 when Redis is unreachable), Prometheus metrics with the
+queue depth read at scrape time, the OpenAPI document, the docs page, request ids and JSON logs."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from delivery import queue as job_queue
+from delivery.api import logs
+from delivery.api.app import create_app
+
+
+async def test_health_and_readiness(api):
+    """/healthz is 200; /readyz is 200 with PostgreSQL and Redis reachable."""
+    assert (await (await api.client.get("/healthz")).json()) == {"status": "ok"}
+    assert (await (await api.client.get("/readyz")).json()) == {"status": "ready", "postgres": True, "redis": True}
+
+
+async def test_readiness_is_503_when_redis_is_unreachable(api, pool):
+    """A queue whose Redis connection points at a closed port makes /readyz answer 503 naming Redis."""
+    from arq.connections import ArqRedis
+
+    unreachable = ArqRedis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    try:
+        app = create_app(api.settings, pool, job_queue.Queue(unreachable))
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            response = await client.get("/readyz")
+            assert response.status == 503
+            assert (await response.json()) == {"status": "unavailable", "postgres": True, "redis": False}
+    finally:
+        await unreachable.aclose()
+
+
+async def test_metrics_expose_the_named_series_and_the_queue_depth(api):
+    """/metrics has the delivery, attempt, latency, refund series and a queue depth equal to the due pending count."""
+    _, headers = await api.account(balance=10)
+    await api.endpoint(headers)
+    for _ in range(3):
+        await api.send(headers)
+    text = await (await api.client.get("/metrics")).text()
+    for name in ("hookledger_deliveries_total", "hookledger_delivery_attempts_total",
+                 "hookledger_delivery_latency_seconds", "hookledger_refunds_total", "hookledger_group_commit_batch_requests"):
+        assert f"# TYPE {name.removesuffix('_total')}" in text
+    assert "hookledger_queue_depth 3.0" in text
+
+
+async def test_openapi_document_and_docs_page(api):
+    """/openapi.json is OpenAPI 3.1 listing every route the app serves; /docs lists them without external resources."""
+    spec = await (await api.client.get("/openapi.json")).json()
+    assert spec["openapi"].startswith("3.1")
+    served = {(route.method.lower(), route.resource.canonical) for route in api.client.app.router.routes()
+              if route.method not in ("HEAD", "OPTIONS")}
+    documented = {(method, path) for path, methods in spec["paths"].items() for method in methods}
+    assert documented == served - {("get", "/openapi.json"), ("get", "/docs")}
+    page = await (await api.client.get("/docs")).text()
+    assert "/v1/messages" in page and "http://" not in page and "https://" not in page and "<script" not in page
+
+
+async def test_request_ids_are_echoed_or_made(api):
+    """A sane incoming X-Request-Id is echoed; an insane one is replaced by a fresh id."""
+    assert (await api.client.get("/healthz", headers={"X-Request-Id": "abc-123"})).headers["X-Request-Id"] == "abc-123"
+    replaced = (await api.client.get("/healthz", headers={"X-Request-Id": "bad id\twith tabs"})).headers["X-Request-Id"]
+    assert replaced != "bad id\twith tabs" and len(replaced) == 32
+
+
+async def test_logs_are_json_lines_with_the_request_id(api, capsys):
+    """With logging configured, each request logs one JSON line carrying its request id."""
+    logs.configure("info")
+    try:
+        await api.client.get("/healthz", headers={"X-Request-Id": "trace-me"})
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+        assert any(line.get("request_id") == "trace-me" and line["status"] == 200 for line in lines)
+    finally:
+        import structlog
+
+        structlog.reset_defaults()
