@@ -15,7 +15,7 @@ _REFUSALS = [
     "DELETE FROM ledger_entries",
     "DELETE FROM ledger_entries WHERE kind = 'charge'",
     "TRUNCATE ledger_entries",
-    "TRUNCATE accounts, endpoints, messages, deliveries, delivery_attempts, api_keys, ledger_entries",
+    "TRUNCATE ledger_entries, accounts CASCADE",
     "TRUNCATE accounts CASCADE",
 ]
 
