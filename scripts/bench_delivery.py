@@ -1,0 +1,462 @@
+#!/usr/bin/env python3
+"""Delivery benchmark: drain rate of real workers beside the raw ceiling and a naive baseline.
+
+In one run, on a fresh database (created on DATABASE_URL's server, or an embedded one; dropped at
+the end) and a dedicated Redis database number (flushed before and after):
+
+1. ceiling: a plain aiohttp client (one ClientSession, the worker's connection concurrency, the
+   same body size) against the receiver. Nothing can deliver faster than this.
+2. drain: N deliveries created with `create_messages` and woken with `Queue.wake` (what the API
+   does after commit), then `python -m delivery worker` started (1, then 2 processes); rate from
+   the first to the last arrival at the receiver, and from worker start.
+3. latency: deliveries offered at --rate per second for --seconds while one worker runs; p50/p99
+   from the create's commit to arrival at the receiver.
+4. naive: one arq job per delivery, one transaction per step (claim, load, record each its own),
+   a new ClientSession per send (`--naive-worker`, a subprocess), on a smaller N.
+
+Every engine feature stays on: encrypted secrets and signing, fencing, the pre-send check, the
+batched record, the SSRF guard (loopback allowed by HOOKLEDGER_DEV=1). The receiver is its own
+process (`--serve-receiver`); it counts requests, records each webhook-id's arrival time and
+verifies the signature of the first requests of every phase. Several endpoints share the one
+receiver so that the per-endpoint concurrency bound is not what limits.
+
+    .venv/bin/python scripts/bench_delivery.py [--deliveries 20000] [--naive-deliveries 2000]
+        [--workers 1,2] [--endpoints 24] [--rate 500] [--seconds 10] [--body-bytes 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import asyncpg
+from aiohttp import web
+
+from billing import accounts, ids
+from billing.database import create_pool
+from billing.messages import MessageRequest, create_messages
+from delivery import claims, config, migrate, presend, queue as job_queue, services
+from delivery.results import AttemptResult, record_results
+from delivery.sender import Sender, SendRequest
+from delivery.signer_cache import SignerCache, endpoint_secret_context
+from signing import Keyring, encrypt_secret, format_keyring, generate_at_rest_key, generate_secret, parse_keyring, verify
+
+ROOT = Path(__file__).resolve().parents[1]
+NAIVE_QUEUE = "hookledger:bench-naive"
+NAIVE_JOBS_MAX = 64
+CREATE_BATCH_MAX = 1000
+VERIFIED_PER_PHASE = 200  # the receiver checks the signature of this many requests per phase
+PHASE_TIMEOUT_SECONDS = 600
+
+
+# ---------------------------------------------------------------------------------------------
+# The receiver (its own process): answers 200, records arrivals.
+
+class ReceiverState:
+    def __init__(self, secret: str) -> None:
+        self.secret = secret
+        self.reset(0)
+
+    def reset(self, verify_count: int) -> None:
+        self.requests = 0
+        self.arrivals: dict[str, float] = {}
+        self.first = self.last = 0.0
+        self.verify_left = verify_count
+        self.verified = self.invalid = 0
+
+
+async def _receive(request: web.Request) -> web.Response:
+    state: ReceiverState = request.app["state"]
+    body = await request.read()
+    now = time.time()
+    state.requests += 1
+    state.first = state.first or now
+    state.last = now
+    state.arrivals.setdefault(request.headers.get("webhook-id", ""), now)
+    if state.verify_left > 0:
+        state.verify_left -= 1
+        try:
+            verify(request.headers, body, state.secret)
+            state.verified += 1
+        except Exception:  # noqa: BLE001 - counted and reported, not raised
+            state.invalid += 1
+    return web.Response(text="ok")
+
+
+async def _stats(request: web.Request) -> web.Response:
+    state: ReceiverState = request.app["state"]
+    return web.json_response({"requests": state.requests, "distinct": len(state.arrivals), "first": state.first,
+                              "last": state.last, "verified": state.verified, "invalid": state.invalid})
+
+
+async def _arrivals(request: web.Request) -> web.Response:
+    return web.json_response(request.app["state"].arrivals)
+
+
+async def _reset(request: web.Request) -> web.Response:
+    request.app["state"].reset(int(request.query.get("verify", "0")))
+    return web.json_response({})
+
+
+async def serve_receiver(port: int) -> None:
+    app = web.Application()
+    app["state"] = ReceiverState(os.environ["BENCH_SECRET"])
+    app.router.add_post("/hook/{endpoint}", _receive)
+    app.router.add_get("/stats", _stats)
+    app.router.add_get("/arrivals", _arrivals)
+    app.router.add_post("/reset", _reset)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
+    print(runner.addresses[0][1], flush=True)
+    await asyncio.Event().wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# The naive worker (its own process): one job per delivery, one transaction per step.
+
+async def naive_deliver(ctx: dict, delivery_id: str) -> int:
+    settings: config.Settings = ctx["settings"]
+    pool = ctx["pool"]
+    claimed = await claims.claim_ids(pool, [uuid.UUID(delivery_id)], lease_ms=settings.worker.engine.lease_ms)
+    outgoing, _ = await presend.load_for_send(pool, claimed)
+    for item in outgoing:
+        signer = ctx["signers"].signer(item.claimed.endpoint_id, item.secret, item.previous_secret)
+        headers = signer.headers(delivery_id, int(time.time()), item.payload)
+        async with Sender(settings.worker.sender) as sender:  # a new ClientSession per send
+            sent = await sender.send(SendRequest(delivery_id, item.claimed.attempt, item.url, item.payload, headers,
+                                                 item.timeout_ms, str(item.claimed.endpoint_id)))
+        await record_results(pool, [AttemptResult(
+            item.claimed.id, item.claimed.attempt, item.claimed.account_id, sent.success, sent.latency_ms,
+            sent.status_code, sent.error, sent.response_excerpt or None, 0.0 if sent.success else 1.0)])
+    return len(outgoing)
+
+
+async def _naive_startup(ctx: dict) -> None:
+    settings: config.Settings = ctx["settings"]
+    ctx["pool"] = await create_pool(settings.database.url, size_min=2, size_max=settings.database.pool_size_max)
+    ctx["signers"] = SignerCache(parse_keyring(settings.worker.secret_keyring))
+
+
+async def _naive_shutdown(ctx: dict) -> None:
+    await ctx["pool"].close()
+
+
+def run_naive_worker() -> None:
+    from arq import Worker, func
+
+    settings = config.load()
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    Worker(
+        functions=[func(naive_deliver, name="naive_deliver", max_tries=1)],
+        redis_settings=job_queue.redis_settings(settings.redis.url), queue_name=NAIVE_QUEUE,
+        job_serializer=job_queue.serialize, job_deserializer=job_queue.deserialize,
+        on_startup=_naive_startup, on_shutdown=_naive_shutdown, ctx={"settings": settings},
+        max_jobs=NAIVE_JOBS_MAX, keep_result=0, poll_delay=0.05, log_results=False,
+    ).run()
+
+
+# ---------------------------------------------------------------------------------------------
+# The orchestrator.
+
+class Bench:
+    def __init__(self, arguments, database_url: str, redis_url: str, keyring: Keyring, secret: str) -> None:
+        self.arguments = arguments
+        self.database_url = database_url
+        self.redis_url = redis_url
+        self.keyring = keyring
+        self.secret = secret
+        self.body = _body(arguments.body_bytes)
+        self.logs: list[str] = []
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url, "HOOKLEDGER_DEV": "1",
+                "HOOKLEDGER_SECRET_KEYS": format_keyring(self.keyring), "PYTHONUNBUFFERED": "1"}
+
+    def start(self, *extra: str, module: bool = False) -> subprocess.Popen:
+        log = tempfile.NamedTemporaryFile(prefix="bench-delivery-", suffix=".log", delete=False)
+        self.logs.append(log.name)
+        command = [sys.executable, "-m", "delivery", "worker"] if module else [sys.executable, __file__, *extra]
+        return subprocess.Popen(command, cwd=ROOT, env=self.environment(), stdout=log, stderr=subprocess.STDOUT)
+
+    async def setup(self, receiver_port: int) -> None:
+        self.pool = await create_pool(self.database_url, size_min=2, size_max=8)
+        self.redis = await job_queue.connect(self.redis_url)
+        self.queue = job_queue.Queue(self.redis)
+        self.http = aiohttp.ClientSession()
+        self.receiver = f"http://127.0.0.1:{receiver_port}"
+        account = await accounts.create_account(self.pool, "bench", price_per_delivery=1)
+        await accounts.top_up(self.pool, account.id, f"bench-{account.id}", 10**12)
+        self.account_id = account.id
+        for number in range(self.arguments.endpoints):
+            endpoint_id = ids.new_id()
+            ciphertext = encrypt_secret(self.secret, self.keyring, context=endpoint_secret_context(endpoint_id))
+            await self.pool.execute(
+                "INSERT INTO endpoints (id, account_id, url, secret, timeout_ms, event_types) VALUES ($1, $2, $3, $4, 15000, $5)",
+                endpoint_id, account.id, f"{self.receiver}/hook/{number}", ciphertext, [f"bench.{number}"])
+        self.created = 0
+
+    async def close(self) -> None:
+        await self.http.close()
+        await self.redis.aclose()
+        await self.pool.close()
+
+    async def create(self, count: int) -> list[uuid.UUID]:
+        """Create count deliveries (fan-out 1, endpoints in turn); ids in creation order."""
+        made: list[uuid.UUID] = []
+        while len(made) < count:
+            batch = min(CREATE_BATCH_MAX, count - len(made))
+            requests = [MessageRequest(self.account_id, f"bench.{(self.created + n) % self.arguments.endpoints}", self.body)
+                        for n in range(batch)]
+            self.created += batch
+            results = await create_messages(self.pool, requests, attempts_max=8)
+            made.extend(d.id for created in results for d in created.deliveries)
+        return made
+
+    async def reset_receiver(self, verify_count: int) -> None:
+        async with self.http.post(f"{self.receiver}/reset", params={"verify": str(verify_count)}) as response:
+            response.raise_for_status()
+
+    async def receiver_stats(self) -> dict:
+        async with self.http.get(f"{self.receiver}/stats") as response:
+            return await response.json()
+
+    async def wait_for_arrivals(self, count: int, timeout_seconds: float = PHASE_TIMEOUT_SECONDS) -> dict:
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            stats = await self.receiver_stats()
+            if stats["distinct"] >= count or time.monotonic() > deadline:
+                return stats
+            await asyncio.sleep(0.1)
+
+    async def ceiling(self, count: int, concurrency: int) -> dict:
+        """The same receiver, driven by a plain aiohttp client: one session, no database, no signing."""
+        await self.reset_receiver(0)
+        pending = iter(range(count))
+        connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            async def client() -> None:
+                for number in pending:
+                    headers = {"webhook-id": f"ceiling_{number}", "content-type": "application/json"}
+                    async with session.post(f"{self.receiver}/hook/{number % self.arguments.endpoints}",
+                                            data=self.body, headers=headers) as response:
+                        await response.read()
+            started = time.time()
+            await asyncio.gather(*(client() for _ in range(concurrency)))
+        stats = await self.wait_for_arrivals(count, 10)
+        return _rates(stats, count, started)
+
+    async def drain(self, count: int, workers: int) -> dict:
+        await self.reset_receiver(VERIFIED_PER_PHASE)
+        delivery_ids = await self.create(count)
+        await self.queue.wake(delivery_ids)  # what the API does right after the commit
+        started = time.time()
+        processes = [self.start(module=True) for _ in range(workers)]
+        try:
+            stats = await self.wait_for_arrivals(count)
+        finally:
+            _stop(processes)
+        return {**_rates(stats, count, started), **await self.check(delivery_ids, stats)}
+
+    async def latency(self, rate: float, seconds: float) -> dict:
+        process = self.start(module=True)
+        try:
+            await self.reset_receiver(VERIFIED_PER_PHASE)
+            warm = await self.create(50)
+            await self.queue.wake(warm)
+            await self.wait_for_arrivals(len(warm), 60)
+            await self.reset_receiver(VERIFIED_PER_PHASE)
+            committed: dict[str, float] = {}
+            wakes = []
+            started = time.monotonic()
+            while (elapsed := time.monotonic() - started) < seconds:
+                due = int(elapsed * rate) - len(committed)
+                if due > 0:
+                    made = await self.create(due)
+                    now = time.time()
+                    committed.update((str(delivery_id), now) for delivery_id in made)
+                    wakes.append(asyncio.create_task(self.queue.wake(made)))
+                await asyncio.sleep(0.01)
+            offered = len(committed) / (time.monotonic() - started)
+            await asyncio.gather(*wakes)
+            stats = await self.wait_for_arrivals(len(committed), 120)
+            async with self.http.get(f"{self.receiver}/arrivals") as response:
+                arrivals = await response.json()
+        finally:
+            _stop([process])
+        latencies = sorted((arrivals[key] - value) * 1000 for key, value in committed.items() if key in arrivals)
+        return {"offered": offered, "count": len(committed), "arrived": len(latencies),
+                "p50_ms": _percentile(latencies, 0.50), "p99_ms": _percentile(latencies, 0.99),
+                "max_ms": latencies[-1] if latencies else float("nan"), "verified": stats["verified"],
+                "invalid": stats["invalid"]}
+
+    async def naive(self, count: int) -> dict:
+        await self.reset_receiver(VERIFIED_PER_PHASE)
+        delivery_ids = await self.create(count)
+        for delivery_id in delivery_ids:  # one job per delivery
+            await self.redis.enqueue_job("naive_deliver", str(delivery_id), _queue_name=NAIVE_QUEUE,
+                                         _job_id=uuid.uuid4().hex)
+        started = time.time()
+        process = self.start("--naive-worker")
+        try:
+            stats = await self.wait_for_arrivals(count)
+        finally:
+            _stop([process])
+        return {**_rates(stats, count, started), **await self.check(delivery_ids, stats)}
+
+    async def check(self, delivery_ids: list[uuid.UUID], stats: dict) -> dict:
+        delivered = await self.pool.fetchval(
+            "SELECT count(*) FROM deliveries WHERE id = ANY($1::uuid[]) AND state = 'delivered'", delivery_ids)
+        return {"delivered": delivered, "duplicates": stats["requests"] - stats["distinct"],
+                "verified": stats["verified"], "invalid": stats["invalid"]}
+
+
+def _body(size: int) -> bytes:
+    prefix = b'{"type": "bench.event", "data": "'
+    return prefix + b"x" * max(0, size - len(prefix) - 2) + b'"}'
+
+
+def _rates(stats: dict, count: int, started: float) -> dict:
+    arrived = stats["distinct"]
+    span = max(stats["last"] - stats["first"], 1e-9)
+    return {"arrived": arrived, "rate": arrived / span, "wall_rate": arrived / max(stats["last"] - started, 1e-9),
+            "complete": arrived >= count}
+
+
+def _percentile(values: list[float], share: float) -> float:
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(share * len(values)))]
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def _dedicated_redis(url: str, database: int) -> str:
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return urlunsplit(parts._replace(query=f"db={database}"))
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+async def _flush(redis_url: str) -> None:
+    import redis.asyncio as redis_asyncio
+
+    client = redis_asyncio.Redis.from_url(redis_url)
+    try:
+        await client.flushdb()
+    finally:
+        await client.aclose()
+
+
+async def orchestrate(arguments) -> None:
+    settings = config.load()
+    server = services.database_url(settings.database)
+    redis_url = _dedicated_redis(services.redis_url(settings.redis), arguments.redis_db)
+    name = f"hookledger_bench_delivery_{os.getpid()}"
+    admin = await asyncpg.connect(server)
+    await admin.execute(f"CREATE DATABASE {name}")
+    database_url = services.with_database(server, name)
+    await _flush(redis_url)
+    keyring, secret = Keyring({"k1": generate_at_rest_key()}, "k1"), generate_secret()
+    bench = Bench(arguments, database_url, redis_url, keyring, secret)
+    receiver = subprocess.Popen([sys.executable, __file__, "--serve-receiver", "0"], cwd=ROOT, stdout=subprocess.PIPE,
+                                env={**os.environ, "BENCH_SECRET": secret})
+    sender_settings = config.load({**os.environ, "HOOKLEDGER_DEV": "1"}).worker.sender
+    concurrency = min(sender_settings.connections_max, sender_settings.connections_per_host_max)
+    results: dict = {}
+    try:
+        await migrate.upgrade_async(database_url)
+        await bench.setup(int(receiver.stdout.readline()))
+        results["ceiling"] = await bench.ceiling(arguments.deliveries, concurrency)
+        print(f"ceiling: {results['ceiling']['rate']:.0f}/s", flush=True)
+        for workers in arguments.workers:
+            results[f"drain{workers}"] = await bench.drain(arguments.deliveries, workers)
+            print(f"drain, {workers} worker(s): {results[f'drain{workers}']}", flush=True)
+        if arguments.seconds > 0:
+            results["latency"] = await bench.latency(arguments.rate, arguments.seconds)
+            print(f"latency: {results['latency']}", flush=True)
+        if arguments.naive_deliveries > 0:
+            results["naive"] = await bench.naive(arguments.naive_deliveries)
+            print(f"naive: {results['naive']}", flush=True)
+        await bench.close()
+    finally:
+        _stop([receiver])
+        await _flush(redis_url)
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
+    report(arguments, results, concurrency, sender_settings.sends_per_endpoint_max, bench.logs)
+
+
+def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: list[str]) -> None:
+    ceiling = results["ceiling"]["rate"]
+    naive = results.get("naive", {}).get("rate")
+    print(f"\ndelivery benchmark: body {arguments.body_bytes} B, {arguments.endpoints} endpoints on one receiver"
+          f" ({arguments.endpoints} x {per_endpoint} per-endpoint sends = {arguments.endpoints * per_endpoint}"
+          f" > {concurrency} connections per host: the per-endpoint bound does not limit)")
+    print(f"{'run':<28} {'deliveries':>10} {'rate /s':>9} {'wall /s':>9} {'/ceiling':>9} {'/naive':>7}  checks")
+    rows = [("ceiling (plain aiohttp, c=%d)" % concurrency, results["ceiling"])]
+    rows += [(f"drain, {workers} worker(s)", results[f"drain{workers}"]) for workers in arguments.workers]
+    if naive:
+        rows.append(("naive (job per delivery)", results["naive"]))
+    for label, row in rows:
+        checks = ""
+        if "delivered" in row:
+            checks = (f"delivered {row['delivered']}/{row['arrived']}, dup {row['duplicates']},"
+                      f" signatures ok {row['verified']} bad {row['invalid']}")
+        versus_naive = f"{row['rate'] / naive:>6.1f}x" if naive else "      -"
+        print(f"{label:<28} {row['arrived']:>10} {row['rate']:>9.0f} {row['wall_rate']:>9.0f}"
+              f" {row['rate'] / ceiling:>9.0%} {versus_naive}  {checks}")
+    if "latency" in results:
+        latency = results["latency"]
+        print(f"latency at {latency['offered']:.0f}/s offered ({latency['count']} deliveries, 1 worker):"
+              f" p50 {latency['p50_ms']:.0f} ms, p99 {latency['p99_ms']:.0f} ms, max {latency['max_ms']:.0f} ms,"
+              f" arrived {latency['arrived']}, signatures ok {latency['verified']} bad {latency['invalid']}")
+    print("rate: first to last arrival at the receiver; wall: worker start to last arrival.")
+    print("worker logs: " + " ".join(logs))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deliveries", type=int, default=20_000)
+    parser.add_argument("--naive-deliveries", type=int, default=2_000)
+    parser.add_argument("--workers", type=lambda text: [int(n) for n in text.split(",")], default=[1, 2])
+    parser.add_argument("--endpoints", type=int, default=24)
+    parser.add_argument("--rate", type=float, default=500.0, help="deliveries per second offered in the latency run")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency run (0 skips it)")
+    parser.add_argument("--body-bytes", type=int, default=512)
+    parser.add_argument("--redis-db", type=int, default=15, help="a Redis database number of the bench's own")
+    parser.add_argument("--serve-receiver", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--naive-worker", action="store_true", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.serve_receiver is not None:
+        asyncio.run(serve_receiver(arguments.serve_receiver))
+    elif arguments.naive_worker:
+        run_naive_worker()
+    else:
+        asyncio.run(orchestrate(arguments))
+
+
+if __name__ == "__main__":
+    main()
