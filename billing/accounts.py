@@ -114,23 +114,35 @@ async def top_up(executor: Executor, account_id: uuid.UUID, order_id: str, amoun
             "SELECT account_id, amount FROM ledger_entries WHERE id = $1", entry_id
         )
         if existing is not None:
-            if existing["account_id"] != account_id or existing["amount"] != amount:
-                raise TopupConflict(
-                    f"order {order_id!r} was already applied with amount {existing['amount']}"
-                    + ("" if existing["account_id"] == account_id else " to another account")
-                )
-            return TopupResult(entry_id, amount, account["balance"], applied=False)
+            return _applied_before(order_id, entry_id, account_id, amount, account["balance"], existing)
         if account["status"] != "active":
             raise AccountNotActive(f"account {account_id} is {account['status']}")
+        # ON CONFLICT: the account lock does not cover the same order raced onto another
+        # account; the loser sees the winner's entry and reports a conflict, not a driver error.
         balance = await connection.fetchval(
             "WITH entry AS (INSERT INTO ledger_entries (id, account_id, kind, amount)"
-            " VALUES ($1, $2, 'topup', $3))"
-            " UPDATE accounts SET balance = balance + $3 WHERE id = $2 RETURNING balance",
+            " VALUES ($1, $2, 'topup', $3) ON CONFLICT (id) DO NOTHING RETURNING amount)"
+            " UPDATE accounts SET balance = balance + entry.amount FROM entry WHERE id = $2 RETURNING balance",
             entry_id,
             account_id,
             amount,
         )
+        if balance is None:
+            existing = await connection.fetchrow(
+                "SELECT account_id, amount FROM ledger_entries WHERE id = $1", entry_id
+            )
+            return _applied_before(order_id, entry_id, account_id, amount, account["balance"], existing)
     return TopupResult(entry_id, amount, balance, applied=True)
+
+
+def _applied_before(order_id: str, entry_id: str, account_id: uuid.UUID, amount: int, balance: int, existing) -> TopupResult:
+    """The order's top-up already exists: the same one again is a no-op, anything else a conflict."""
+    if existing["account_id"] != account_id or existing["amount"] != amount:
+        raise TopupConflict(
+            f"order {order_id!r} was already applied with amount {existing['amount']}"
+            + ("" if existing["account_id"] == account_id else " to another account")
+        )
+    return TopupResult(entry_id, amount, balance, applied=False)
 
 
 async def reverse_top_up(executor: Executor, account_id: uuid.UUID, order_id: str) -> TopupResult:

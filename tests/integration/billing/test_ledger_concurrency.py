@@ -192,3 +192,20 @@ async def test_creates_settles_and_bulk_settle_race_on_one_account(pool):
     # The race must actually have exercised both sides of the closing line.
     assert totals["created"] > 0 and totals["refused closing"] > 0 and totals["bulk settled"] > 0
     await assert_audit_clean(pool)
+
+
+async def test_one_order_raced_onto_two_accounts_applies_once(pool):
+    """The same order id topped up on two accounts at once: one applies, the other gets TopupConflict, never a driver error."""
+    outcomes = Counter()
+    for round_number in range(20):
+        first = await make_account(pool)
+        second = await make_account(pool)
+        order = f"raced-{round_number}"
+        both = await asyncio.gather(
+            accounts.top_up(pool, first, order, 10), accounts.top_up(pool, second, order, 10), return_exceptions=True)
+        kinds = sorted(type(o).__name__ for o in both)
+        outcomes[tuple(kinds)] += 1
+        assert kinds == ["TopupConflict", "TopupResult"], both
+        assert sorted([await balance(pool, first), await balance(pool, second)]) == [0, 10]
+        assert await pool.fetchval("SELECT count(*) FROM ledger_entries WHERE id = $1", ids.topup_id(order)) == 1
+    await assert_audit_clean(pool)
