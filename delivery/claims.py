@@ -8,13 +8,17 @@ has already used its last attempt (e.g. its final lease expired) is settled
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 
 import asyncpg
 
 from billing.database import Executor, transaction
+from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, settle
+
+logger = logging.getLogger(__name__)
 
 CLAIM_BATCH_MAX = 1000
 LEASE_MS_MIN = 1000
@@ -90,6 +94,12 @@ async def settle_exhausted(pool: asyncpg.Pool, *, batch_size: int) -> int:
     rows = await pool.fetch(_EXHAUSTED, batch_size)
     settled = 0
     for row in rows:
-        result = await settle(pool, row["id"], DeadReason.ATTEMPTS_EXHAUSTED, attempt=row["attempt"])
+        try:
+            result = await settle(pool, row["id"], DeadReason.ATTEMPTS_EXHAUSTED, attempt=row["attempt"])
+        except LedgerMismatch:
+            # A stuck delivery beats a made-up refund, but one stuck delivery must not stop the
+            # sweep for every other one: it stays for the audit and a repair; the rest settle.
+            logger.error("delivery %s not settled: its ledger disagrees", row["id"], exc_info=True)
+            continue
         settled += result.amount > 0 or result.outcome == "refunded"
     return settled

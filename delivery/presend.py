@@ -7,13 +7,17 @@ quoting the claimed attempt (death paths 2 and 3).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 
 import asyncpg
 
+from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, Settled, settle
 from delivery.claims import Claimed
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,12 @@ async def load_for_send(pool: asyncpg.Pool, claimed: list[Claimed]) -> tuple[lis
         row = rows[item.id]
         reason = reason_not_to_send(row)
         if reason is not None:
-            settled.append(await settle(pool, item.id, reason, attempt=item.attempt))
+            try:
+                settled.append(await settle(pool, item.id, reason, attempt=item.attempt))
+            except LedgerMismatch:
+                # Neither sent nor settled: it stays stuck for the audit, and the rest of the
+                # batch goes on instead of losing an attempt to this one delivery.
+                logger.error("delivery %s not settled: its ledger disagrees", item.id, exc_info=True)
             continue
         outgoing.append(
             Outgoing(item, row["url"], row["timeout_ms"], row["secret"], row["previous_secret"],

@@ -9,13 +9,17 @@ delivery that was meanwhile dead-lettered and refunded takes the refund back onc
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import asyncpg
 
+from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, Outcome, reclaim, settle
+
+logger = logging.getLogger(__name__)
 
 RESULT_BATCH_MAX = 1000
 LEASE_EXPIRED_ERROR = "lease expired before a result was recorded"
@@ -97,7 +101,12 @@ async def record_results(pool: asyncpg.Pool, results: list[AttemptResult]) -> Re
         fenced = {r.delivery_id for r in last_attempt_failures} | applied
         await connection.execute(_INSERT_ATTEMPTS, *_attempt_columns(results, fenced))
     for result in last_attempt_failures:
-        settled = await settle(pool, result.delivery_id, DeadReason.OUT_OF_RETRIES, attempt=result.attempt)
+        try:
+            settled = await settle(pool, result.delivery_id, DeadReason.OUT_OF_RETRIES, attempt=result.attempt)
+        except LedgerMismatch:
+            # It stays stuck for the audit; the rest of the batch (its reclaims too) still applies.
+            logger.error("delivery %s not settled: its ledger disagrees", result.delivery_id, exc_info=True)
+            continue
         (summary.settled if settled.outcome == Outcome.REFUNDED else summary.stale).append(result.delivery_id)
     for result in results:
         if result.delivery_id in fenced:

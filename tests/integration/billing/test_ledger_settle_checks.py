@@ -7,7 +7,8 @@ import pytest
 from billing import closeout, ids
 from billing.errors import BulkSettleMismatch, DeliveryNotFound, InvalidInput, LedgerMismatch
 from billing.settle import DeadReason, Outcome, settle
-from delivery import results
+from billing.audit import audit
+from delivery import claims, presend, results
 from ledger_helpers import (
     add_endpoint,
     assert_audit_clean,
@@ -141,3 +142,74 @@ async def test_settle_refuses_unknown_delivery_and_unknown_reason(pool):
         await settle(pool, delivery_id, "gave_up")
     assert await row_counts(pool) == before
     assert (await delivery(pool, delivery_id))["state"] == "pending"
+
+
+async def _broken_exhausted_delivery(pool, account_id, endpoint_id):
+    """BYPASSES THE APP: a delivery with a wrong charge, at its attempt limit, due long ago (first in every sweep)."""
+    delivery_id = await insert_raw_delivery(pool, account_id, endpoint_id, price=1, charge_amount=-5)
+    await pool.execute(
+        "UPDATE deliveries SET attempt = attempts_max, next_attempt_at = now() - interval '1 hour' WHERE id = $1",
+        delivery_id,
+    )
+    return delivery_id
+
+
+async def test_one_broken_delivery_does_not_stop_settle_exhausted(pool):
+    """A delivery whose charge is wrong stays stuck (and the audit names it), but the sweep still settles the healthy ones."""
+    account_id = await make_account(pool, balance=10)
+    endpoint_id = await add_endpoint(pool, account_id)
+    broken_id = await _broken_exhausted_delivery(pool, account_id, endpoint_id)
+    healthy_id = await one_delivery(pool, account_id, attempts_max=1)
+    await claim(pool, healthy_id)
+    await pool.execute("UPDATE deliveries SET leased_until = now() - interval '1 second' WHERE id = $1", healthy_id)
+    await results.expire_leases(pool, batch_size=10, delay_seconds=lambda attempt: 0.0)
+
+    assert await claims.settle_exhausted(pool, batch_size=10) == 1
+
+    assert (await delivery(pool, healthy_id))["state"] == "dead"
+    assert ids.refund_id(healthy_id) in await entries_of(pool, healthy_id)
+    assert (await delivery(pool, broken_id))["state"] == "pending"
+    assert await entries_of(pool, broken_id) == {ids.charge_id(broken_id): -5}
+    report = await audit(pool, account_id)
+    assert {(v.invariant, v.delivery_id) for v in report.violations} >= {("I1", broken_id)}
+    assert all(v.delivery_id in (broken_id, None) for v in report.violations)
+
+
+async def test_one_broken_delivery_does_not_stop_the_presend_check_of_its_batch(pool):
+    """In one claimed batch on a closing account, the healthy delivery is settled although its neighbour's charge is wrong."""
+    account_id = await make_account(pool, balance=10)
+    endpoint_id = await add_endpoint(pool, account_id)
+    broken_id = await insert_raw_delivery(pool, account_id, endpoint_id, price=1, charge_amount=-5)
+    healthy_id = await one_delivery(pool, account_id)
+    claimed = await claims.claim_ids(pool, [broken_id, healthy_id], lease_ms=60_000)
+    assert len(claimed) == 2
+    await closeout.begin_closing(pool, account_id)
+
+    outgoing, settled = await presend.load_for_send(pool, claimed)
+
+    assert outgoing == []  # the broken one is neither sent nor settled: it stays stuck
+    assert [(s.delivery_id, s.outcome) for s in settled] == [(healthy_id, Outcome.REFUNDED)]
+    assert (await delivery(pool, broken_id))["state"] == "sending"
+    assert ids.refund_id(broken_id) not in await entries_of(pool, broken_id)
+
+
+async def test_one_broken_delivery_does_not_stop_the_rest_of_a_result_batch(pool):
+    """A last-attempt failure whose charge is wrong stays stuck; the reclaim of another result in the batch still happens."""
+    account_id = await make_account(pool, balance=10)
+    endpoint_id = await add_endpoint(pool, account_id)
+    broken_id = await insert_raw_delivery(pool, account_id, endpoint_id, price=1, charge_amount=-5)
+    await pool.execute("UPDATE deliveries SET attempts_max = 1 WHERE id = $1", broken_id)
+    refunded_id = await one_delivery(pool, account_id)
+    late = await claim(pool, refunded_id)
+    await settle(pool, refunded_id, DeadReason.ENDPOINT_DISABLED, attempt=late.attempt)
+    (broken,) = await claims.claim_ids(pool, [broken_id], lease_ms=60_000)
+
+    summary = await results.record_results(pool, [
+        results.AttemptResult(broken_id, broken.attempt, account_id, False, 1, 500, "HTTP 500"),
+        results.AttemptResult(refunded_id, late.attempt, account_id, True, 1, 200),
+    ])
+
+    assert summary.reclaimed == [refunded_id]
+    assert (await delivery(pool, refunded_id))["state"] == "delivered"
+    assert (await delivery(pool, broken_id))["state"] == "sending"
+    assert ids.refund_id(broken_id) not in await entries_of(pool, broken_id)
