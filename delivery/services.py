@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 
 def start_embedded_postgres(data_dir: Path, *, delete_on_exit: bool = False) -> str:
     """Start (or reuse) an embedded PostgreSQL in data_dir; return its URL (a unix socket)."""
+    # Its INFO lines (and its atexit cleanup logging into a closed stream) are noise for us.
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     os.environ.setdefault("XDG_RUNTIME_DIR", str(data_dir.parent / "runtime"))
     Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True, mode=0o700)
     with warnings.catch_warnings():
