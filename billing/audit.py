@@ -3,6 +3,16 @@
 Each check is one SQL scan that returns the offending rows, never a query per delivery. A
 clean audit returns no violations. Notices are facts worth a look that break no invariant
 (a stale success that arrived after its account was deleted, which was never reclaimed).
+
+Adjustment rule. A repair (billing.adjustments) writes `adjustment:<delivery_id>:<reason>`;
+the schema keeps delivery_id for charge, refund and reclaim, so the audit ties an adjustment
+to its delivery by that id. A `missing_charge` adjustment stands in for the charge (I1 counts
+it as the delivery's one charge); a `charge_difference` adjustment corrects the charge's
+amount (I1 adds it to the charge); every adjustment of a delivery counts in its net (I2).
+
+Incremental runs (`since`): the delivery checks cover the deliveries created since, and every
+delivery that got a ledger entry since (with all of its entries, whenever written); the
+balance check (I4) and the per-account summary always cover every account.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 
 import asyncpg
 
@@ -36,12 +47,31 @@ class Violation:
 
 
 @dataclass
+class AccountSummary:
+    account_id: uuid.UUID
+    status: str
+    balance: int
+    ledger_total: int
+    live: int
+    delivered: int
+    dead: int
+    violations: int = 0
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["account_id"] = str(self.account_id)
+        return data
+
+
+@dataclass
 class AuditReport:
     violations: list[Violation] = field(default_factory=list)
     notices: list[Violation] = field(default_factory=list)
     accounts: int = 0
     deliveries: int = 0
     ledger_entries: int = 0
+    summaries: list[AccountSummary] = field(default_factory=list)
+    since: datetime | None = None
 
     @property
     def clean(self) -> bool:
@@ -59,29 +89,40 @@ class AuditReport:
             "accounts": self.accounts,
             "deliveries": self.deliveries,
             "ledger_entries": self.ledger_entries,
+            "since": self.since.isoformat() if self.since else None,
             "violations": [row(v) for v in self.violations],
             "notices": [row(v) for v in self.notices],
+            "summary": [summary.to_json() for summary in self.summaries],
         }
 
 
-# $1: an account id, or NULL for every account.
+# $1: an account id, or NULL for every account. {scope}: '' for a full run, or the `since` scope
+# ($2), which limits the deliveries checked (see _scoped).
 _DELIVERY_CHECKS = """
-WITH entries AS (
+WITH {scope_cte}tied AS (
+    -- Entries of a delivery: its charge, refund and reclaim (delivery_id), and its adjustments (by id).
+    SELECT delivery_id, account_id, kind, amount, NULL AS reason FROM ledger_entries
+    WHERE delivery_id IS NOT NULL AND ($1::uuid IS NULL OR account_id = $1) {scope_entries}
+    UNION ALL
+    SELECT substr(id, 12, 36)::uuid, account_id, kind, amount, split_part(id, ':', 3) FROM ledger_entries
+    WHERE kind = 'adjustment' AND id ~ '^adjustment:[0-9a-f-]{{36}}:' AND ($1::uuid IS NULL OR account_id = $1)
+      {scope_adjustments}
+), entries AS (
     SELECT delivery_id,
-        count(*) FILTER (WHERE kind = 'charge') AS charges,
-        coalesce(sum(amount) FILTER (WHERE kind = 'charge'), 0) AS charge_amount,
+        count(*) FILTER (WHERE kind = 'charge' OR reason = 'missing_charge') AS charges,
+        coalesce(sum(amount) FILTER (WHERE kind = 'charge' OR reason IN ('missing_charge', 'charge_difference')), 0)
+            AS charge_amount,
         count(*) FILTER (WHERE kind = 'refund') AS refunds,
         count(*) FILTER (WHERE kind = 'reclaim') AS reclaims,
         sum(amount) AS net,
         min(account_id::text) AS account_low, max(account_id::text) AS account_high
-    FROM ledger_entries
-    WHERE delivery_id IS NOT NULL AND ($1::uuid IS NULL OR account_id = $1)
+    FROM tied
     GROUP BY delivery_id
 ), joined AS (
     SELECT coalesce(d.id, e.delivery_id) AS delivery_id, coalesce(d.account_id, e.account_low::uuid) AS account_id,
         d.state, d.price, e.charges, e.charge_amount, e.refunds, e.reclaims, e.net, e.account_low, e.account_high,
         d.id IS NULL AS orphan
-    FROM (SELECT * FROM deliveries WHERE $1::uuid IS NULL OR account_id = $1) d
+    FROM (SELECT * FROM deliveries WHERE ($1::uuid IS NULL OR account_id = $1) {scope_deliveries}) d
     FULL JOIN entries e ON e.delivery_id = d.id
 )
 SELECT * FROM (
@@ -105,13 +146,49 @@ SELECT * FROM (
     FROM joined
 ) checked WHERE problem IS NOT NULL
 """
-_BALANCE_CHECK = """
-SELECT a.id AS account_id, a.balance, coalesce(l.total, 0) AS ledger_total
-FROM accounts a LEFT JOIN (
-    SELECT account_id, sum(amount) AS total FROM ledger_entries
+# The deliveries an incremental run checks: created since $2, or given a ledger entry since $2.
+_SCOPE_CTE = """scope AS (
+    SELECT id FROM deliveries WHERE created_at >= $2 AND ($1::uuid IS NULL OR account_id = $1)
+    UNION
+    SELECT coalesce(delivery_id, substr(id, 12, 36)::uuid) FROM ledger_entries
+    WHERE created_at >= $2 AND ($1::uuid IS NULL OR account_id = $1)
+      AND (delivery_id IS NOT NULL OR (kind = 'adjustment' AND id ~ '^adjustment:[0-9a-f-]{{36}}:'))
+), """
+
+
+def _scoped(query: str, since: datetime | None) -> str:
+    """The query for a full run (since None) or an incremental one ($2 = since)."""
+    if since is None:
+        return query.format(scope_cte="", scope_entries="", scope_adjustments="", scope_deliveries="",
+                            scope_fencing="", scope_notices="")
+    return query.format(
+        scope_cte=_SCOPE_CTE.format(),
+        scope_entries="AND delivery_id IN (SELECT id FROM scope)",
+        scope_adjustments="AND substr(id, 12, 36)::uuid IN (SELECT id FROM scope)",
+        scope_deliveries="AND id IN (SELECT id FROM scope)",
+        scope_fencing="AND (d.created_at >= $2 OR d.finished_at >= $2 OR d.state IN ('pending', 'sending'))",
+        scope_notices="AND (d.created_at >= $2 OR d.finished_at >= $2"
+                      " OR EXISTS (SELECT 1 FROM delivery_attempts t WHERE t.delivery_id = d.id AND t.finished_at >= $2))",
+    )
+
+
+# Per account: the cached balance, the ledger's sum (I4) and how many deliveries are in each state.
+_SUMMARY = """
+SELECT a.id AS account_id, a.status, a.balance, coalesce(l.total, 0)::bigint AS ledger_total,
+    coalesce(l.entries, 0) AS entries, coalesce(d.live, 0) AS live, coalesce(d.delivered, 0) AS delivered,
+    coalesce(d.dead, 0) AS dead
+FROM accounts a
+LEFT JOIN (
+    SELECT account_id, sum(amount) AS total, count(*) AS entries FROM ledger_entries
     WHERE $1::uuid IS NULL OR account_id = $1 GROUP BY account_id
 ) l ON l.account_id = a.id
-WHERE ($1::uuid IS NULL OR a.id = $1) AND a.balance <> coalesce(l.total, 0)
+LEFT JOIN (
+    SELECT account_id, count(*) FILTER (WHERE state IN ('pending', 'sending')) AS live,
+        count(*) FILTER (WHERE state = 'delivered') AS delivered, count(*) FILTER (WHERE state = 'dead') AS dead
+    FROM deliveries WHERE $1::uuid IS NULL OR account_id = $1 GROUP BY account_id
+) d ON d.account_id = a.id
+WHERE $1::uuid IS NULL OR a.id = $1
+ORDER BY a.id
 """
 _TRIGGER_CHECK = """
 SELECT count(*) FROM pg_trigger
@@ -121,12 +198,12 @@ WHERE tgrelid = 'ledger_entries'::regclass AND tgenabled = 'A'
 _FENCING_CHECK = """
 SELECT d.account_id, d.id AS delivery_id, 'I6:attempt ' || max(a.attempt) || ' recorded beyond the delivery''s attempt ' || d.attempt AS problem
 FROM deliveries d JOIN delivery_attempts a ON a.delivery_id = d.id
-WHERE ($1::uuid IS NULL OR d.account_id = $1)
+WHERE ($1::uuid IS NULL OR d.account_id = $1) {scope_fencing}
 GROUP BY d.id HAVING max(a.attempt) > d.attempt
 UNION ALL
 SELECT d.account_id, d.id, 'I6:delivered without a 2xx attempt on record'
 FROM deliveries d
-WHERE d.state = 'delivered' AND ($1::uuid IS NULL OR d.account_id = $1)
+WHERE d.state = 'delivered' AND ($1::uuid IS NULL OR d.account_id = $1) {scope_fencing}
   AND NOT EXISTS (SELECT 1 FROM delivery_attempts a WHERE a.delivery_id = d.id AND a.status_code BETWEEN 200 AND 299)
 """
 _NEGATIVE_CHARGE_CHECK = """
@@ -135,17 +212,28 @@ SELECT account_id, delivery_id, 'I7:charge took the balance to ' || running AS p
     FROM ledger_entries WHERE $1::uuid IS NULL OR account_id = $1
 ) t WHERE kind = 'charge' AND amount < 0 AND running < 0
 """
+# Incremental I7: the running balance from each account's sum before the first entry since $2.
+_NEGATIVE_CHARGE_CHECK_SINCE = """
+WITH first AS (
+    SELECT coalesce(min(seq), (SELECT coalesce(max(seq), 0) + 1 FROM ledger_entries)) AS seq
+    FROM ledger_entries WHERE created_at >= $2
+), base AS (
+    SELECT account_id, sum(amount) AS total FROM ledger_entries
+    WHERE seq < (SELECT seq FROM first) AND ($1::uuid IS NULL OR account_id = $1) GROUP BY account_id
+)
+SELECT account_id, delivery_id, 'I7:charge took the balance to ' || running AS problem FROM (
+    SELECT l.account_id, l.delivery_id, l.kind, l.amount,
+        coalesce(b.total, 0) + sum(l.amount) OVER (PARTITION BY l.account_id ORDER BY l.seq) AS running
+    FROM ledger_entries l LEFT JOIN base b ON b.account_id = l.account_id
+    WHERE l.seq >= (SELECT seq FROM first) AND ($1::uuid IS NULL OR l.account_id = $1)
+) t WHERE kind = 'charge' AND amount < 0 AND running < 0
+"""
 _UNPAID_STALE_SUCCESS = """
 SELECT d.account_id, d.id AS delivery_id,
     'a send succeeded after the delivery died on a ' || a.status || ' account; not reclaimed' AS problem
 FROM deliveries d JOIN accounts a ON a.id = d.account_id
-WHERE d.state = 'dead' AND a.status <> 'active' AND ($1::uuid IS NULL OR d.account_id = $1)
+WHERE d.state = 'dead' AND a.status <> 'active' AND ($1::uuid IS NULL OR d.account_id = $1) {scope_notices}
   AND EXISTS (SELECT 1 FROM delivery_attempts t WHERE t.delivery_id = d.id AND t.status_code BETWEEN 200 AND 299)
-"""
-_COUNTS = """
-SELECT (SELECT count(*) FROM accounts WHERE $1::uuid IS NULL OR id = $1) AS accounts,
-       (SELECT count(*) FROM deliveries WHERE $1::uuid IS NULL OR account_id = $1) AS deliveries,
-       (SELECT count(*) FROM ledger_entries WHERE $1::uuid IS NULL OR account_id = $1) AS ledger_entries
 """
 
 
@@ -154,26 +242,52 @@ def _violation(row, problem: str | None = None) -> Violation:
     return Violation(invariant, row["account_id"], row["delivery_id"], detail)
 
 
-async def audit(executor: Executor, account_id: uuid.UUID | None = None) -> AuditReport:
-    """Check I1-I7 over one account or all, in one repeatable-read snapshot."""
+async def audit(
+    executor: Executor, account_id: uuid.UUID | None = None, *, since: datetime | None = None
+) -> AuditReport:
+    """Check I1-I7 over one account or all, in one repeatable-read snapshot.
+
+    `since`: an incremental run (see the module docstring); the balances are always all checked.
+    """
+    arguments = (account_id,) if since is None else (account_id, since)
+    negative_charge = _NEGATIVE_CHARGE_CHECK if since is None else _NEGATIVE_CHARGE_CHECK_SINCE
     async with _snapshot(executor) as connection:
-        report = AuditReport(**dict(await connection.fetchrow(_COUNTS, account_id)))
-        for row in await connection.fetch(_DELIVERY_CHECKS, account_id):
+        report = AuditReport(since=since)
+        summaries = await connection.fetch(_SUMMARY, account_id)
+        for row in await connection.fetch(_scoped(_DELIVERY_CHECKS, since), *arguments):
             report.violations.append(_violation(row))
-        for row in await connection.fetch(_BALANCE_CHECK, account_id):
-            report.violations.append(
-                Violation("I4", row["account_id"], None,
-                          f"balance {row['balance']} but the ledger sums to {row['ledger_total']}")
-            )
+        for row in summaries:
+            if row["balance"] != row["ledger_total"]:
+                report.violations.append(
+                    Violation("I4", row["account_id"], None,
+                              f"balance {row['balance']} but the ledger sums to {row['ledger_total']}")
+                )
         if await connection.fetchval(_TRIGGER_CHECK) != 2:
             report.violations.append(Violation("I5", None, None, "the append-only triggers are missing or disabled"))
-        for query in (_FENCING_CHECK, _NEGATIVE_CHARGE_CHECK):
-            report.violations.extend(_violation(row) for row in await connection.fetch(query, account_id))
+        for query in (_scoped(_FENCING_CHECK, since), negative_charge):
+            report.violations.extend(_violation(row) for row in await connection.fetch(query, *arguments))
         report.notices.extend(
             Violation("notice", row["account_id"], row["delivery_id"], row["problem"])
-            for row in await connection.fetch(_UNPAID_STALE_SUCCESS, account_id)
+            for row in await connection.fetch(_scoped(_UNPAID_STALE_SUCCESS, since), *arguments)
         )
+    _summarize(report, summaries)
     return report
+
+
+def _summarize(report: AuditReport, rows) -> None:
+    """Totals and one summary per account, each with the number of violations on that account."""
+    by_account: dict[uuid.UUID, int] = {}
+    for violation in report.violations:
+        if violation.account_id is not None:
+            by_account[violation.account_id] = by_account.get(violation.account_id, 0) + 1
+    report.accounts = len(rows)
+    report.deliveries = sum(row["live"] + row["delivered"] + row["dead"] for row in rows)
+    report.ledger_entries = sum(row["entries"] for row in rows)
+    report.summaries = [
+        AccountSummary(row["account_id"], row["status"], row["balance"], row["ledger_total"], row["live"],
+                       row["delivered"], row["dead"], by_account.get(row["account_id"], 0))
+        for row in rows
+    ]
 
 
 @contextlib.asynccontextmanager
