@@ -8,7 +8,7 @@ import uuid
 import typer
 from rich.console import Console
 
-from delivery import cli_api, config
+from delivery import cli_api, cli_operator, config
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="hookledger: webhooks billed per delivery.")
 console = Console()
@@ -28,6 +28,8 @@ def migrate() -> None:
 def audit(
     account: str = typer.Option(None, help="Audit one account (its id); default: every account."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
+    since: str = typer.Option(None, help="Incremental: check only deliveries and entries created since this"
+                              " ISO 8601 time (balances are always all checked)."),
 ) -> None:
     """Check invariants I1-I7 against the ledger. Exit code 1 on any violation."""
     from delivery import audit_report
@@ -35,11 +37,12 @@ def audit(
     from billing.audit import audit as run_audit
 
     account_id = _uuid(account, "account") if account else None
+    since_time = _timestamp(since, "--since") if since else None
 
     async def main():
         pool = await open_pool(config.load())
         try:
-            return await run_audit(pool, account_id)
+            return await run_audit(pool, account_id, since=since_time)
         finally:
             await pool.close()
 
@@ -80,6 +83,19 @@ def _uuid(value: str, what: str) -> uuid.UUID:
 
 
 app.command(name="api")(cli_api.api)
+app.add_typer(cli_operator.accounts_app, name="accounts")
+app.add_typer(cli_operator.deliveries_app, name="deliveries")
+
+
+def _timestamp(value: str, what: str):
+    from datetime import datetime, timezone
+
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        console.print(f"[red]error[/red]: {what} must be an ISO 8601 time like 2026-12-01T10:00:00Z; got {value!r}")
+        raise typer.Exit(2) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def main() -> None:

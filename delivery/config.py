@@ -73,6 +73,7 @@ class WorkerSettings:
     sweep_interval_seconds: int = 5
     shutdown_grace_seconds: int = 10
     secret_keyring: str | None = None
+    audit_interval_minutes: int = 10  # the audit cron's period; 0 turns it off
     engine: EngineSettings = field(default_factory=EngineSettings)
     sender: SenderSettings = field(default_factory=SenderSettings)
 
@@ -177,6 +178,7 @@ def _worker(environ: Mapping[str, str]) -> WorkerSettings:
         jobs_max=_integer(environ, "HOOKLEDGER_WORKER_JOBS", 20, 1, 1000),
         sweep_interval_seconds=_integer(environ, "HOOKLEDGER_SWEEP_SECONDS", 5, 1, 60),
         shutdown_grace_seconds=_integer(environ, "HOOKLEDGER_SHUTDOWN_GRACE_SECONDS", 10, 0, 300),
+        audit_interval_minutes=_integer(environ, "HOOKLEDGER_AUDIT_MINUTES", 10, 0, 60),
         secret_keyring=environ.get("HOOKLEDGER_SECRET_KEYS") or None,
         engine=engine,
         sender=sender,

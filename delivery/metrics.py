@@ -64,3 +64,16 @@ def status_class(status_code: int | None) -> str:
     if status_code is None or not 100 <= status_code <= 599:
         return "error"
     return f"{status_code // 100}xx"
+
+
+# The audit cron (delivery.worker.audit_cron) sets these after each run.
+AUDIT_VIOLATIONS = Gauge(
+    "hookledger_audit_violations",
+    "Invariant violations (I1-I7) found by the last periodic audit.",
+    registry=REGISTRY,
+)
+AUDIT_LAST_RUN = Gauge(
+    "hookledger_audit_last_run_timestamp_seconds",
+    "Unix time at which the last periodic audit finished.",
+    registry=REGISTRY,
+)

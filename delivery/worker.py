@@ -5,6 +5,7 @@ Two kinds of work:
   retry's time. They only ever claim what PostgreSQL says is due.
 - the `sweep` cron: expired leases, exhausted deliveries, and every due delivery whose job
   Redis lost. Redis is never the source of truth; this is what guarantees liveness.
+- `delete_account` jobs (delivery.deletion) and the `audit_cron` (metrics from billing.audit).
 
 On SIGTERM the worker stops claiming, lets in-flight sends finish within the grace period,
 records what finished, and cancels the rest (their leases expire; they are tried again).
@@ -19,7 +20,8 @@ import uuid
 
 from arq import Worker, cron, func
 
-from delivery import queue as job_queue
+from billing.audit import audit
+from delivery import deletion, metrics, queue as job_queue
 from delivery.config import Settings
 from delivery.database import open_pool
 from delivery.engine import Engine
@@ -28,6 +30,8 @@ from delivery.signer_cache import SignerCache
 
 logger = logging.getLogger(__name__)
 SWEEP_TIMEOUT_SECONDS = 600
+DELETION_TIMEOUT_SECONDS = 3600
+AUDIT_TIMEOUT_SECONDS = 1800
 
 
 async def deliver(ctx: dict, delivery_ids: list[str]) -> int:
@@ -39,6 +43,23 @@ async def deliver(ctx: dict, delivery_ids: list[str]) -> int:
 
 async def sweep(ctx: dict) -> int:
     return await ctx["engine"].sweep()
+
+
+async def audit_cron(ctx: dict) -> int:
+    """Audit every account and publish the result as gauges. Returns the number of violations."""
+    report = await audit(ctx["pool"])
+    metrics.AUDIT_VIOLATIONS.set(len(report.violations))
+    metrics.AUDIT_LAST_RUN.set_to_current_time()
+    if report.violations:
+        logger.error("audit: %d violations, first: %s", len(report.violations), report.violations[0])
+    return len(report.violations)
+
+
+def _audit_cron(minutes: int) -> list:
+    if not minutes:
+        return []
+    return [cron(audit_cron, name="audit", minute=set(range(0, 60, minutes)), second=0, unique=True,
+                 timeout=AUDIT_TIMEOUT_SECONDS, max_tries=1)]
 
 
 async def _startup(ctx: dict) -> None:
@@ -91,10 +112,12 @@ def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = T
     if pool is not None:
         ctx.update(pool=pool, owns_pool=False)
     return DeliveryWorker(
-        functions=[func(deliver, name="deliver", max_tries=1, timeout=lease_seconds + 30)],
+        functions=[func(deliver, name="deliver", max_tries=1, timeout=lease_seconds + 30),
+                   func(deletion.delete_account, name=deletion.JOB_NAME, max_tries=1, timeout=DELETION_TIMEOUT_SECONDS)],
         cron_jobs=[
             cron(sweep, name="sweep", second=set(range(0, 60, worker_settings.sweep_interval_seconds)),
-                 run_at_startup=True, unique=True, timeout=SWEEP_TIMEOUT_SECONDS, max_tries=1)
+                 run_at_startup=True, unique=True, timeout=SWEEP_TIMEOUT_SECONDS, max_tries=1),
+            *_audit_cron(worker_settings.audit_interval_minutes),
         ],
         redis_settings=job_queue.redis_settings(redis_url),
         queue_name=job_queue.QUEUE_NAME,

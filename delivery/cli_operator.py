@@ -1,0 +1,293 @@
+"""Operator commands: `hookledger accounts delete|repair` and `hookledger deliveries dead|show|replay`.
+
+`accounts_app` and `deliveries_app` are typer sub-apps that delivery.cli registers; other
+modules may add commands to them. Exit codes of `accounts delete`: 0 deleted, 1 failed,
+3 waiting for a repair (`accounts repair ID`), 4 still running when --timeout ran out,
+2 bad input. Other commands: 0 done, 1 refused, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from datetime import datetime, timezone
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from billing.errors import BillingError
+from delivery import config
+
+accounts_app = typer.Typer(no_args_is_help=True, help="Accounts: delete (and repair a deletion that waits).")
+deliveries_app = typer.Typer(no_args_is_help=True, help="Deliveries: dead letters, inspect, replay.")
+console = Console()
+
+EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_WAITING_REPAIR, EXIT_STILL_RUNNING = 0, 1, 2, 3, 4
+DELETION_EXIT_CODES = {"done": EXIT_DONE, "failed": EXIT_FAILED, "waiting_repair": EXIT_WAITING_REPAIR,
+                       "running": EXIT_STILL_RUNNING}
+POLL_INTERVAL_SECONDS = 0.5
+
+
+def _uuid(value: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        console.print(f"[red]error[/red]: {what} must be an id like 01a2...-...; got {value!r}")
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+def _time(value: str | None, what: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        console.print(f"[red]error[/red]: {what} must be an ISO 8601 time like 2026-12-01T10:00:00Z; got {value!r}")
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+async def _with_pool(work):
+    from delivery.database import open_pool
+
+    pool = await open_pool(config.load())
+    try:
+        return await work(pool)
+    finally:
+        await pool.close()
+
+
+def _run(work):
+    """Run `work(pool)`; a refused operation prints its reason and exits 1."""
+    try:
+        return asyncio.run(_with_pool(work))
+    except BillingError as error:
+        console.print(f"[red]refused[/red]: {error.detail}")
+        raise typer.Exit(EXIT_FAILED) from None
+
+
+# ---- accounts delete / repair --------------------------------------------------------------------
+
+@accounts_app.command("delete")
+def delete_account(
+    account: str = typer.Argument(..., help="The account id."),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait and show progress (default) or return at once."),
+    inline: bool = typer.Option(False, "--inline", help="Run the job in this process instead of on a worker."),
+    timeout: float = typer.Option(3600, help="Seconds to wait before giving up watching (exit 4)."),
+) -> None:
+    """Delete an account: close it, refund every live delivery once, close out its balance."""
+    from delivery import deletion
+
+    account_id = _uuid(account, "account")
+
+    async def main(pool):
+        if inline:
+            await deletion.start_account_deletion(pool, None, account_id)
+            return await deletion.run_deletion(pool, account_id)
+        from delivery import queue as job_queue, services
+
+        redis = await job_queue.connect(services.redis_url(config.load().redis))
+        try:
+            deletion_id = await deletion.start_account_deletion(pool, redis, account_id)
+        finally:
+            await redis.aclose()
+        console.print(f"deletion {deletion_id} of account {account_id} started")
+        if not wait:
+            return None
+        return await _watch(pool, account_id, timeout)
+
+    state = _run(main)
+    if state is None:
+        raise typer.Exit(EXIT_DONE)
+    _print_deletion(state)
+    raise typer.Exit(DELETION_EXIT_CODES.get(state.status, EXIT_FAILED))
+
+
+async def _watch(pool, account_id: uuid.UUID, timeout_seconds: float):
+    """Poll the deletion row and show its step until it stops running or the timeout passes."""
+    from delivery import deletion
+
+    deadline = time.monotonic() + timeout_seconds
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("queued", total=len(deletion.STEPS))
+        while True:
+            state = await deletion.read_deletion(pool, account_id)
+            done_steps = deletion.STEPS.index(state.step) + 1 if state.step in deletion.STEPS else 0
+            progress.update(task, description=f"{state.status}: {state.step}", completed=done_steps)
+            if state.status != "running" or time.monotonic() > deadline:
+                return state
+            await asyncio.sleep(POLL_INTERVAL_SECONDS)
+
+
+def _print_deletion(state) -> None:
+    colour = {"done": "green", "waiting_repair": "yellow", "failed": "red"}.get(state.status, "blue")
+    console.print(f"deletion of account {state.account_id}: [{colour}]{state.status}[/{colour}] (step {state.step})")
+    report = dict(state.report)
+    mismatches = report.pop("mismatches", [])
+    report.pop("steps", None)
+    table = Table(show_header=False)
+    for key, value in report.items():
+        if value is not None:
+            table.add_row(key, str(value))
+    console.print(table)
+    if mismatches:
+        listed = Table(title="live deliveries that disagree with the ledger (nothing was settled)")
+        listed.add_column("delivery")
+        listed.add_column("problem")
+        for item in mismatches:
+            listed.add_row(item["delivery_id"], item["problem"])
+        console.print(listed)
+        console.print(f"see `hookledger accounts repair {state.account_id}`, then run the deletion again")
+
+
+@accounts_app.command("repair")
+def repair_account(
+    account: str = typer.Argument(..., help="The account id (its deletion waits for a repair)."),
+    apply: bool = typer.Option(False, "--apply", help="Write the corrections (after a confirmation)."),
+    yes: bool = typer.Option(False, "--yes", help="With --apply: do not ask for confirmation."),
+) -> None:
+    """Show the live deliveries that disagree with the ledger and the adjustments that fix them."""
+    from delivery import repair
+
+    account_id = _uuid(account, "account")
+    shown = _run(lambda pool: repair.plan(pool, account_id))
+    repair.render(shown, console)
+    if not apply or not shown.repairable:
+        raise typer.Exit(EXIT_DONE if not shown.needs_a_person else EXIT_FAILED)
+    if not yes and not typer.confirm(f"write {len(shown.repairable)} adjustment entries"
+                                     f" (balance change {shown.balance_change:+d} credits)?"):
+        console.print("nothing written")
+        raise typer.Exit(EXIT_FAILED)
+    applied = _run(lambda pool: repair.apply(pool, shown))
+    console.print(f"[green]repaired {applied.repaired} deliveries[/green] ({applied.adjustments} adjustments,"
+                  f" {applied.refunds} refunds); balance now {applied.balance}."
+                  f" Resume with `hookledger accounts delete {account_id}`.")
+
+
+# ---- deliveries dead / show / replay -------------------------------------------------------------
+
+@deliveries_app.command("dead")
+def dead(
+    account: str = typer.Option(None, help="Only this account's dead deliveries."),
+    endpoint: str = typer.Option(None, help="Only this endpoint's."),
+    reason: str = typer.Option(None, help="Only this dead reason (out_of_retries, endpoint_disabled, ...)."),
+    since: str = typer.Option(None, help="Died at or after this ISO 8601 time."),
+    until: str = typer.Option(None, help="Died before this ISO 8601 time."),
+    cursor: str = typer.Option(None, help="The next cursor a previous page printed."),
+    limit: int = typer.Option(50, help="Rows per page (1-500)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
+) -> None:
+    """List dead deliveries, newest first, one page at a time."""
+    from delivery import dead_letters
+
+    filters = dead_letters.DeadFilter(
+        _uuid(account, "account") if account else None, _uuid(endpoint, "endpoint") if endpoint else None,
+        reason, _time(since, "--since"), _time(until, "--until"),
+    )
+    page = _run(lambda pool: dead_letters.list_dead(pool, filters, cursor=cursor, limit=limit))
+    if as_json:
+        print(json.dumps({"data": page.rows, "next_cursor": page.next_cursor}, default=str, indent=2))
+        return
+    table = Table(title=f"{len(page.rows)} dead deliveries")
+    for column in ("delivery", "account", "endpoint url", "event", "reason", "attempts", "died at"):
+        table.add_column(column)
+    for row in page.rows:
+        table.add_row(str(row["id"]), str(row["account_id"]), row["url"], row["event_type"], row["dead_reason"],
+                      str(row["attempt"]), str(row["finished_at"]))
+    console.print(table)
+    if page.next_cursor:
+        console.print(f"next page: --cursor {page.next_cursor}")
+
+
+@deliveries_app.command("show")
+def show(
+    delivery: str = typer.Argument(..., help="The delivery id."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
+) -> None:
+    """One delivery: its attempts (status, latency, errors, response excerpt) and ledger entries."""
+    from delivery import dead_letters
+
+    delivery_id = _uuid(delivery, "delivery")
+    found = _run(lambda pool: dead_letters.inspect(pool, delivery_id))
+    if as_json:
+        print(json.dumps(found, default=str, indent=2))
+        return
+    d = found["delivery"]
+    console.print(f"delivery {d['id']} ({d['state']}{', ' + d['dead_reason'] if d['dead_reason'] else ''}),"
+                  f" account {d['account_id']}, {d['url']}, event {d['event_type']}, price {d['price']},"
+                  f" attempt {d['attempt']}/{d['attempts_max']}")
+    attempts = Table(title="attempts (latest first)")
+    for column in ("#", "status", "latency ms", "error", "response excerpt", "stale", "finished at"):
+        attempts.add_column(column)
+    for a in found["attempts"]:
+        attempts.add_row(str(a["attempt"]), str(a["status_code"] or "-"), str(a["latency_ms"] or "-"),
+                         a["error"] or "", (a["response_excerpt"] or "")[:200], "yes" if a["stale"] else "",
+                         str(a["finished_at"]))
+    console.print(attempts)
+    ledger = Table(title="ledger entries")
+    for column in ("entry", "kind", "amount", "at"):
+        ledger.add_column(column)
+    for entry in found["ledger"]:
+        ledger.add_row(entry["id"], entry["kind"], str(entry["amount"]), str(entry["created_at"]))
+    console.print(ledger)
+
+
+@deliveries_app.command("replay")
+def replay(
+    delivery: str = typer.Argument(None, help="Replay this dead delivery (or use --endpoint for a bulk replay)."),
+    again: bool = typer.Option(False, "--again", help="Replay even if it was replayed before (a new charge)."),
+    endpoint: str = typer.Option(None, help="Bulk: replay this endpoint's dead deliveries in --since/--until."),
+    since: str = typer.Option(None, help="Bulk: died at or after this ISO 8601 time."),
+    until: str = typer.Option(None, help="Bulk: died before this ISO 8601 time (default now)."),
+    confirm_total: int = typer.Option(None, help="Bulk: the total charge you accept (skips the question)."),
+    yes: bool = typer.Option(False, "--yes", help="Bulk: accept the total shown without asking."),
+) -> None:
+    """Replay dead deliveries as new deliveries with new charges; the old refunds stay."""
+    from delivery import dead_letters
+
+    attempts_max = config.load().ledger.attempts_max
+    if (delivery is None) == (endpoint is None):
+        console.print("[red]error[/red]: give a delivery id, or --endpoint with --since (bulk)")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    if delivery is not None:
+        delivery_id = _uuid(delivery, "delivery")
+        result = _run(lambda pool: dead_letters.replay(pool, delivery_id, attempts_max=attempts_max, again=again))
+        _print_replayed(result)
+        return
+    endpoint_id = _uuid(endpoint, "endpoint")
+    if since is None:
+        console.print("[red]error[/red]: a bulk replay needs --since")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    died_after, died_before = _time(since, "--since"), _time(until, "--until") or datetime.now(timezone.utc)
+    plan = _run(lambda pool: dead_letters.plan_bulk_replay(pool, endpoint_id, died_after, died_before))
+    console.print(f"{len(plan.delivery_ids)} dead deliveries to replay; total charge {plan.total_charge} credits"
+                  + (" (more remain for a next call)" if plan.more else ""))
+    if not plan.delivery_ids:
+        return
+    if confirm_total is None:
+        if not yes and not typer.confirm(f"charge {plan.total_charge} credits and replay?"):
+            console.print("nothing replayed")
+            raise typer.Exit(EXIT_FAILED)
+        confirm_total = plan.total_charge
+    result = _run(lambda pool: dead_letters.bulk_replay(pool, endpoint_id, died_after, died_before,
+                                                        confirm_total=confirm_total, attempts_max=attempts_max))
+    _print_replayed(result)
+
+
+def _print_replayed(result) -> None:
+    for old_id, new_id in result.created.items():
+        console.print(f"replayed {old_id} as {new_id}")
+    for old_id, new_id in result.already.items():
+        console.print(f"[yellow]{old_id} was replayed before as {new_id}[/yellow]; nothing charged (use --again)")
+    for old_id, why in result.refused.items():
+        console.print(f"[red]not replayed[/red] {old_id}: {why}")
+    console.print(f"{len(result.created)} new deliveries, {result.charged} credits charged;"
+                  " a worker sends them within one sweep interval")
+    if result.refused:
+        raise typer.Exit(EXIT_FAILED)

@@ -1,0 +1,241 @@
+"""The account-deletion job: close the account, settle every live delivery in bulk, close out.
+
+    start_account_deletion   (API DELETE /v1/accounts/{id}, `hookledger accounts delete ID`)
+        -> one account_deletions row per account (a second request shares it), status running
+        -> an arq job `delete_account` on the worker queue
+    delete_account / run_deletion
+        begin_closing   the account turns closing: no new messages, pre-send checks settle
+        bulk_settle     locking pre-check + one statement with the three-count check
+        close_out       erase payloads and secrets, revoke keys, closeout:<account>, deleted
+        report          counts, credits refunded, amount owed to the customer, duration, steps
+
+Each step is one transaction that also records its step and counts in account_deletions, so a
+job killed at any point is simply run again: the billing steps are idempotent, the counts of a
+step are committed with the step's own writes, and a finished deletion is recognized and left
+alone. Two jobs for one account: a session-level PostgreSQL advisory lock on the account id
+lets one work; the other returns at once saying the deletion is running.
+
+If the pre-check or the counts disagree, nothing is settled: the status becomes waiting_repair
+and the report names every delivery that differs and why (delivery.repair shows and applies
+the corrections; then start the deletion again).
+
+Test hook: HOOKLEDGER_TEST_CRASH_AFTER_STEP=<step> makes the process exit at once (os._exit,
+status 137, as after SIGKILL) right after that step committed. It is read in `_after_step`
+only, and exists so that tests can prove a re-run finishes the work without refunding twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+import asyncpg
+
+from billing import closeout
+from billing.errors import AccountNotFound, BulkSettleMismatch
+
+logger = logging.getLogger(__name__)
+
+STEPS = ("begin_closing", "bulk_settle", "close_out", "report")
+CRASH_AFTER_STEP_VARIABLE = "HOOKLEDGER_TEST_CRASH_AFTER_STEP"
+MISMATCHES_REPORTED_MAX = 5_000  # the report names at most this many deliveries (and counts all)
+JOB_NAME = "delete_account"
+# The advisory lock's first key: a namespace so our account locks collide with no one else's.
+ADVISORY_LOCK_NAMESPACE = 0x686C_6465  # "hlde"
+
+
+@dataclass(frozen=True)
+class DeletionState:
+    id: uuid.UUID
+    account_id: uuid.UUID
+    status: str  # running | waiting_repair | done | failed
+    step: str
+    report: dict
+
+    @classmethod
+    def from_row(cls, row) -> DeletionState:
+        report = row["report"]
+        return cls(row["id"], row["account_id"], row["status"], row["step"],
+                   json.loads(report) if isinstance(report, str) else dict(report))
+
+
+# Create the account's deletion row, or reopen it unless it is done. Returns the row.
+_OPEN = (
+    "INSERT INTO account_deletions (id, account_id) VALUES ($1, $2)"
+    " ON CONFLICT (account_id) DO UPDATE SET"
+    "   status = CASE WHEN account_deletions.status = 'done' THEN 'done' ELSE 'running' END,"
+    "   updated_at = now()"
+    " RETURNING id, account_id, status, step, report"
+)
+_READ = "SELECT id, account_id, status, step, report FROM account_deletions WHERE account_id = $1"
+# Record a step (and merge its facts into the report) in the step's own transaction.
+_STEP = (
+    "UPDATE account_deletions SET step = $2, updated_at = now(),"
+    "   report = report || $3::jsonb || jsonb_build_object('steps', coalesce(report->'steps', '[]'::jsonb)"
+    "       || jsonb_build_array(jsonb_build_object('step', $2::text, 'at', now())))"
+    " WHERE account_id = $1"
+)
+_FINISH = (
+    "UPDATE account_deletions SET status = $2, updated_at = now(),"
+    "   finished_at = CASE WHEN $2 = 'done' THEN coalesce(finished_at, now()) END,"
+    "   report = report || $3::jsonb"
+    "       || jsonb_build_object('duration_seconds', round(extract(epoch FROM now() - started_at)::numeric, 3))"
+    " WHERE account_id = $1 RETURNING id, account_id, status, step, report"
+)
+
+
+async def start_account_deletion(pool: asyncpg.Pool, queue_redis, account_id: uuid.UUID) -> uuid.UUID:
+    """Record the deletion (or reopen it after a repair) and enqueue its job. Returns the deletion id.
+
+    A finished deletion is not run again. `queue_redis` is the arq pool (delivery.queue.connect);
+    None records the deletion without enqueuing (the caller runs `run_deletion` itself).
+    """
+    state = await open_deletion(pool, account_id)
+    if state.status != "done" and queue_redis is not None:
+        # A fresh job id per request: arq silently drops a job id it has seen (arq #137, #432).
+        job = await queue_redis.enqueue_job(JOB_NAME, str(account_id), _job_id=f"{JOB_NAME}:{uuid.uuid4().hex}")
+        if job is None:
+            raise RuntimeError(f"arq refused the deletion job for account {account_id}")
+    return state.id
+
+
+async def open_deletion(pool: asyncpg.Pool, account_id: uuid.UUID) -> DeletionState:
+    if await pool.fetchval("SELECT 1 FROM accounts WHERE id = $1", account_id) is None:
+        raise AccountNotFound(f"no account {account_id}")
+    return DeletionState.from_row(await pool.fetchrow(_OPEN, uuid.uuid4(), account_id))
+
+
+async def read_deletion(pool: asyncpg.Pool, account_id: uuid.UUID) -> DeletionState | None:
+    row = await pool.fetchrow(_READ, account_id)
+    return DeletionState.from_row(row) if row else None
+
+
+async def delete_account(ctx: dict, account_id: str) -> dict:
+    """The arq job: run the deletion of this account. Returns its status and report."""
+    state = await run_deletion(ctx["pool"], uuid.UUID(account_id))
+    return {"status": state.status, "step": state.step}
+
+
+async def run_deletion(pool: asyncpg.Pool, account_id: uuid.UUID) -> DeletionState:
+    """Run (or resume) the deletion under the account's advisory lock. See the module docstring."""
+    async with pool.acquire() as lock_connection:
+        locked = await lock_connection.fetchval(
+            "SELECT pg_try_advisory_lock($1, hashtext($2::text))", ADVISORY_LOCK_NAMESPACE, str(account_id)
+        )
+        if not locked:
+            state = await read_deletion(pool, account_id)
+            logger.info("deletion of account %s is already running in another job", account_id)
+            return DeletionState(state.id if state else uuid.UUID(int=0), account_id, "running",
+                                 state.step if state else "queued", {"note": "another job is running this deletion"})
+        try:
+            return await _run_locked(pool, account_id)
+        finally:
+            await lock_connection.execute(
+                "SELECT pg_advisory_unlock($1, hashtext($2::text))", ADVISORY_LOCK_NAMESPACE, str(account_id)
+            )
+
+
+async def _run_locked(pool: asyncpg.Pool, account_id: uuid.UUID) -> DeletionState:
+    state = await open_deletion(pool, account_id)
+    if state.status == "done":
+        return state
+    started = time.monotonic()
+    try:
+        status = await _step(pool, account_id, "begin_closing", _begin_closing)
+        if status != "deleted":
+            await _step(pool, account_id, "bulk_settle", _bulk_settle)
+            await _step(pool, account_id, "close_out", _close_out)
+    except BulkSettleMismatch as mismatch:
+        logger.warning("deletion of account %s waits for a repair: %s", account_id, mismatch)
+        return await _finish(pool, account_id, "waiting_repair", _mismatch_report(mismatch))
+    except Exception as error:
+        logger.exception("deletion of account %s failed", account_id)
+        await _finish(pool, account_id, "failed", {"error": f"{type(error).__name__}: {error}"[:2000]})
+        raise
+    await _step(pool, account_id, "report", _report_step)
+    state = await _finish(pool, account_id, "done", {
+        "error": None, "mismatches": [], "mismatches_total": 0,
+        "last_run_seconds": round(time.monotonic() - started, 3),
+    })
+    logger.info("account %s deleted: %s", account_id, state.report)
+    return state
+
+
+async def _step(pool: asyncpg.Pool, account_id: uuid.UUID, step: str, work):
+    """Run one step and record it in the same transaction; then the crash hook."""
+    async with pool.acquire() as connection, connection.transaction():
+        result, facts = await work(connection, account_id)
+        await connection.execute(_STEP, account_id, step, json.dumps(facts))
+    _after_step(step)
+    return result
+
+
+def _after_step(step: str) -> None:
+    """The one place the test-only crash hook is read (see the module docstring)."""
+    if os.environ.get(CRASH_AFTER_STEP_VARIABLE) == step:
+        logging.shutdown()
+        os._exit(137)
+
+
+async def _begin_closing(connection, account_id):
+    status = await closeout.begin_closing(connection, account_id)
+    return status, {}
+
+
+async def _bulk_settle(connection, account_id):
+    settled = await closeout.bulk_settle(connection, account_id)
+    report = await _report(connection, account_id)
+    # Counts add up over runs: a run after a crash settles what is left (usually nothing).
+    return settled, {
+        "locked": report.get("locked", 0) + settled.locked,
+        "refunded": report.get("refunded", 0) + settled.refunded,
+        "marked_dead": report.get("marked_dead", 0) + settled.marked_dead,
+        "refunded_credits": report.get("refunded_credits", 0) + settled.refunded_amount,
+    }
+
+
+async def _close_out(connection, account_id):
+    closed = await closeout.close_out(connection, account_id)
+    if closed.already_deleted:
+        return closed, {}
+    return closed, {
+        "closeout_entry": closed.entry_id,
+        "owed_to_customer": closed.owed_to_customer,
+        "payloads_erased": closed.payloads_erased,
+        "keys_revoked": closed.keys_revoked,
+    }
+
+
+async def _report_step(connection, account_id):
+    """Facts read back from the ledger, so the report is right even when steps ran in several runs."""
+    row = await connection.fetchrow(
+        "SELECT a.status, a.balance, c.amount AS closeout_amount,"
+        "   (SELECT count(*) FROM deliveries WHERE account_id = $1 AND state IN ('pending', 'sending')) AS live"
+        " FROM accounts a LEFT JOIN ledger_entries c ON c.id = 'closeout:' || a.id WHERE a.id = $1",
+        account_id,
+    )
+    return None, {
+        "account_status": row["status"],
+        "balance_after": row["balance"],
+        "owed_to_customer": -(row["closeout_amount"] or 0),
+        "live_after": row["live"],
+    }
+
+
+async def _report(connection, account_id) -> dict:
+    raw = await connection.fetchval("SELECT report FROM account_deletions WHERE account_id = $1", account_id)
+    return json.loads(raw) if isinstance(raw, str) else dict(raw or {})
+
+
+async def _finish(pool: asyncpg.Pool, account_id: uuid.UUID, status: str, facts: dict) -> DeletionState:
+    return DeletionState.from_row(await pool.fetchrow(_FINISH, account_id, status, json.dumps(facts)))
+
+
+def _mismatch_report(mismatch: BulkSettleMismatch) -> dict:
+    named = [{"delivery_id": str(item.delivery_id), "problem": item.problem}
+             for item in mismatch.mismatches[:MISMATCHES_REPORTED_MAX]]
+    return {"error": mismatch.detail, "mismatches": named, "mismatches_total": len(mismatch.mismatches)}
