@@ -48,6 +48,8 @@ async def test_top_up_refuses_unknown_and_non_active_accounts(pool, account_id):
     """Unknown accounts raise AccountNotFound; a closing or deleted one raises AccountNotActive; nothing written."""
     await _refused(pool, accounts.top_up(pool, ids.new_id(), "order-x", 5), AccountNotFound, "no account")
     await _refused(pool, accounts.reverse_top_up(pool, ids.new_id(), "order-x"), AccountNotFound, "no account")
+    await _refused(pool, accounts.get_balance(pool, ids.new_id()), AccountNotFound, "no account")
+    await _refused(pool, accounts.get_account(pool, ids.new_id()), AccountNotFound, "no account")
     await closeout.begin_closing(pool, account_id)
     await _refused(pool, accounts.top_up(pool, account_id, "order-x", 5), AccountNotActive, "is closing")
     await closeout.bulk_settle(pool, account_id)

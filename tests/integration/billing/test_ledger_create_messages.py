@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from billing import closeout, ids, messages
@@ -158,4 +160,19 @@ async def test_batch_spends_the_balance_in_order(pool):
     assert [type(o) for o in outcome] == [messages.MessageCreated, messages.MessageCreated, InsufficientBalance]
     assert await balance(pool, account_id) == 0
     assert await pool.fetchval("SELECT count(*) FROM deliveries WHERE account_id = $1", account_id) == 2
+    await assert_audit_clean(pool, account_id)
+
+
+async def test_concurrent_requests_with_one_key_charge_once(pool):
+    """Twenty concurrent creates with the same key and body, on separate connections, make one message and one charge."""
+    account_id = await make_account(pool, balance=100, price=5)
+    await add_endpoint(pool, account_id)
+    outcomes = await asyncio.gather(
+        *(create(pool, account_id, key="same", payload=b"body") for _ in range(20)), return_exceptions=True)
+    assert all(isinstance(o, messages.MessageCreated) for o in outcomes), outcomes
+    assert len({o.message_id for o in outcomes}) == 1
+    assert sorted(o.replayed for o in outcomes) == [False] + [True] * 19
+    assert await pool.fetchval("SELECT count(*) FROM messages WHERE account_id = $1", account_id) == 1
+    assert await pool.fetchval("SELECT count(*) FROM ledger_entries WHERE kind = 'charge'") == 1
+    assert await balance(pool, account_id) == 95
     await assert_audit_clean(pool, account_id)
