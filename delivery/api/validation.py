@@ -149,13 +149,19 @@ def path_id(raw: str) -> uuid.UUID | None:
 
 
 class Query:
-    """Query-string parameters, collecting every error before answering 422 once."""
+    """Query-string parameters, collecting every error before answering 422 once.
+
+    Like body fields, a parameter the route does not read is refused, not ignored: a typo in a
+    filter (`?stat=dead`) would otherwise silently return everything.
+    """
 
     def __init__(self, query) -> None:
         self._query = query
+        self._read: set[str] = set()
         self.errors: list[FieldError] = []
 
     def _raw(self, name: str) -> str | None:
+        self._read.add(name)
         values = self._query.getall(name, [])
         if len(values) > 1:
             self.errors.append(FieldError(name, "given more than once"))
@@ -208,5 +214,7 @@ class Query:
         return raw
 
     def check(self) -> None:
+        for name in sorted(set(self._query) - self._read):
+            self.errors.append(FieldError(name[:64], "is not a query parameter of this route"))
         if self.errors:
             raise validation(self.errors, "the query string is not valid")
