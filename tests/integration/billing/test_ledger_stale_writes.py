@@ -219,3 +219,20 @@ async def test_top_up_after_reclaim_below_zero_restores_a_usable_balance(pool):
     await one_delivery(pool, account_id)
     assert await balance(pool, account_id) == 0
     await assert_audit_clean(pool, account_id)
+
+
+async def test_closing_an_account_that_a_reclaim_took_below_zero(pool):
+    """A balance of -1 after a reclaim closes out with a +1 entry: the customer owes 1, the ledger ends at 0, audit clean."""
+    account_id = await make_account(pool, balance=1)
+    await add_endpoint(pool, account_id)
+    claimed = await _dead_and_refunded_by_exhaustion(pool, account_id)
+    spent = await claim(pool, await one_delivery(pool, account_id))
+    await results.record_results(pool, [_result(spent, account_id, success=True)])
+    await results.record_results(pool, [_result(claimed, account_id, success=True)])
+    assert await balance(pool, account_id) == -1
+    await closeout.begin_closing(pool, account_id)
+    assert (await closeout.bulk_settle(pool, account_id)).refunded == 0
+    closed = await closeout.close_out(pool, account_id)
+    assert (closed.amount, closed.owed_to_customer) == (1, -1)
+    assert await balance(pool, account_id) == 0
+    await assert_audit_clean(pool, account_id)
