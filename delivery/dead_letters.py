@@ -1,0 +1,217 @@
+"""Dead letters: list, inspect and replay deliveries that died.
+
+A replay is a NEW delivery with its own id and its own charge, created through
+billing.messages.create_messages and targeted at the dead delivery's endpoint; the old
+delivery stays dead and keeps its refund. Each replay carries the idempotency key
+`replay:<dead delivery id>`, so a retried request (a double click, a network retry) replays a
+dead delivery once; replaying it again on purpose is explicit (`again=True`, no key) and never
+silently ignored (Outpost lost manual retries to a static key, hookdeck/outpost #670).
+
+Bulk replay of one endpoint's dead deliveries over a time range is two calls: `plan_bulk_replay`
+computes the total charge, `bulk_replay` replays only when its `confirm_total` equals the total
+computed again at that moment (so an API can offer the same confirmation), in batches of
+REPLAY_BATCH_MAX through create_messages, at most REPLAY_PER_CALL_MAX per call; dead
+deliveries replayed before are left out, so the next call goes on where this one stopped.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import asyncpg
+
+from billing.errors import BillingError, DeliveryNotFound, InvalidInput
+from billing.messages import MessageCreated, MessageRequest, create_messages
+
+PAGE_SIZE_MAX = 500
+REPLAY_BATCH_MAX = 200  # requests per create_messages transaction (each holds a payload, up to 1 MiB)
+REPLAY_PER_CALL_MAX = 5_000
+ATTEMPTS_SHOWN_MAX = 50
+REPLAY_KEY_PREFIX = "replay:"
+
+
+class ReplayRefused(BillingError):
+    """The replay was refused; nothing was written."""
+
+
+class ReplayTotalMismatch(ReplayRefused):
+    """The confirmed total differs from the total charge computed now; nothing was replayed."""
+
+
+@dataclass(frozen=True)
+class DeadFilter:
+    account_id: uuid.UUID | None = None
+    endpoint_id: uuid.UUID | None = None
+    reason: str | None = None
+    died_after: datetime | None = None  # finished_at >= this
+    died_before: datetime | None = None  # finished_at < this
+
+
+@dataclass(frozen=True)
+class DeadPage:
+    rows: list[dict]
+    next_cursor: str | None  # the id after which the next page starts (newest first)
+
+
+# Newest first by id (time-ordered ids); $1..$5 the filter, $6 the cursor, $7 the page size + 1.
+_DEAD_PAGE = (
+    "SELECT d.id, d.account_id, d.endpoint_id, d.message_id, d.price, d.dead_reason, d.attempt, d.created_at,"
+    "   d.finished_at, e.url, m.event_type"
+    " FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id JOIN messages m ON m.id = d.message_id"
+    " WHERE d.state = 'dead' AND ($1::uuid IS NULL OR d.account_id = $1) AND ($2::uuid IS NULL OR d.endpoint_id = $2)"
+    "   AND ($3::text IS NULL OR d.dead_reason = $3) AND ($4::timestamptz IS NULL OR d.finished_at >= $4)"
+    "   AND ($5::timestamptz IS NULL OR d.finished_at < $5) AND ($6::uuid IS NULL OR d.id < $6)"
+    " ORDER BY d.id DESC LIMIT $7"
+)
+_DELIVERY = (
+    "SELECT d.id, d.account_id, d.endpoint_id, d.message_id, d.price, d.state, d.dead_reason, d.attempt,"
+    "   d.attempts_max, d.created_at, d.finished_at, e.url, e.enabled, e.deleted_at AS endpoint_deleted_at,"
+    "   m.event_type, octet_length(m.payload) AS payload_bytes"
+    " FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id JOIN messages m ON m.id = d.message_id"
+    " WHERE d.id = $1"
+)
+_ATTEMPTS = (
+    "SELECT attempt, started_at, finished_at, status_code, latency_ms, error, response_excerpt, stale"
+    " FROM delivery_attempts WHERE delivery_id = $1 ORDER BY attempt DESC LIMIT $2"
+)
+# Its charge, refund and reclaim, and any adjustment tied to it by id (billing.adjustments).
+_LEDGER = (
+    "SELECT id, kind, amount, note, created_at FROM ledger_entries"
+    " WHERE delivery_id = $1 OR id IN ('adjustment:' || $1::text || ':missing_charge',"
+    "   'adjustment:' || $1::text || ':charge_difference', 'adjustment:' || $1::text || ':refund_on_live')"
+    " ORDER BY seq"
+)
+# The dead deliveries of one endpoint in a time range, not replayed yet, oldest first; with the
+# price a replay charges now (the account's current price). $4: at most this many.
+_BULK_CANDIDATES = (
+    "SELECT d.id, d.account_id, a.price_per_delivery AS price"
+    " FROM deliveries d JOIN accounts a ON a.id = d.account_id"
+    " WHERE d.endpoint_id = $1 AND d.state = 'dead' AND d.finished_at >= $2 AND d.finished_at < $3"
+    "   AND NOT EXISTS (SELECT 1 FROM messages r WHERE r.account_id = d.account_id"
+    "       AND r.idempotency_key = 'replay:' || d.id::text)"
+    " ORDER BY d.id LIMIT $4"
+)
+_SOURCES = (
+    "SELECT d.id, d.account_id, d.endpoint_id, m.event_type, m.payload FROM deliveries d"
+    " JOIN messages m ON m.id = d.message_id WHERE d.id = ANY($1::uuid[]) AND d.state = 'dead' ORDER BY d.id"
+)
+
+
+async def list_dead(pool: asyncpg.Pool, filters: DeadFilter = DeadFilter(), *, cursor: str | None = None,
+                    limit: int = 50) -> DeadPage:
+    """One page of dead deliveries, newest first, per account or across accounts."""
+    if not 1 <= limit <= PAGE_SIZE_MAX:
+        raise InvalidInput(f"limit must be 1 to {PAGE_SIZE_MAX}")
+    after = _cursor(cursor)
+    rows = await pool.fetch(_DEAD_PAGE, filters.account_id, filters.endpoint_id, filters.reason,
+                            filters.died_after, filters.died_before, after, limit + 1)
+    page = [dict(row) for row in rows[:limit]]
+    return DeadPage(page, str(page[-1]["id"]) if len(rows) > limit else None)
+
+
+def _cursor(cursor: str | None) -> uuid.UUID | None:
+    if cursor is None:
+        return None
+    try:
+        return uuid.UUID(cursor)
+    except ValueError:
+        raise InvalidInput("cursor is not one this listing returned") from None
+
+
+async def inspect(pool: asyncpg.Pool, delivery_id: uuid.UUID) -> dict:
+    """One delivery with its latest attempts (status, latency, errors, response excerpt) and ledger entries."""
+    async with pool.acquire() as connection, connection.transaction(isolation="repeatable_read", readonly=True):
+        row = await connection.fetchrow(_DELIVERY, delivery_id)
+        if row is None:
+            raise DeliveryNotFound(f"no delivery {delivery_id}")
+        attempts = await connection.fetch(_ATTEMPTS, delivery_id, ATTEMPTS_SHOWN_MAX)
+        ledger = await connection.fetch(_LEDGER, delivery_id)
+    return {"delivery": dict(row), "attempts": [dict(a) for a in attempts], "ledger": [dict(e) for e in ledger]}
+
+
+@dataclass
+class Replayed:
+    """What a replay did: old delivery id -> the new delivery (or why it was refused)."""
+
+    created: dict[uuid.UUID, uuid.UUID] = field(default_factory=dict)
+    already: dict[uuid.UUID, uuid.UUID] = field(default_factory=dict)  # replayed before; nothing charged now
+    refused: dict[uuid.UUID, str] = field(default_factory=dict)
+    charged: int = 0
+
+
+async def replay(pool: asyncpg.Pool, delivery_id: uuid.UUID, *, attempts_max: int, again: bool = False) -> Replayed:
+    """Replay one dead delivery as a new delivery to its endpoint, with a new charge."""
+    result = await _replay(pool, [delivery_id], attempts_max=attempts_max, keyed=not again)
+    if delivery_id in result.refused:
+        raise ReplayRefused(result.refused[delivery_id])
+    return result
+
+
+@dataclass(frozen=True)
+class BulkReplayPlan:
+    endpoint_id: uuid.UUID
+    delivery_ids: tuple[uuid.UUID, ...]
+    total_charge: int
+    more: bool  # more dead deliveries match than one call replays
+
+
+async def plan_bulk_replay(pool: asyncpg.Pool, endpoint_id: uuid.UUID, died_after: datetime,
+                           died_before: datetime, *, limit: int = REPLAY_PER_CALL_MAX) -> BulkReplayPlan:
+    """What a bulk replay would do now, and what it would charge. Writes nothing."""
+    if not 1 <= limit <= REPLAY_PER_CALL_MAX:
+        raise InvalidInput(f"limit must be 1 to {REPLAY_PER_CALL_MAX}")
+    rows = await pool.fetch(_BULK_CANDIDATES, endpoint_id, died_after, died_before, limit + 1)
+    chosen = rows[:limit]
+    return BulkReplayPlan(endpoint_id, tuple(row["id"] for row in chosen), sum(row["price"] for row in chosen),
+                          len(rows) > limit)
+
+
+async def bulk_replay(pool: asyncpg.Pool, endpoint_id: uuid.UUID, died_after: datetime, died_before: datetime,
+                      *, confirm_total: int, attempts_max: int, limit: int = REPLAY_PER_CALL_MAX) -> Replayed:
+    """Replay the endpoint's dead deliveries in the range if `confirm_total` equals the total charge now."""
+    plan = await plan_bulk_replay(pool, endpoint_id, died_after, died_before, limit=limit)
+    if confirm_total != plan.total_charge:
+        raise ReplayTotalMismatch(
+            f"the replay would charge {plan.total_charge} credits for {len(plan.delivery_ids)} deliveries,"
+            f" but {confirm_total} was confirmed; nothing was replayed"
+        )
+    return await _replay(pool, list(plan.delivery_ids), attempts_max=attempts_max, keyed=True)
+
+
+async def _replay(pool: asyncpg.Pool, delivery_ids: list[uuid.UUID], *, attempts_max: int, keyed: bool) -> Replayed:
+    result = Replayed()
+    for start in range(0, len(delivery_ids), REPLAY_BATCH_MAX):
+        batch = delivery_ids[start:start + REPLAY_BATCH_MAX]
+        sources = {row["id"]: row for row in await pool.fetch(_SOURCES, batch)}
+        requests, olds = [], []
+        for old_id in batch:
+            source = sources.get(old_id)
+            if source is None:
+                result.refused[old_id] = f"delivery {old_id} does not exist or is not dead"
+            elif source["payload"] is None:
+                result.refused[old_id] = f"the payload of delivery {old_id} was erased (account deleted)"
+            else:
+                key = f"{REPLAY_KEY_PREFIX}{old_id}" if keyed else None
+                requests.append(MessageRequest(source["account_id"], source["event_type"], source["payload"], key,
+                                               endpoint_ids=(source["endpoint_id"],)))
+                olds.append(old_id)
+        if requests:
+            for old_id, outcome in zip(olds, await create_messages(pool, requests, attempts_max=attempts_max)):
+                _record(result, old_id, outcome)
+    return result
+
+
+def _record(result: Replayed, old_id: uuid.UUID, outcome: MessageCreated | BillingError) -> None:
+    if isinstance(outcome, BillingError):
+        result.refused[old_id] = outcome.detail
+    elif outcome.replayed:
+        result.already[old_id] = outcome.deliveries[0].id
+    else:
+        result.created[old_id] = outcome.deliveries[0].id
+        result.charged += outcome.total_charged
+
+
+def new_delivery_ids(result: Replayed) -> list[uuid.UUID]:
+    return list(result.created.values())

@@ -1,0 +1,140 @@
+"""Dead letters: list with filters and cursors, inspect, replay one, and bulk replay with a confirmed total."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from billing.messages import MessageRequest, create_messages
+from delivery import config, dead_letters
+from engine_helpers import add_account, add_endpoint, fast_environment, running_worker, wait_for
+from operator_helpers import assert_audit_clean
+
+PRICE = 5
+
+
+async def _dead_deliveries(pool, database_url, redis_url, keyring, receiver_factory):
+    """Two endpoints answering 500; one attempt allowed: 6 + 2 deliveries die out_of_retries through the worker."""
+    settings = config.load(fast_environment(database_url, redis_url, keyring))
+    failing, other = await receiver_factory(lambda n: 500), await receiver_factory(lambda n: 503)
+    account_id = await add_account(pool, balance=1000, price=PRICE)
+    endpoint_id = await add_endpoint(pool, account_id, failing, keyring)
+    other_id = await add_endpoint(pool, account_id, other, keyring)
+    requests = [MessageRequest(account_id, "order.created", b'{"n": %d}' % n, endpoint_ids=(endpoint_id,)) for n in range(6)]
+    requests += [MessageRequest(account_id, "order.created", b"{}", endpoint_ids=(other_id,)) for _ in range(2)]
+    await create_messages(pool, requests, attempts_max=1)
+    async with running_worker(settings, pool):
+        await wait_for(lambda: pool.fetchval(
+            "SELECT count(*) = 8 FROM deliveries WHERE account_id = $1 AND state = 'dead'", account_id))
+    return account_id, endpoint_id, other_id
+
+
+async def test_list_inspect_and_replay_one(pool, database_url, redis_url, keyring, receiver_factory):
+    """Listing filters by account, endpoint, reason and time and pages with a cursor; inspect shows the 500
+    attempt and the charge+refund; a replay is a new delivery with a new charge, the old refund stays; a
+    repeated replay says it was replayed before (no charge); --again makes another."""
+    account_id, endpoint_id, other_id = await _dead_deliveries(pool, database_url, redis_url, keyring, receiver_factory)
+    everything = await dead_letters.list_dead(pool, dead_letters.DeadFilter(account_id=account_id), limit=500)
+    assert len(everything.rows) == 8 and everything.next_cursor is None
+    seen, cursor = [], None
+    while True:
+        page = await dead_letters.list_dead(pool, dead_letters.DeadFilter(endpoint_id=endpoint_id), cursor=cursor, limit=4)
+        seen += [row["id"] for row in page.rows]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert len(seen) == len(set(seen)) == 6 and seen == sorted(seen, reverse=True)
+    assert not (await dead_letters.list_dead(pool, dead_letters.DeadFilter(reason="endpoint_disabled"))).rows
+    future = datetime.now(timezone.utc) + timedelta(hours=1)
+    assert not (await dead_letters.list_dead(pool, dead_letters.DeadFilter(died_after=future))).rows
+
+    old_id = seen[0]
+    found = await dead_letters.inspect(pool, old_id)
+    assert found["delivery"]["dead_reason"] == "out_of_retries"
+    assert [(a["attempt"], a["status_code"]) for a in found["attempts"]] == [(1, 500)]
+    assert found["attempts"][0]["latency_ms"] is not None
+    assert [(e["kind"], e["amount"]) for e in found["ledger"]] == [("charge", -PRICE), ("refund", PRICE)]
+
+    balance = await pool.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id)
+    replayed = await dead_letters.replay(pool, old_id, attempts_max=3)
+    (new_id,) = replayed.created.values()
+    assert new_id != old_id and replayed.charged == PRICE
+    row = await pool.fetchrow("SELECT state, endpoint_id FROM deliveries WHERE id = $1", new_id)
+    assert (row["state"], row["endpoint_id"]) == ("pending", endpoint_id)
+    assert [(e["kind"], e["amount"]) for e in (await dead_letters.inspect(pool, old_id))["ledger"]] == [
+        ("charge", -PRICE), ("refund", PRICE)]
+    again = await dead_letters.replay(pool, old_id, attempts_max=3)
+    assert again.already == {old_id: new_id} and again.charged == 0
+    forced = await dead_letters.replay(pool, old_id, attempts_max=3, again=True)
+    assert len(forced.created) == 1 and forced.created[old_id] != new_id
+    assert await pool.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id) == balance - 2 * PRICE
+    with pytest.raises(dead_letters.ReplayRefused):
+        await dead_letters.replay(pool, new_id, attempts_max=3)  # not dead
+    await assert_audit_clean(pool)
+
+
+async def test_bulk_replay_needs_the_right_total(pool, database_url, redis_url, keyring, receiver_factory):
+    """The plan shows the total charge; a wrong confirm_total replays nothing and writes nothing; the right
+    one creates one new delivery per dead one on that endpoint only (new charges, old refunds stay); a
+    second call finds nothing left; the audit is clean."""
+    account_id, endpoint_id, other_id = await _dead_deliveries(pool, database_url, redis_url, keyring, receiver_factory)
+    start, end = datetime.now(timezone.utc) - timedelta(hours=1), datetime.now(timezone.utc) + timedelta(minutes=1)
+    plan = await dead_letters.plan_bulk_replay(pool, endpoint_id, start, end)
+    assert len(plan.delivery_ids) == 6 and plan.total_charge == 6 * PRICE and not plan.more
+    rows_before = await pool.fetchval("SELECT count(*) FROM ledger_entries")
+    with pytest.raises(dead_letters.ReplayTotalMismatch):
+        await dead_letters.bulk_replay(pool, endpoint_id, start, end, confirm_total=plan.total_charge - 1, attempts_max=3)
+    assert await pool.fetchval("SELECT count(*) FROM ledger_entries") == rows_before
+    assert await pool.fetchval("SELECT count(*) FROM deliveries WHERE account_id = $1", account_id) == 8
+
+    limited = await dead_letters.plan_bulk_replay(pool, endpoint_id, start, end, limit=4)
+    assert limited.more and limited.total_charge == 4 * PRICE
+    first = await dead_letters.bulk_replay(pool, endpoint_id, start, end, confirm_total=4 * PRICE, attempts_max=3, limit=4)
+    rest = await dead_letters.plan_bulk_replay(pool, endpoint_id, start, end)
+    second = await dead_letters.bulk_replay(pool, endpoint_id, start, end, confirm_total=rest.total_charge, attempts_max=3)
+    assert len(first.created) == 4 and len(second.created) == 2 and first.created.keys().isdisjoint(second.created)
+    assert set(first.created) | set(second.created) == set(plan.delivery_ids)
+    assert (await dead_letters.plan_bulk_replay(pool, endpoint_id, start, end)).delivery_ids == ()
+    new_ids = list(first.created.values()) + list(second.created.values())
+    targets = await pool.fetch("SELECT DISTINCT endpoint_id FROM deliveries WHERE id = ANY($1::uuid[])", new_ids)
+    assert [row["endpoint_id"] for row in targets] == [endpoint_id]
+    refunds = await pool.fetchval("SELECT count(*) FROM ledger_entries WHERE id = ANY($1::text[])",
+                                  [f"refund:{old}" for old in plan.delivery_ids])
+    assert refunds == 6
+    assert await pool.fetchval("SELECT count(*) FROM ledger_entries WHERE id = ANY($1::text[])",
+                               [f"charge:{new}" for new in new_ids]) == 6
+    await assert_audit_clean(pool)
+
+
+async def test_cli_dead_show_and_bulk_replay(pool, database_url, redis_url, keyring, receiver_factory, monkeypatch):
+    """`hookledger deliveries dead|show|replay`: JSON listing, inspect, a wrong --confirm-total refused (exit 1,
+    nothing written), the right one replays."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from delivery.cli import app
+
+    account_id, endpoint_id, _ = await _dead_deliveries(pool, database_url, redis_url, keyring, receiver_factory)
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    runner = CliRunner()
+
+    async def cli(*arguments):
+        return await asyncio.to_thread(runner.invoke, app, list(arguments))
+
+    listed = await cli("deliveries", "dead", "--endpoint", str(endpoint_id), "--json")
+    assert listed.exit_code == 0, listed.output
+    rows = json.loads(listed.output)["data"]
+    assert len(rows) == 6
+    shown = await cli("deliveries", "show", rows[0]["id"])
+    assert shown.exit_code == 0 and "refund:" in shown.output.replace("\n", ""), shown.output
+    since = (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat()
+    wrong = await cli("deliveries", "replay", "--endpoint", str(endpoint_id), "--since", since, "--confirm-total", "1")
+    assert wrong.exit_code == 1 and "nothing was replayed" in wrong.output, wrong.output
+    assert await pool.fetchval("SELECT count(*) FROM deliveries WHERE account_id = $1", account_id) == 8
+    right = await cli("deliveries", "replay", "--endpoint", str(endpoint_id), "--since", since,
+                      "--confirm-total", str(6 * PRICE))
+    assert right.exit_code == 0 and "6 new deliveries" in right.output, right.output
+    await assert_audit_clean(pool)
