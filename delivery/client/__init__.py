@@ -1,0 +1,90 @@
+"""The hookledger Python SDK: `Client` (blocking) and `AsyncClient` (asyncio), on httpx.
+
+    from delivery.client import Client
+
+    with Client("http://127.0.0.1:8000", "hl_live_...") as hookledger:
+        endpoint = hookledger.endpoints.create("https://example.com/hooks", event_types=["invoice.paid"])
+        message = hookledger.send("invoice.paid", {"invoice": "in_1"})   # 202: one charged delivery per endpoint
+        page = hookledger.deliveries.list(message_id=message.id)
+        print(hookledger.balance().balance)
+
+An operator (holding the operator key) has `accounts.create/get/top_up/reverse_top_up` and
+`deliveries.list_dead`. Every refusal raises a `HookledgerError` subclass carrying the API's
+problem+json fields (`status`, `type`, `title`, `detail`, `errors`). `send` always carries an
+Idempotency-Key (generated when not given) reused by its retries, so a retry never charges twice;
+what else is retried, and when, is in `retry.py`.
+
+This package imports nothing of the server (no aiohttp, no asyncpg): an app can depend on it alone.
+"""
+
+from delivery.client.aio import AsyncClient
+from delivery.client.calls import UNSET
+from delivery.client.errors import (
+    APIConnectionError,
+    AuthenticationError,
+    ConflictError,
+    FieldError,
+    HookledgerError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PaymentRequiredError,
+    PermissionDeniedError,
+    RateLimitError,
+    ResponseDecodeError,
+    ServerError,
+    ValidationError,
+)
+from delivery.client.models import (
+    Account,
+    AccountCreated,
+    ApiKey,
+    Attempt,
+    Balance,
+    CreatedDelivery,
+    Delivery,
+    DeliveryDetail,
+    Endpoint,
+    EndpointDeleted,
+    LedgerEntry,
+    Message,
+    NewApiKey,
+    Page,
+    Topup,
+)
+from delivery.client.retry import RetryPolicy
+from delivery.client.sync import Client
+
+__all__ = [
+    "APIConnectionError",
+    "Account",
+    "AccountCreated",
+    "ApiKey",
+    "AsyncClient",
+    "Attempt",
+    "AuthenticationError",
+    "Balance",
+    "Client",
+    "ConflictError",
+    "CreatedDelivery",
+    "Delivery",
+    "DeliveryDetail",
+    "Endpoint",
+    "EndpointDeleted",
+    "FieldError",
+    "HookledgerError",
+    "LedgerEntry",
+    "Message",
+    "NewApiKey",
+    "NotFoundError",
+    "Page",
+    "PayloadTooLargeError",
+    "PaymentRequiredError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "ResponseDecodeError",
+    "RetryPolicy",
+    "ServerError",
+    "Topup",
+    "UNSET",
+    "ValidationError",
+]

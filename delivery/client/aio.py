@@ -1,0 +1,183 @@
+"""The asyncio client: `AsyncClient(base_url, api_key)`, the same methods as `Client`, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from delivery.client import calls, models, transport
+from delivery.client.calls import UNSET, Call, Id
+from delivery.client.retry import RetryPolicy
+
+
+class AsyncClient:
+    """A hookledger API client for asyncio. Reuse one per event loop; close it (or use `async with`).
+
+    `timeout`: seconds for each attempt (connect, read, write, pool). `retries`: how many times
+    one call may be retried (see retry.py for which failures are). `sleep` is how the client waits
+    between attempts; tests pass a fake. `http_client` replaces the httpx.AsyncClient built here (its
+    base URL, headers and timeout are then the caller's).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = transport.TIMEOUT_SECONDS_DEFAULT,
+        retries: int = 2,
+        retry_policy: RetryPolicy | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._policy = retry_policy or RetryPolicy(retries=retries)
+        self._sleep = sleep
+        self._http = http_client or httpx.AsyncClient(
+            base_url=base_url, headers=transport.default_headers(api_key), timeout=timeout, follow_redirects=False
+        )
+        self.endpoints = AsyncEndpoints(self)
+        self.deliveries = AsyncDeliveries(self)
+        self.accounts = AsyncAccounts(self)
+        self.api_keys = AsyncApiKeys(self)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _run(self, call: Call[calls.R]) -> calls.R:
+        retry_number = 1
+        while True:  # bounded: the policy refuses a delay past `retries`, and then the judge raises
+            try:
+                response = await self._http.request(**transport.request_arguments(call))
+            except httpx.TransportError as error:
+                delay = transport.judge_transport_error(call, error, self._policy, retry_number)
+            else:
+                done, value = transport.judge_response(call, response, self._policy, retry_number)
+                if done:
+                    return value
+                delay = value
+            await self._sleep(delay)
+            retry_number += 1
+
+    async def send(self, event_type: str, payload: Any, *, idempotency_key: str | None = None) -> models.Message:
+        """Send an event to every subscribed endpoint; each delivery is charged. Answers 202 at once.
+
+        Without `idempotency_key` one is generated for this call and reused on its retries, so a
+        retried send never charges twice. `payload` is any JSON value; pass `msgspec.Raw(b'...')`
+        to send exact bytes.
+        """
+        return await self._run(calls.send(event_type, payload, idempotency_key or str(uuid.uuid4())))
+
+    async def balance(self) -> models.Balance:
+        return await self._run(calls.balance())
+
+    async def ledger(self, *, limit: int | None = None, cursor: str | None = None,
+                     delivery_id: Id | None = None) -> models.Page[models.LedgerEntry]:
+        """One page of the ledger, oldest first."""
+        return await self._run(calls.ledger(limit, cursor, delivery_id))
+
+
+class _AsyncResource:
+    def __init__(self, client: AsyncClient) -> None:
+        self._run = client._run
+
+
+class AsyncEndpoints(_AsyncResource):
+    async def create(self, url: str, *, description: str = "", event_types: Sequence[str] | None = None,
+                     timeout_ms: int | None = None, enabled: bool = True, secret: str | None = None) -> models.Endpoint:
+        """A new endpoint; `event_types` None subscribes to every event type; `secret` None: generated."""
+        return await self._run(calls.create_endpoint(url, description=description, event_types=event_types,
+                                               timeout_ms=timeout_ms, enabled=enabled, secret=secret))
+
+    async def list(self) -> tuple[models.Endpoint, ...]:
+        return await self._run(calls.list_endpoints())
+
+    async def get(self, endpoint_id: Id) -> models.Endpoint:
+        return await self._run(calls.get_endpoint(endpoint_id))
+
+    async def update(self, endpoint_id: Id, *, url: str = UNSET, description: str = UNSET,
+                     event_types: Sequence[str] | None = UNSET, enabled: bool = UNSET, timeout_ms: int = UNSET) -> models.Endpoint:
+        """Change only the fields given; `event_types=None` subscribes to every event type."""
+        changes = dict(url=url, description=description, event_types=event_types, enabled=enabled, timeout_ms=timeout_ms)
+        return await self._run(calls.update_endpoint(endpoint_id, changes))
+
+    async def delete(self, endpoint_id: Id) -> models.EndpointDeleted:
+        return await self._run(calls.delete_endpoint(endpoint_id))
+
+    async def rotate_secret(self, endpoint_id: Id, *, secret: str | None = None) -> str:
+        """The new secret (generated by the API unless given); the old one keeps signing for an overlap."""
+        return await self._run(calls.rotate_secret(endpoint_id, secret))
+
+    async def get_secret(self, endpoint_id: Id) -> str:
+        return await self._run(calls.get_secret(endpoint_id))
+
+
+class AsyncDeliveries(_AsyncResource):
+    async def list(self, *, limit: int | None = None, cursor: str | None = None, state: str | None = None,
+                   endpoint_id: Id | None = None, message_id: Id | None = None, created_after: datetime | None = None,
+                   created_before: datetime | None = None) -> models.Page[models.Delivery]:
+        """One page of deliveries, newest first."""
+        return await self._run(calls.list_deliveries(
+            limit=limit, cursor=cursor, state=state, endpoint_id=endpoint_id, message_id=message_id,
+            created_after=created_after, created_before=created_before))
+
+    async def iterate(self, *, page_size: int | None = None, **filters: Any) -> AsyncIterator[models.Delivery]:
+        """Every delivery matching `filters` (as `list` takes them), page after page."""
+        cursor = None
+        while True:  # ends: each cursor is an older id than the last, and the last page has none
+            page = await self.list(limit=page_size, cursor=cursor, **filters)
+            for delivery in page.data:
+                yield delivery
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def get(self, delivery_id: Id) -> models.DeliveryDetail:
+        return await self._run(calls.get_delivery(delivery_id))
+
+    async def replay(self, delivery_id: Id) -> models.Message:
+        """Send a dead or delivered delivery again: a new delivery, charged anew. Not retried when in doubt."""
+        return await self._run(calls.replay_delivery(delivery_id))
+
+    async def list_dead(self, *, limit: int | None = None, cursor: str | None = None) -> models.Page[models.Delivery]:
+        """Operator: dead deliveries across every account, newest first."""
+        return await self._run(calls.dead_deliveries(limit, cursor))
+
+
+class AsyncAccounts(_AsyncResource):
+    """Operator routes: the client must hold the operator key."""
+
+    async def create(self, name: str, *, price_per_delivery: int | None = None) -> models.AccountCreated:
+        """An account and its first API key (`.api_key.key`, shown once)."""
+        return await self._run(calls.create_account(name, price_per_delivery))
+
+    async def get(self, account_id: Id) -> models.Account:
+        return await self._run(calls.get_account(account_id))
+
+    async def top_up(self, account_id: Id, order_id: str, amount: int) -> models.Topup:
+        """Add `amount` credits once per `order_id`; the same order again answers applied=False."""
+        return await self._run(calls.top_up(account_id, order_id, amount))
+
+    async def reverse_top_up(self, account_id: Id, order_id: str) -> models.Topup:
+        return await self._run(calls.reverse_top_up(account_id, order_id))
+
+
+class AsyncApiKeys(_AsyncResource):
+    async def create(self) -> models.NewApiKey:
+        return await self._run(calls.create_api_key())
+
+    async def list(self) -> tuple[models.ApiKey, ...]:
+        return await self._run(calls.list_api_keys())
+
+    async def revoke(self, key_id: Id) -> None:
+        await self._run(calls.revoke_api_key(key_id))

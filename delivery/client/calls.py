@@ -1,0 +1,225 @@
+"""Every route the SDK calls, in one place: each builder says the method, the path, whether a
+repeat is harmless (see retry.py), the body, and how to read the answer.
+
+The sync and async clients share these builders and differ only in how they send and sleep.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx
+import msgspec
+
+from delivery.client import models
+
+R = TypeVar("R")
+Id = uuid.UUID | str
+
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+class _Unset:
+    """A keyword argument not given (distinct from None, which PATCH sends as null)."""
+
+    _instance: _Unset | None = None
+
+    def __new__(cls) -> _Unset:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+UNSET: Any = _Unset()
+
+
+@dataclass(frozen=True)
+class Call(Generic[R]):
+    method: str
+    path: str
+    idempotent: bool
+    read: Callable[[httpx.Response], R]
+    params: Mapping[str, str] | None = None
+    body: bytes | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+_ENCODER = msgspec.json.Encoder()
+_decoders: dict[Any, msgspec.json.Decoder] = {}
+
+
+def _decoder(kind: Any) -> msgspec.json.Decoder:
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
+    return decoder
+
+
+def _reads(kind: Any) -> Callable[[httpx.Response], Any]:
+    def read(response: httpx.Response) -> Any:
+        return _decoder(kind).decode(response.content)
+
+    return read
+
+
+def _reads_list(kind: Any) -> Callable[[httpx.Response], tuple]:
+    def read(response: httpx.Response) -> tuple:
+        return _decoder(models._DataList[kind]).decode(response.content).data
+
+    return read
+
+
+def _reads_secret(response: httpx.Response) -> str:
+    return _decoder(models._Secret).decode(response.content).secret
+
+
+def _reads_nothing(response: httpx.Response) -> None:
+    return None
+
+
+def _segment(value: Id | str) -> str:
+    return quote(str(value), safe="")
+
+
+def _json(fields: Mapping[str, Any]) -> bytes:
+    return _ENCODER.encode({name: value for name, value in fields.items() if value is not UNSET})
+
+
+def _params(**values: Any) -> dict[str, str]:
+    """Query parameters that were given, as the API spells them."""
+    params = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        params[name] = value.isoformat() if isinstance(value, datetime) else str(value)
+    return params
+
+
+# ---- operator -------------------------------------------------------------------------------------
+
+def create_account(name: str, price_per_delivery: int | None) -> Call[models.AccountCreated]:
+    body = _json({"name": name, "price_per_delivery": price_per_delivery if price_per_delivery is not None else UNSET})
+    return Call("POST", "/v1/accounts", False, _reads(models.AccountCreated), body=body)
+
+
+def get_account(account_id: Id) -> Call[models.Account]:
+    return Call("GET", f"/v1/accounts/{_segment(account_id)}", True, _reads(models.Account))
+
+
+def top_up(account_id: Id, order_id: str, amount: int) -> Call[models.Topup]:
+    body = _json({"order_id": order_id, "amount": amount})
+    # Idempotent by order id: a repeat answers applied=false and adds nothing.
+    return Call("POST", f"/v1/accounts/{_segment(account_id)}/topups", True, _reads(models.Topup), body=body)
+
+
+def reverse_top_up(account_id: Id, order_id: str) -> Call[models.Topup]:
+    path = f"/v1/accounts/{_segment(account_id)}/topups/{_segment(order_id)}/reversal"
+    return Call("POST", path, True, _reads(models.Topup))
+
+
+def dead_deliveries(limit: int | None, cursor: str | None) -> Call[models.Page[models.Delivery]]:
+    return Call("GET", "/v1/dead-deliveries", True, _reads(models.Page[models.Delivery]),
+                params=_params(limit=limit, cursor=cursor))
+
+
+# ---- account --------------------------------------------------------------------------------------
+
+def balance() -> Call[models.Balance]:
+    return Call("GET", "/v1/balance", True, _reads(models.Balance))
+
+
+def ledger(limit: int | None, cursor: str | None, delivery_id: Id | None) -> Call[models.Page[models.LedgerEntry]]:
+    return Call("GET", "/v1/ledger", True, _reads(models.Page[models.LedgerEntry]),
+                params=_params(limit=limit, cursor=cursor, delivery_id=delivery_id))
+
+
+def create_api_key() -> Call[models.NewApiKey]:
+    return Call("POST", "/v1/api-keys", False, _reads(models.NewApiKey))
+
+
+def list_api_keys() -> Call[tuple[models.ApiKey, ...]]:
+    return Call("GET", "/v1/api-keys", True, _reads_list(models.ApiKey))
+
+
+def revoke_api_key(key_id: Id) -> Call[None]:
+    return Call("DELETE", f"/v1/api-keys/{_segment(key_id)}", True, _reads_nothing)
+
+
+def create_endpoint(url: str, *, description: str, event_types: Sequence[str] | None, timeout_ms: int | None,
+                    enabled: bool, secret: str | None) -> Call[models.Endpoint]:
+    body = _json({
+        "url": url, "description": description,
+        "event_types": list(event_types) if event_types is not None else UNSET,
+        "timeout_ms": timeout_ms if timeout_ms is not None else UNSET, "enabled": enabled,
+        "secret": secret if secret is not None else UNSET,
+    })
+    return Call("POST", "/v1/endpoints", False, _reads(models.Endpoint), body=body)
+
+
+def list_endpoints() -> Call[tuple[models.Endpoint, ...]]:
+    return Call("GET", "/v1/endpoints", True, _reads_list(models.Endpoint))
+
+
+def get_endpoint(endpoint_id: Id) -> Call[models.Endpoint]:
+    return Call("GET", f"/v1/endpoints/{_segment(endpoint_id)}", True, _reads(models.Endpoint))
+
+
+def update_endpoint(endpoint_id: Id, changes: Mapping[str, Any]) -> Call[models.Endpoint]:
+    fields = {name: (list(value) if name == "event_types" and value is not None and value is not UNSET else value)
+              for name, value in changes.items()}
+    return Call("PATCH", f"/v1/endpoints/{_segment(endpoint_id)}", True, _reads(models.Endpoint), body=_json(fields))
+
+
+def delete_endpoint(endpoint_id: Id) -> Call[models.EndpointDeleted]:
+    return Call("DELETE", f"/v1/endpoints/{_segment(endpoint_id)}", True, _reads(models.EndpointDeleted))
+
+
+def rotate_secret(endpoint_id: Id, secret: str | None) -> Call[str]:
+    # Not idempotent: a second rotation would push the secret receivers still use out of the overlap.
+    body = _json({"secret": secret}) if secret is not None else None
+    return Call("POST", f"/v1/endpoints/{_segment(endpoint_id)}/secret/rotate", False, _reads_secret, body=body)
+
+
+def get_secret(endpoint_id: Id) -> Call[str]:
+    return Call("GET", f"/v1/endpoints/{_segment(endpoint_id)}/secret", True, _reads_secret)
+
+
+def send(event_type: str, payload: Any, idempotency_key: str) -> Call[models.Message]:
+    """Idempotent through its key: every attempt of this call carries the same one."""
+    body = _json({"event_type": event_type, "payload": payload})
+
+    def read(response: httpx.Response) -> models.Message:
+        message = _decoder(models.Message).decode(response.content)
+        replayed = response.headers.get(REPLAYED_HEADER, "").lower() == "true"
+        return msgspec.structs.replace(message, replayed=replayed, idempotency_key=idempotency_key)
+
+    return Call("POST", "/v1/messages", True, read, body=body, headers={IDEMPOTENCY_KEY_HEADER: idempotency_key})
+
+
+def list_deliveries(*, limit: int | None, cursor: str | None, state: str | None, endpoint_id: Id | None,
+                    message_id: Id | None, created_after: datetime | None,
+                    created_before: datetime | None) -> Call[models.Page[models.Delivery]]:
+    params = _params(limit=limit, cursor=cursor, state=state, endpoint_id=endpoint_id, message_id=message_id,
+                     created_after=created_after, created_before=created_before)
+    return Call("GET", "/v1/deliveries", True, _reads(models.Page[models.Delivery]), params=params)
+
+
+def get_delivery(delivery_id: Id) -> Call[models.DeliveryDetail]:
+    return Call("GET", f"/v1/deliveries/{_segment(delivery_id)}", True, _reads(models.DeliveryDetail))
+
+
+def replay_delivery(delivery_id: Id) -> Call[models.Message]:
+    # Not idempotent: every replay is a new, charged delivery, and the route takes no Idempotency-Key.
+    return Call("POST", f"/v1/deliveries/{_segment(delivery_id)}/replay", False, _reads(models.Message))

@@ -1,0 +1,165 @@
+"""What the SDK returns: frozen msgspec Structs mirroring the API's response bodies.
+
+Unknown fields in a response are ignored, so a newer API that adds a field does not break an
+older SDK. Money is an integer number of credits. Times are timezone-aware datetimes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Generic, TypeVar
+
+import msgspec
+
+T = TypeVar("T")
+
+
+class Account(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    name: str
+    status: str  # active | closing | deleted
+    balance: int
+    price_per_delivery: int
+
+
+class ApiKey(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+class NewApiKey(msgspec.Struct, frozen=True):
+    """A key just created: `key` is shown this once and never again."""
+
+    id: uuid.UUID
+    prefix: str
+    created_at: datetime
+    key: str
+
+
+class AccountCreated(msgspec.Struct, frozen=True):
+    account: Account
+    api_key: NewApiKey
+
+
+class Topup(msgspec.Struct, frozen=True):
+    """A top-up or its reversal. `applied` False: this order was already applied (or reversed) before,
+    which is also what a retry of a call whose first answer was lost sees."""
+
+    order_id: str
+    entry_id: str
+    amount: int
+    balance: int
+    applied: bool
+
+
+class Balance(msgspec.Struct, frozen=True):
+    balance: int
+    in_flight: int  # credits charged for deliveries not yet delivered or refunded
+
+
+class LedgerEntry(msgspec.Struct, frozen=True):
+    id: str  # derived: charge:<delivery>, refund:<delivery>, topup:<order>, ...
+    seq: int
+    kind: str
+    amount: int  # signed credits
+    delivery_id: uuid.UUID | None
+    note: str | None
+    created_at: datetime
+
+
+class Endpoint(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    url: str
+    description: str
+    event_types: tuple[str, ...] | None  # None: every event type
+    enabled: bool
+    disabled_reason: str | None
+    timeout_ms: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class EndpointDeleted(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    deleted: bool
+    refunded_now: int  # pending deliveries refunded at once; the rest die at their pre-send check
+
+
+class CreatedDelivery(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    endpoint_id: uuid.UUID
+    price: int
+
+
+class Message(msgspec.Struct, frozen=True):
+    """An accepted event: one delivery per subscribed endpoint, each charged `price`.
+
+    `replayed` True: the API answered a stored response for this idempotency key, nothing new was
+    charged. `idempotency_key` is the key this call sent (generated when the caller gave none), so a
+    caller who lost the answer can send again with it.
+    """
+
+    id: uuid.UUID
+    event_type: str
+    deliveries: tuple[CreatedDelivery, ...]
+    total_charged: int
+    replayed: bool = False
+    idempotency_key: str | None = None
+
+
+class Attempt(msgspec.Struct, frozen=True):
+    attempt: int
+    started_at: datetime
+    finished_at: datetime
+    status_code: int | None
+    latency_ms: int | None
+    error: str | None
+    response_excerpt: str | None
+    stale: bool  # recorded after the lease expired (a slow worker)
+
+
+class Delivery(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    account_id: uuid.UUID
+    message_id: uuid.UUID
+    endpoint_id: uuid.UUID
+    event_type: str
+    state: str  # pending | sending | delivered | dead
+    attempt: int
+    attempts_max: int
+    price: int
+    next_attempt_at: datetime
+    dead_reason: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class DeliveryDetail(Delivery, frozen=True):
+    attempts: tuple[Attempt, ...] = ()
+    ledger_entries: tuple[LedgerEntry, ...] = ()
+
+
+class Page(msgspec.Struct, Generic[T], frozen=True):
+    """One page of a list; pass `next_cursor` as `cursor` for the next one (None: this was the last)."""
+
+    data: tuple[T, ...]
+    next_cursor: str | None = None
+
+    def __iter__(self):
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class _DataList(msgspec.Struct, Generic[T], frozen=True):
+    """An unpaged list answer ({"data": [...]}), unwrapped by the client into a tuple."""
+
+    data: tuple[T, ...]
+
+
+class _Secret(msgspec.Struct, frozen=True):
+    secret: str

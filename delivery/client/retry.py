@@ -1,0 +1,94 @@
+"""When the SDK retries a request, and how long it waits: pure decisions, no I/O.
+
+A retry must never do twice what the caller asked once. So what may be retried depends on
+whether the call is *idempotent* (a repeat changes nothing more: reads, PATCH, DELETE, top-ups by
+order id, sends with an Idempotency-Key) or not (create an account, key or endpoint, rotate a
+secret, replay a delivery):
+
+| outcome                                      | idempotent | not idempotent |
+|----------------------------------------------|------------|----------------|
+| could not connect (nothing was sent)         | retry      | retry          |
+| 429, 503 (the API says nothing was written)  | retry      | retry          |
+| 409 idempotency-key-in-use (first in flight) | retry      | -              |
+| other 5xx, timeout or broken connection      | retry      | no: it may have happened |
+| any other 4xx                                | no         | no             |
+
+Waits grow exponentially with jitter; a `Retry-After` from the API is honoured (up to a bound:
+past it the error is raised rather than blocking the caller for long).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
+from typing import Callable
+
+import httpx
+
+RETRIES_MAX = 10
+RETRY_ALWAYS_STATUSES = frozenset({429, 503})
+KEY_IN_PROGRESS_SLUG = "idempotency-key-in-use"
+
+# Raised before a single byte of the request left: safe to retry anything.
+NOT_SENT_ERRORS: tuple[type[httpx.TransportError], ...] = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    retries: int = 2  # retries after the first attempt: 2 means at most 3 attempts
+    backoff_base_seconds: float = 0.5
+    backoff_max_seconds: float = 8.0
+    retry_after_max_seconds: float = 60.0
+    random: Callable[[], float] = field(default=random.random, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.retries <= RETRIES_MAX:
+            raise ValueError(f"retries must be from 0 to {RETRIES_MAX}; got {self.retries}")
+        if self.backoff_base_seconds < 0 or self.backoff_max_seconds < self.backoff_base_seconds:
+            raise ValueError("backoff seconds must satisfy 0 <= base <= max")
+
+    def backoff_seconds(self, retry_number: int) -> float:
+        """The wait before retry `retry_number` (1-based): base * 2^(n-1), capped, times a jitter in [0.5, 1)."""
+        ceiling = min(self.backoff_max_seconds, self.backoff_base_seconds * 2 ** (retry_number - 1))
+        return ceiling * (0.5 + self.random() / 2)
+
+    def delay_seconds(self, retry_number: int, retry_after_seconds: float | None) -> float | None:
+        """The wait before retry `retry_number`, or None when no retry is left (or the API asks too long a wait)."""
+        if retry_number > self.retries:
+            return None
+        if retry_after_seconds is None:
+            return self.backoff_seconds(retry_number)
+        if retry_after_seconds > self.retry_after_max_seconds:
+            return None
+        return max(retry_after_seconds, 0.0)
+
+
+def retryable_error(error: httpx.TransportError, idempotent: bool) -> bool:
+    """A transport error: retry when nothing was sent, or when a repeat is harmless."""
+    return isinstance(error, NOT_SENT_ERRORS) or idempotent
+
+
+def retryable_status(status: int, slug: str, idempotent: bool) -> bool:
+    if status in RETRY_ALWAYS_STATUSES:
+        return True
+    if status == 409 and slug == KEY_IN_PROGRESS_SLUG:
+        return True
+    return status >= 500 and idempotent
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date); None when absent or unreadable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(int(value[:9]))
+    try:
+        moment = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return max(0.0, (moment - (now or datetime.now(timezone.utc))).total_seconds())

@@ -1,0 +1,182 @@
+"""The blocking client: `Client(base_url, api_key)`; see the package docstring for the tour."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from delivery.client import calls, models, transport
+from delivery.client.calls import UNSET, Call, Id
+from delivery.client.retry import RetryPolicy
+
+
+class Client:
+    """A hookledger API client. Thread-safe; reuse one per process and close it (or use `with`).
+
+    `timeout`: seconds for each attempt (connect, read, write, pool). `retries`: how many times
+    one call may be retried (see retry.py for which failures are). `sleep` is how the client waits
+    between attempts; tests pass a fake. `http_client` replaces the httpx.Client built here (its
+    base URL, headers and timeout are then the caller's).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = transport.TIMEOUT_SECONDS_DEFAULT,
+        retries: int = 2,
+        retry_policy: RetryPolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self._policy = retry_policy or RetryPolicy(retries=retries)
+        self._sleep = sleep
+        self._http = http_client or httpx.Client(
+            base_url=base_url, headers=transport.default_headers(api_key), timeout=timeout, follow_redirects=False
+        )
+        self.endpoints = Endpoints(self)
+        self.deliveries = Deliveries(self)
+        self.accounts = Accounts(self)
+        self.api_keys = ApiKeys(self)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _run(self, call: Call[calls.R]) -> calls.R:
+        retry_number = 1
+        while True:  # bounded: the policy refuses a delay past `retries`, and then the judge raises
+            try:
+                response = self._http.request(**transport.request_arguments(call))
+            except httpx.TransportError as error:
+                delay = transport.judge_transport_error(call, error, self._policy, retry_number)
+            else:
+                done, value = transport.judge_response(call, response, self._policy, retry_number)
+                if done:
+                    return value
+                delay = value
+            self._sleep(delay)
+            retry_number += 1
+
+    def send(self, event_type: str, payload: Any, *, idempotency_key: str | None = None) -> models.Message:
+        """Send an event to every subscribed endpoint; each delivery is charged. Answers 202 at once.
+
+        Without `idempotency_key` one is generated for this call and reused on its retries, so a
+        retried send never charges twice. `payload` is any JSON value; pass `msgspec.Raw(b'...')`
+        to send exact bytes.
+        """
+        return self._run(calls.send(event_type, payload, idempotency_key or str(uuid.uuid4())))
+
+    def balance(self) -> models.Balance:
+        return self._run(calls.balance())
+
+    def ledger(self, *, limit: int | None = None, cursor: str | None = None,
+               delivery_id: Id | None = None) -> models.Page[models.LedgerEntry]:
+        """One page of the ledger, oldest first."""
+        return self._run(calls.ledger(limit, cursor, delivery_id))
+
+
+class _Resource:
+    def __init__(self, client: Client) -> None:
+        self._run = client._run
+
+
+class Endpoints(_Resource):
+    def create(self, url: str, *, description: str = "", event_types: Sequence[str] | None = None,
+               timeout_ms: int | None = None, enabled: bool = True, secret: str | None = None) -> models.Endpoint:
+        """A new endpoint; `event_types` None subscribes to every event type; `secret` None: generated."""
+        return self._run(calls.create_endpoint(url, description=description, event_types=event_types,
+                                               timeout_ms=timeout_ms, enabled=enabled, secret=secret))
+
+    def list(self) -> tuple[models.Endpoint, ...]:
+        return self._run(calls.list_endpoints())
+
+    def get(self, endpoint_id: Id) -> models.Endpoint:
+        return self._run(calls.get_endpoint(endpoint_id))
+
+    def update(self, endpoint_id: Id, *, url: str = UNSET, description: str = UNSET,
+               event_types: Sequence[str] | None = UNSET, enabled: bool = UNSET, timeout_ms: int = UNSET) -> models.Endpoint:
+        """Change only the fields given; `event_types=None` subscribes to every event type."""
+        changes = dict(url=url, description=description, event_types=event_types, enabled=enabled, timeout_ms=timeout_ms)
+        return self._run(calls.update_endpoint(endpoint_id, changes))
+
+    def delete(self, endpoint_id: Id) -> models.EndpointDeleted:
+        return self._run(calls.delete_endpoint(endpoint_id))
+
+    def rotate_secret(self, endpoint_id: Id, *, secret: str | None = None) -> str:
+        """The new secret (generated by the API unless given); the old one keeps signing for an overlap."""
+        return self._run(calls.rotate_secret(endpoint_id, secret))
+
+    def get_secret(self, endpoint_id: Id) -> str:
+        return self._run(calls.get_secret(endpoint_id))
+
+
+class Deliveries(_Resource):
+    def list(self, *, limit: int | None = None, cursor: str | None = None, state: str | None = None,
+             endpoint_id: Id | None = None, message_id: Id | None = None, created_after: datetime | None = None,
+             created_before: datetime | None = None) -> models.Page[models.Delivery]:
+        """One page of deliveries, newest first."""
+        return self._run(calls.list_deliveries(
+            limit=limit, cursor=cursor, state=state, endpoint_id=endpoint_id, message_id=message_id,
+            created_after=created_after, created_before=created_before))
+
+    def iterate(self, *, page_size: int | None = None, **filters: Any) -> Iterator[models.Delivery]:
+        """Every delivery matching `filters` (as `list` takes them), page after page."""
+        cursor = None
+        while True:  # ends: each cursor is an older id than the last, and the last page has none
+            page = self.list(limit=page_size, cursor=cursor, **filters)
+            yield from page.data
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def get(self, delivery_id: Id) -> models.DeliveryDetail:
+        return self._run(calls.get_delivery(delivery_id))
+
+    def replay(self, delivery_id: Id) -> models.Message:
+        """Send a dead or delivered delivery again: a new delivery, charged anew. Not retried when in doubt."""
+        return self._run(calls.replay_delivery(delivery_id))
+
+    def list_dead(self, *, limit: int | None = None, cursor: str | None = None) -> models.Page[models.Delivery]:
+        """Operator: dead deliveries across every account, newest first."""
+        return self._run(calls.dead_deliveries(limit, cursor))
+
+
+class Accounts(_Resource):
+    """Operator routes: the client must hold the operator key."""
+
+    def create(self, name: str, *, price_per_delivery: int | None = None) -> models.AccountCreated:
+        """An account and its first API key (`.api_key.key`, shown once)."""
+        return self._run(calls.create_account(name, price_per_delivery))
+
+    def get(self, account_id: Id) -> models.Account:
+        return self._run(calls.get_account(account_id))
+
+    def top_up(self, account_id: Id, order_id: str, amount: int) -> models.Topup:
+        """Add `amount` credits once per `order_id`; the same order again answers applied=False."""
+        return self._run(calls.top_up(account_id, order_id, amount))
+
+    def reverse_top_up(self, account_id: Id, order_id: str) -> models.Topup:
+        return self._run(calls.reverse_top_up(account_id, order_id))
+
+
+class ApiKeys(_Resource):
+    def create(self) -> models.NewApiKey:
+        return self._run(calls.create_api_key())
+
+    def list(self) -> tuple[models.ApiKey, ...]:
+        return self._run(calls.list_api_keys())
+
+    def revoke(self, key_id: Id) -> None:
+        self._run(calls.revoke_api_key(key_id))
