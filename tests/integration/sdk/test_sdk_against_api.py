@@ -1,0 +1,165 @@
+"""The SDK against the real API: every route's happy path, typed results, and the errors a real
+server answers (as opposed to the mocked ones in tests/unit/sdk)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from conftest import OPERATOR_KEY
+
+from delivery.client import (
+    Account,
+    AuthenticationError,
+    ConflictError,
+    Client,
+    Delivery,
+    DeliveryDetail,
+    Endpoint,
+    LedgerEntry,
+    Message,
+    NotFoundError,
+    Page,
+    PaymentRequiredError,
+    PermissionDeniedError,
+    ValidationError,
+)
+from signing import generate_secret
+
+
+async def test_operator_creates_an_account_tops_it_up_and_reverses(operator, account):
+    """The operator's routes: create (with a first key), read, top up once per order id, reverse."""
+    created, key = account
+    assert key.startswith(created.api_key.prefix)
+    read = await operator.accounts.get(created.account.id)
+    assert isinstance(read, Account) and read.balance == 100 and read.price_per_delivery == 2
+    again = await operator.accounts.top_up(created.account.id, "order-1", 100)
+    assert not again.applied and again.balance == 100
+    reversed_ = await operator.accounts.reverse_top_up(created.account.id, "order-1")
+    assert reversed_.applied and reversed_.balance == 0 and reversed_.entry_id == "topup_reversal:order-1"
+    with pytest.raises(NotFoundError):
+        await operator.accounts.get(uuid.uuid4())
+
+
+async def test_endpoints_crud_and_secrets(sdk):
+    created = await sdk.endpoints.create("https://example.com/hooks", description="billing",
+                                         event_types=["invoice.paid"], timeout_ms=5000)
+    assert isinstance(created, Endpoint) and created.event_types == ("invoice.paid",) and created.timeout_ms == 5000
+    assert [e.id for e in await sdk.endpoints.list()] == [created.id]
+    assert (await sdk.endpoints.get(created.id)).description == "billing"
+    updated = await sdk.endpoints.update(created.id, enabled=False, event_types=None)
+    assert updated.enabled is False and updated.event_types is None and updated.description == "billing"
+    secret = await sdk.endpoints.get_secret(created.id)
+    assert secret.startswith("whsec_")
+    rotated = await sdk.endpoints.rotate_secret(created.id)
+    assert rotated != secret and await sdk.endpoints.get_secret(created.id) == rotated
+    chosen = generate_secret()
+    assert await sdk.endpoints.rotate_secret(created.id, secret=chosen) == chosen
+    deleted = await sdk.endpoints.delete(created.id)
+    assert deleted.deleted and deleted.id == created.id
+    with pytest.raises(NotFoundError):
+        await sdk.endpoints.get(created.id)
+
+
+async def test_send_charges_per_delivery_and_a_repeated_key_charges_once(sdk):
+    """Two endpoints at 2 credits: 4 charged; the same key again is the stored answer, nothing more charged."""
+    first = await sdk.endpoints.create("https://example.com/a")
+    second = await sdk.endpoints.create("https://example.com/b")
+    message = await sdk.send("invoice.paid", {"invoice": "in_1", "amount": 12}, idempotency_key="inv-1")
+    assert isinstance(message, Message) and message.total_charged == 4 and not message.replayed
+    assert {d.endpoint_id for d in message.deliveries} == {first.id, second.id}
+    again = await sdk.send("invoice.paid", {"invoice": "in_1", "amount": 12}, idempotency_key="inv-1")
+    assert again.replayed and again.id == message.id
+    balance = await sdk.balance()
+    assert (balance.balance, balance.in_flight) == (96, 4)
+    with pytest.raises(ValidationError) as reused:
+        await sdk.send("invoice.paid", {"other": "body"}, idempotency_key="inv-1")
+    assert reused.value.status == 422 and reused.value.slug == "idempotency-key-reused"
+
+
+async def test_deliveries_list_filter_page_get_and_ledger(sdk):
+    await sdk.endpoints.create("https://example.com/a")
+    messages = [await sdk.send("order.created", {"n": n}) for n in range(3)]
+    page = await sdk.deliveries.list(limit=2)
+    assert isinstance(page, Page) and len(page) == 2 and page.next_cursor is not None
+    rest = await sdk.deliveries.list(limit=2, cursor=page.next_cursor)
+    assert len(rest) == 1 and rest.next_cursor is None
+    every = [d async for d in sdk.deliveries.iterate(page_size=1)]
+    assert [d.message_id for d in every] == [m.id for m in reversed(messages)]
+    assert all(isinstance(d, Delivery) and d.state == "pending" for d in every)
+    one = await sdk.deliveries.list(message_id=messages[0].id, state="pending")
+    assert [d.message_id for d in one] == [messages[0].id]
+    detail = await sdk.deliveries.get(every[0].id)
+    assert isinstance(detail, DeliveryDetail) and detail.attempts == ()
+    assert [(e.kind, e.amount) for e in detail.ledger_entries] == [("charge", -2)]
+    ledger = await sdk.ledger(limit=2)
+    assert all(isinstance(e, LedgerEntry) for e in ledger) and ledger.data[0].kind == "topup"
+    charges = await sdk.ledger(delivery_id=every[0].id)
+    assert [e.id for e in charges] == [f"charge:{every[0].id}"]
+
+
+async def test_refusals_from_the_real_api(sdk, base_url, account):
+    """402 with nothing charged, 422 with field errors, 409 for a pending replay, 401 and 403 for keys."""
+    await sdk.endpoints.create("https://example.com/a")
+    with pytest.raises(PaymentRequiredError):
+        await _drain_then_send(sdk)
+    assert (await sdk.balance()).balance == 0
+    with pytest.raises(ValidationError) as invalid:
+        await sdk.endpoints.create("ftp://example.com/x")
+    assert invalid.value.errors and invalid.value.errors[0].field == "url"
+    pending = (await sdk.deliveries.list(limit=1)).data[0]
+    with pytest.raises(ConflictError) as not_replayable:
+        await sdk.deliveries.replay(pending.id)
+    assert not_replayable.value.status == 409 and not_replayable.value.slug == "not-replayable"
+    with pytest.raises(AuthenticationError):
+        await asyncio.to_thread(_balance_with_key, base_url, "hl_live_wrong")
+    with pytest.raises(PermissionDeniedError):
+        await asyncio.to_thread(_balance_with_key, base_url, OPERATOR_KEY)
+
+
+async def _drain_then_send(sdk):
+    """Spend the 100 credits (50 deliveries at 2), then one more send must be refused."""
+    for n in range(50):
+        await sdk.send("spend.it", {"n": n})
+    await sdk.send("spend.it", {"n": "one too many"})
+
+
+def _balance_with_key(base_url: str, key: str):
+    with Client(base_url, key, retries=0) as client:
+        return client.balance()
+
+
+async def test_the_blocking_client_in_a_thread(base_url, account):
+    """The sync Client does the same through the real server: endpoint, send, read back, keys."""
+    _, key = account
+
+    def work():
+        with Client(base_url, key) as client:
+            endpoint = client.endpoints.create("https://example.com/sync")
+            message = client.send("user.signed_up", {"user": "u_1"})
+            delivery = client.deliveries.get(message.deliveries[0].id)
+            new_key = client.api_keys.create()
+            keys = client.api_keys.list()
+            client.api_keys.revoke(new_key.id)
+            return endpoint, message, delivery, new_key, keys, client.balance()
+
+    endpoint, message, delivery, new_key, keys, balance = await asyncio.to_thread(work)
+    assert message.deliveries[0].endpoint_id == endpoint.id and message.idempotency_key
+    assert delivery.event_type == "user.signed_up" and delivery.price == 2
+    assert new_key.id in {k.id for k in keys} and len(keys) == 2
+    assert balance.balance == 98
+
+
+async def test_a_deleted_endpoint_refunds_and_the_operator_sees_the_dead_delivery(operator, sdk, account):
+    """Deleting an endpoint kills its pending delivery (refunded); the operator's dead view lists it."""
+    endpoint = await sdk.endpoints.create("https://example.com/gone")
+    message = await sdk.send("invoice.paid", {"n": 1})
+    deleted = await sdk.endpoints.delete(endpoint.id)
+    assert deleted.refunded_now == 1
+    detail = await sdk.deliveries.get(message.deliveries[0].id)
+    assert detail.state == "dead" and detail.dead_reason == "endpoint_deleted"
+    assert sorted(e.kind for e in detail.ledger_entries) == ["charge", "refund"]
+    assert (await sdk.balance()).balance == 100
+    dead = await operator.deliveries.list_dead(limit=5)
+    assert [d.id for d in dead] == [detail.id] and dead.data[0].account_id == account[0].account.id
