@@ -8,7 +8,7 @@ import uuid
 import typer
 from rich.console import Console
 
-from delivery import cli_api, cli_operator, config
+from delivery import cli_api, cli_client, cli_operator, config
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="hookledger: webhooks billed per delivery.")
 console = Console()
@@ -85,6 +85,12 @@ def _uuid(value: str, what: str) -> uuid.UUID:
 app.command(name="api")(cli_api.api)
 app.add_typer(cli_operator.accounts_app, name="accounts")
 app.add_typer(cli_operator.deliveries_app, name="deliveries")
+# Through the API (the SDK); cli_client also adds accounts create|topup|show and deliveries list.
+app.add_typer(cli_client.endpoints_app, name="endpoints")
+app.command(name="send")(cli_client.send)
+app.command(name="balance")(cli_client.balance)
+app.command(name="ledger")(cli_client.ledger)
+app.command(name="listen")(cli_client.listen)
 
 
 def _timestamp(value: str, what: str):

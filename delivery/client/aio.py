@@ -38,7 +38,8 @@ class AsyncClient:
         self._policy = retry_policy or RetryPolicy(retries=retries)
         self._sleep = sleep
         self._http = http_client or httpx.AsyncClient(
-            base_url=base_url, headers=transport.default_headers(api_key), timeout=timeout, follow_redirects=False
+            base_url=transport.checked_base_url(base_url), headers=transport.default_headers(api_key),
+            timeout=timeout, follow_redirects=False,
         )
         self.endpoints = AsyncEndpoints(self)
         self.deliveries = AsyncDeliveries(self)

@@ -38,7 +38,8 @@ class Client:
         self._policy = retry_policy or RetryPolicy(retries=retries)
         self._sleep = sleep
         self._http = http_client or httpx.Client(
-            base_url=base_url, headers=transport.default_headers(api_key), timeout=timeout, follow_redirects=False
+            base_url=transport.checked_base_url(base_url), headers=transport.default_headers(api_key),
+            timeout=timeout, follow_redirects=False,
         )
         self.endpoints = Endpoints(self)
         self.deliveries = Deliveries(self)

@@ -15,6 +15,17 @@ USER_AGENT = "hookledger-python/0.1"
 TIMEOUT_SECONDS_DEFAULT = 10.0
 
 
+def checked_base_url(base_url: str) -> str:
+    """The API's base URL, refused early (ValueError) unless http(s)://host[:port][/prefix]."""
+    try:
+        url = httpx.URL(base_url)
+    except (httpx.InvalidURL, TypeError) as error:
+        raise ValueError(f"base_url is not a URL: {base_url!r} ({error})") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"base_url must be http(s)://host[:port]; got {base_url!r}")
+    return base_url
+
+
 def default_headers(api_key: str) -> dict[str, str]:
     if not api_key or not api_key.isprintable():
         raise ValueError("api_key must be a non-empty API key (hl_live_... or the operator key)")
