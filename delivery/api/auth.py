@@ -1,6 +1,6 @@
 """Who is asking: `Authorization: Bearer <key>`, an account key or the operator key.
 
-Account keys are looked up by hash and cached in memory for `auth_cache_ttl_ms` (the hot
+Account keys are looked up by hash and cached in memory for `auth_cache_ttl_ms` (30 s by default; the hot
 ingest path would otherwise pay a query per request). Revoking a key drops it from this
 process's cache at once; other API processes notice within the TTL. Unknown keys are never
 cached. The operator key comes from configuration and is compared in constant time.

@@ -31,7 +31,8 @@ from delivery import metrics
 
 logger = logging.getLogger(__name__)
 
-WAKE_TASKS_MAX = 64  # concurrent Redis wake-ups; past this a batch is left to the sweeper
+WAKE_IDS_PENDING_MAX = 100_000  # delivery ids waiting for a wake-up; past this they are left to the sweeper
+WAKE_INTERVAL_SECONDS = 0.01  # at most ~100 wake-up calls a second; each carries every id that waited
 
 
 class Overloaded(Exception):
@@ -75,7 +76,12 @@ class Coalescer:
         self._waiting: collections.deque[_Item] = collections.deque()
         self._keys_in_flight: set[tuple[uuid.UUID, str]] = set()
         self._batches: set[asyncio.Task] = set()
-        self._wakes: set[asyncio.Task] = set()
+        # Each running batch keeps its connection for the next batch: acquiring from the pool
+        # costs a reset round trip per release, which at thousands of batches a second shows.
+        self._connections: list[asyncpg.Connection] = []
+        # Wake-ups are group-committed too: one Redis call in flight, later ids wait and go together.
+        self._wake_ids: list[uuid.UUID] = []
+        self._wake_task: asyncio.Task | None = None
         self._closed = False
 
     @property
@@ -120,16 +126,23 @@ class Coalescer:
 
     async def _run(self, batch: list[_Item]) -> None:
         metrics.GROUP_COMMIT_BATCH.observe(len(batch))
+        connection = None
         try:
-            results = await create_messages(self._pool, [request for request, _ in batch], attempts_max=self._attempts_max)
+            connection = self._connections.pop() if self._connections else await self._pool.acquire()
+            requests = [request for request, _ in batch]
+            results = await create_messages(connection, requests, attempts_max=self._attempts_max)
         except BaseException as error:
             logger.error("group commit of %d requests failed: %r", len(batch), error)
             for _, future in batch:
                 if not future.done():
                     future.set_exception(BatchFailed())
+            if connection is not None:
+                # A connection that just failed goes back to the pool, which resets or discards it.
+                await self._release(connection)
             if not isinstance(error, Exception):
                 raise
             return
+        self._connections.append(connection)
         created: list[uuid.UUID] = []
         for (_, future), result in zip(batch, results, strict=True):
             if isinstance(result, MessageCreated) and not result.replayed:
@@ -140,26 +153,42 @@ class Coalescer:
         if created and self._wake is not None:
             self._wake_later(created)
 
+    async def _release(self, connection: asyncpg.Connection) -> None:
+        try:
+            await self._pool.release(connection)
+        except Exception as error:
+            logger.warning("releasing a group-commit connection failed: %r", error)
+
     def _wake_later(self, delivery_ids: list[uuid.UUID]) -> None:
-        """One wake-up per batch, after commit, off the hot path. Lost wake-ups cost a sweep interval."""
-        if len(self._wakes) >= WAKE_TASKS_MAX:
+        """Wake workers after commit, off the hot path. Lost wake-ups cost a sweep interval, never a delivery."""
+        if len(self._wake_ids) + len(delivery_ids) > WAKE_IDS_PENDING_MAX:
             logger.warning("wake-ups backed up; %d deliveries left to the sweeper", len(delivery_ids))
             return
-        task = asyncio.create_task(self._wake_safely(delivery_ids))
-        self._wakes.add(task)
-        task.add_done_callback(self._wakes.discard)
+        self._wake_ids.extend(delivery_ids)
+        if self._wake_task is None:
+            self._wake_task = asyncio.create_task(self._wake_pending())
 
-    async def _wake_safely(self, delivery_ids: list[uuid.UUID]) -> None:
+    async def _wake_pending(self) -> None:
         try:
-            await self._wake(delivery_ids)
-        except Exception as error:  # Redis down must not fail a committed create.
-            logger.warning("could not wake workers for %d deliveries (the sweeper will): %r", len(delivery_ids), error)
+            while self._wake_ids:
+                delivery_ids, self._wake_ids = self._wake_ids, []
+                try:
+                    await self._wake(delivery_ids)
+                except Exception as error:  # Redis down must not fail a committed create.
+                    logger.warning("could not wake workers for %d deliveries (the sweeper will): %r",
+                                   len(delivery_ids), error)
+                if not self._closed:
+                    await asyncio.sleep(WAKE_INTERVAL_SECONDS)
+        finally:
+            self._wake_task = None
 
     async def close(self) -> None:
-        """Refuse new creates, finish the batches in flight, then the pending wake-ups."""
+        """Refuse new creates, finish the batches in flight and the pending wake-ups, return the connections."""
         self._closed = True
         while self._batches or self._waiting:
             self._start_batches()
             await asyncio.gather(*self._batches, return_exceptions=True)
-        if self._wakes:
-            await asyncio.gather(*self._wakes, return_exceptions=True)
+        if self._wake_task is not None:
+            await asyncio.gather(self._wake_task, return_exceptions=True)
+        while self._connections:
+            await self._release(self._connections.pop())
