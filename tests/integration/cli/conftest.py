@@ -1,0 +1,130 @@
+"""Fixtures for the CLI tests: the real API as a subprocess (`python -m delivery api`) on a free
+loopback port, on a database of this module's own, shared by the module's tests (each makes its
+own account, so they do not see each other's rows).
+
+A subprocess rather than an in-process server: CliRunner swaps sys.stdout while a command runs,
+and the API's request logs would land in the command's output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from delivery import services
+from delivery.cli import app
+from signing import Keyring, format_keyring, generate_at_rest_key
+
+OPERATOR_KEY = "op_cli_test_" + "c" * 32
+STARTUP_SECONDS_MAX = 30.0
+STOP_SECONDS_MAX = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def _admin(server_url: str, statement: str) -> None:
+    connection = await asyncpg.connect(server_url)
+    try:
+        await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+@pytest.fixture(scope="module")
+def module_database_url(postgres_server_url: str, template_database: str):
+    name = f"hookledger_cli_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(postgres_server_url, f"CREATE DATABASE {name} TEMPLATE {template_database}"))
+    yield services.with_database(postgres_server_url, name)
+    asyncio.run(_admin(postgres_server_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+def wait_until_healthy(url: str, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_SECONDS_MAX
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the API exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"the API did not answer /healthz within {STARTUP_SECONDS_MAX} s:\n{log.read_text()}")
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(STOP_SECONDS_MAX)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def api_url(module_database_url: str, redis_server_url: str, tmp_path_factory):
+    """The base URL of a real `hookledger api` process."""
+    port = free_port()
+    directory = tmp_path_factory.mktemp("cli-api")
+    log = directory / "api.log"
+    env = {**os.environ, "DATABASE_URL": module_database_url, "REDIS_URL": redis_server_url,
+           "HOOKLEDGER_OPERATOR_KEY": OPERATOR_KEY, "HOOKLEDGER_DEV": "1", "HOOKLEDGER_API_PORT": str(port),
+           "HOOKLEDGER_SECRET_KEYS": format_keyring(Keyring({"k1": generate_at_rest_key()}, "k1")),
+           "HOOKLEDGER_DATA_DIR": str(directory), "HOOKLEDGER_LOG_LEVEL": "warning"}
+    with log.open("wb") as output:
+        process = subprocess.Popen([sys.executable, "-m", "delivery", "api"], env=env, stdout=output,
+                                   stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, process, log)
+        yield url
+    finally:
+        stop(process)
+
+
+class Cli:
+    """Runs `hookledger ...` in this process with the environment a user would have."""
+
+    def __init__(self, api_url: str) -> None:
+        self.runner = CliRunner()
+        self.env = {"HOOKLEDGER_API_URL": api_url, "HOOKLEDGER_API_KEY": None, "HOOKLEDGER_OPERATOR_KEY": None,
+                    "COLUMNS": "250"}
+
+    def __call__(self, *args: str, key: str | None = None, input: str | None = None):
+        env = {**self.env, "HOOKLEDGER_API_KEY": key}
+        return self.runner.invoke(app, list(args), env=env, input=input)
+
+    def account(self, balance: int = 100, price: int = 2) -> tuple[str, str]:
+        """A new account (id, API key), topped up, made through the CLI itself."""
+        import json
+
+        created = self("accounts", "create", f"acct-{uuid.uuid4().hex[:8]}", "--price", str(price), "--json",
+                       key=OPERATOR_KEY)
+        assert created.exit_code == 0, created.output
+        body = json.loads(created.stdout)
+        if balance:
+            topped = self("accounts", "topup", body["account"]["id"], f"o-{uuid.uuid4().hex}", str(balance),
+                          key=OPERATOR_KEY)
+            assert topped.exit_code == 0, topped.output
+        return body["account"]["id"], body["api_key"]["key"]
+
+
+@pytest.fixture(scope="module")
+def cli(api_url) -> Cli:
+    return Cli(api_url)
