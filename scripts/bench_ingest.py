@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Ingest benchmark: POST /v1/messages over loopback at high concurrency, beside its ceiling and floor.
+
+In one run, on one fresh database:
+  - the ceiling: a trivial aiohttp handler that reads the JSON body and answers 202 with a small
+    JSON body, in its own process;
+  - the API: `hookledger api` in its own process (group commit on), for 1,000 accounts and for
+    one hot account, at fan-out 1 and fan-out 4;
+  - the bare-SQL rate of the create transaction: one transaction per message through
+    `billing.messages.create_message` on asyncpg directly (no HTTP, no coalescing).
+The load generator (this process) is an aiohttp client with C concurrent requests. It prints
+messages/s and each rate as a share of the trivial handler's.
+
+Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest.py [--seconds 5] [--concurrency 96] [--accounts 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import aiohttp
+import asyncpg
+from aiohttp import web
+
+from billing import messages
+from billing.database import create_pool
+from delivery import migrate, services
+
+OPERATOR_KEY = "op_bench_" + "b" * 32
+BARE_SQL_CONNECTIONS = 16  # the server is shared; one transaction per message needs no more to saturate it
+KEYRING = "k1:" + "B" * 43 + "="
+BODIES = {fan_out: f'{{"event_type":"fanout{fan_out}","payload":{{"n":1,"text":"hello"}}}}'.encode() for fan_out in (1, 4)}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# The ceiling: the least an aiohttp handler can do for this request.
+
+
+def serve_trivial(port: int) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        await request.json()
+        return web.json_response({"id": "0", "accepted": True}, status=202)
+
+    app = web.Application()
+    app.router.add_post("/v1/messages", handler)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+async def _wait_ready(url: str, process: subprocess.Popen) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(300):
+            if process.poll() is not None:
+                raise SystemExit(f"server exited with {process.returncode}")
+            try:
+                async with session.get(url) as response:
+                    if response.status in (200, 405):
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise SystemExit(f"{url} did not come up")
+
+
+async def load(base_url: str, keys: list[str], body: bytes, seconds: float, concurrency: int) -> tuple[float, dict]:
+    """POST body round-robin over the keys for `seconds`; messages accepted per second and status counts."""
+    statuses: dict[int, int] = {}
+    key_cycle = itertools.cycle([{"Authorization": f"Bearer {key}", "Content-Type": "application/json"} for key in keys])
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        deadline = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            while time.perf_counter() < deadline:
+                async with session.post(f"{base_url}/v1/messages", data=body, headers=next(key_cycle)) as response:
+                    await response.read()
+                    statuses[response.status] = statuses.get(response.status, 0) + 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return statuses.get(202, 0) / elapsed, statuses
+
+
+async def bare_sql(pool: asyncpg.Pool, account_ids: list, fan_out: int, seconds: float, concurrency: int) -> float:
+    """One create transaction per message, straight on asyncpg (the floor the API starts from)."""
+    payload = b'{"n":1,"text":"hello"}'
+    cycle = itertools.cycle(account_ids)
+    count = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal count
+        while time.perf_counter() < deadline:
+            request = messages.MessageRequest(next(cycle), f"fanout{fan_out}", payload)
+            await messages.create_message(pool, request, attempts_max=8)
+            count += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return count / (time.perf_counter() - started)
+
+
+async def _setup_accounts(base_url: str, count: int) -> tuple[list[str], list[uuid.UUID]]:
+    """Accounts through the API: credits, one endpoint for every type and three more for fanout4."""
+    operator = {"Authorization": f"Bearer {OPERATOR_KEY}"}
+    keys, ids = [], []
+    async with aiohttp.ClientSession() as session:
+        async def one(number: int) -> None:
+            async with session.post(f"{base_url}/v1/accounts", json={"name": f"bench {number}"}, headers=operator) as r:
+                created = await r.json()
+            account_id = created["account"]["id"]
+            headers = {"Authorization": f"Bearer {created['api_key']['key']}"}
+            async with session.post(f"{base_url}/v1/accounts/{account_id}/topups",
+                                    json={"order_id": f"bench-{account_id}", "amount": 10**12}, headers=operator):
+                pass
+            for event_types in (None, ["fanout4"], ["fanout4"], ["fanout4"]):
+                async with session.post(f"{base_url}/v1/endpoints", headers=headers,
+                                        json={"url": "https://example.com/h", "event_types": event_types}) as r:
+                    assert r.status == 201, await r.text()
+            keys.append(created["api_key"]["key"])
+            ids.append(uuid.UUID(account_id))
+
+        for start in range(0, count, 50):
+            await asyncio.gather(*(one(number) for number in range(start, min(count, start + 50))))
+    return keys, ids
+
+
+async def main(arguments: argparse.Namespace) -> None:
+    server_url, redis_url = os.environ.get("DATABASE_URL"), os.environ.get("REDIS_URL")
+    if not server_url or not redis_url:
+        raise SystemExit("set DATABASE_URL (a server where this may create and drop a database) and REDIS_URL")
+    name = f"hookledger_bench_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(server_url)
+    await admin.execute(f"CREATE DATABASE {name}")
+    database_url = services.with_database(server_url, name)
+    await migrate.upgrade_async(database_url)
+    api_port, trivial_port = _free_port(), _free_port()
+    environment = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
+                   "HOOKLEDGER_OPERATOR_KEY": OPERATOR_KEY, "HOOKLEDGER_SECRET_KEYS": KEYRING,
+                   "HOOKLEDGER_API_PORT": str(api_port), "HOOKLEDGER_LOG_LEVEL": "warning",
+                   "HOOKLEDGER_GROUP_COMMIT_CONCURRENCY": str(arguments.group_commit_concurrency)}
+    servers = [
+        subprocess.Popen([sys.executable, "-m", "delivery", "api"], env=environment),
+        subprocess.Popen([sys.executable, __file__, "--serve-trivial", str(trivial_port)]),
+    ]
+    api_url, trivial_url = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{trivial_port}"
+    try:
+        await _wait_ready(f"{api_url}/readyz", servers[0])
+        await _wait_ready(f"{trivial_url}/v1/messages", servers[1])
+        keys, account_ids = await _setup_accounts(api_url, arguments.accounts + 1)
+        many_keys, hot_key = keys[:-1], keys[-1:]
+        many_ids, hot_id = account_ids[:-1], account_ids[-1:]
+        seconds, concurrency = arguments.seconds, arguments.concurrency
+        await load(trivial_url, hot_key, BODIES[1], 1, concurrency)  # warm up both servers
+        await load(api_url, many_keys, BODIES[1], 1, concurrency)
+        ceiling, _ = await load(trivial_url, hot_key, BODIES[1], seconds, concurrency)
+        print(f"trivial aiohttp handler                {ceiling:9.0f} msg/s   100%")
+        results = []
+        for fan_out in (1, 4):
+            for label, these_keys in (("1,000 accounts" if arguments.accounts == 1000 else f"{arguments.accounts} accounts", many_keys),
+                                      ("one hot account", hot_key)):
+                rate, statuses = await load(api_url, these_keys, BODIES[fan_out], seconds, concurrency)
+                results.append(rate)
+                print(f"API  fan-out {fan_out}  {label:16}      {rate:9.0f} msg/s  {rate / ceiling:5.0%}  {statuses}")
+        pool = await create_pool(database_url, size_min=BARE_SQL_CONNECTIONS, size_max=BARE_SQL_CONNECTIONS)
+        try:
+            for fan_out in (1, 4):
+                for label, ids in (("many accounts", many_ids), ("one hot account", hot_id)):
+                    rate = await bare_sql(pool, ids, fan_out, seconds, concurrency)
+                    print(f"bare SQL (1 tx/msg) fan-out {fan_out}  {label:16} {rate:7.0f} msg/s  {rate / ceiling:5.0%}")
+        finally:
+            await pool.close()
+    finally:
+        for process in servers:
+            process.terminate()
+            process.wait(timeout=20)
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--concurrency", type=int, default=96)
+    parser.add_argument("--accounts", type=int, default=1000)
+    parser.add_argument("--group-commit-concurrency", type=int, default=2)
+    parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parsed = parser.parse_args()
+    if parsed.serve_trivial:
+        serve_trivial(parsed.serve_trivial)
+    else:
+        asyncio.run(main(parsed))
