@@ -56,7 +56,7 @@ def _refusal_reason(response: web.StreamResponse) -> str:
     if not isinstance(problem, dict):
         return ""
     title, detail = problem.get("title") or "", problem.get("detail") or ""
-    return f"{title}: {detail}" if detail and detail != title else title
+    return f"{title} ({detail})" if detail and detail != title else title
 
 
 def create_app(keys: Verifier | Sequence[str], printer: Printer, *, tolerance_seconds: float | None = None) -> web.Application:
