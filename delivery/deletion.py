@@ -76,7 +76,7 @@ _READ = "SELECT id, account_id, status, step, report FROM account_deletions WHER
 _STEP = (
     "UPDATE account_deletions SET step = $2, updated_at = now(),"
     "   report = report || $3::jsonb || jsonb_build_object('steps', coalesce(report->'steps', '[]'::jsonb)"
-    "       || jsonb_build_array(jsonb_build_object('step', $2::text, 'at', now())))"
+    "       || jsonb_build_array(jsonb_build_object('step', $2::text, 'at', clock_timestamp())))"
     " WHERE account_id = $1"
 )
 _FINISH = (
