@@ -57,10 +57,13 @@ _CLAIM_IDS = (
     " FROM due WHERE d.id = due.id"
     " RETURNING d.id, d.account_id, d.message_id, d.endpoint_id, d.attempt, d.attempts_max"
 )
+# Only deliveries whose charge is right: settle would refuse the others (LedgerMismatch), and a
+# batch full of them must not hide healthy ones from every sweep. The audit reports them.
 _EXHAUSTED = (
-    "SELECT id, attempt FROM deliveries"
-    " WHERE state = 'pending' AND attempt >= attempts_max AND next_attempt_at <= now()"
-    " ORDER BY next_attempt_at LIMIT $1"
+    "SELECT d.id, d.attempt FROM deliveries d"
+    " JOIN ledger_entries c ON c.id = 'charge:' || d.id AND c.account_id = d.account_id AND c.amount = -d.price"
+    " WHERE d.state = 'pending' AND d.attempt >= d.attempts_max AND d.next_attempt_at <= now()"
+    " ORDER BY d.next_attempt_at LIMIT $1"
 )
 
 

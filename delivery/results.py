@@ -1,6 +1,9 @@
 """Record what sends did, quoting the attempt, in batches; and expire lost leases.
 
-A result only changes a delivery still `sending` on the attempt it quotes (fencing). A write
+A result only changes a delivery still on the attempt it quotes (fencing): a failure only
+while it is `sending`; a success also when its lease already expired and it waits, `pending`
+on that same attempt, for a retry nobody has claimed yet (it did arrive: sending it again
+would only make a duplicate, and dying later would refund a delivery that arrived). A write
 that matches nothing is stale and changes nothing, with one exception: a stale success on a
 delivery that was meanwhile dead-lettered and refunded takes the refund back once
 (billing.settle.reclaim). A failure on the last attempt settles the delivery
@@ -51,7 +54,7 @@ _LOCK_IN_ORDER = "SELECT id, state, attempt, attempts_max FROM deliveries WHERE 
 _MARK_DELIVERED = (
     "UPDATE deliveries d SET state = 'delivered', leased_until = NULL, finished_at = now()"
     " FROM unnest($1::uuid[], $2::int[]) AS r(id, attempt)"
-    " WHERE d.id = r.id AND d.attempt = r.attempt AND d.state = 'sending' RETURNING d.id"
+    " WHERE d.id = r.id AND d.attempt = r.attempt AND d.state IN ('sending', 'pending') RETURNING d.id"
 )
 _SCHEDULE_RETRY = (
     "UPDATE deliveries d SET state = 'pending', leased_until = NULL,"
@@ -69,7 +72,7 @@ _INSERT_ATTEMPTS = (
     "   AS r(d, n, a, s, l, e, x, stale)"
     " ON CONFLICT (delivery_id, attempt) DO UPDATE SET status_code = excluded.status_code,"
     "   latency_ms = excluded.latency_ms, error = excluded.error, response_excerpt = excluded.response_excerpt,"
-    "   finished_at = excluded.finished_at, stale = true"
+    "   finished_at = excluded.finished_at, stale = excluded.stale"
     " WHERE a.error = '" + LEASE_EXPIRED_ERROR + "'"
 )
 

@@ -73,8 +73,10 @@ async def test_a_result_for_an_old_attempt_changes_nothing(pool, success):
     await assert_audit_clean(pool, account_id)
 
 
-async def test_a_stale_success_after_lease_expiry_on_a_live_delivery_changes_nothing(pool):
-    """A slow success for an expired lease (delivery pending again, same attempt) changes neither the delivery nor money."""
+async def test_a_late_success_after_lease_expiry_on_the_same_attempt_delivers(pool):
+    """A slow success for an expired lease, while the delivery waits pending on that same attempt (no
+    retry claimed yet), marks it delivered: it did arrive, so resending would only duplicate it and a
+    later death would refund a delivery that arrived. The charge stays; nothing is refunded or reclaimed."""
     account_id = await make_account(pool, balance=10)
     await add_endpoint(pool, account_id)
     delivery_id = await one_delivery(pool, account_id, attempts_max=3)
@@ -86,12 +88,33 @@ async def test_a_stale_success_after_lease_expiry_on_a_live_delivery_changes_not
 
     summary = await results.record_results(pool, [_result(claimed, account_id, success=True)])
 
-    assert (summary.stale, summary.reclaimed) == ([delivery_id], [])
+    assert (summary.delivered, summary.stale, summary.reclaimed) == ([delivery_id], [], [])
+    after = await delivery(pool, delivery_id)
+    assert (after["state"], after["attempt"], after["leased_until"]) == ("delivered", 1, None)
+    assert await entries_of(pool, delivery_id) == {ids.charge_id(delivery_id): -1}
+    # The lease-expiry placeholder is replaced by the real result, which was applied (not stale).
+    assert await _attempt_rows(pool, delivery_id) == [(1, 200, None, False)]
+    assert (await reclaim(pool, delivery_id)).outcome == Outcome.NOT_RECLAIMED
+    await assert_audit_clean(pool, account_id)
+
+
+async def test_a_late_success_after_a_retry_was_claimed_changes_nothing(pool):
+    """Once the retry is claimed (attempt 2), attempt 1's late success is stale: nothing changes."""
+    account_id = await make_account(pool, balance=10)
+    await add_endpoint(pool, account_id)
+    delivery_id = await one_delivery(pool, account_id, attempts_max=3)
+    claimed = await claim(pool, delivery_id)
+    await expire_lease(pool, delivery_id)
+    await results.expire_leases(pool, batch_size=10, delay_seconds=lambda attempt: 0.0)
+    await claim(pool, delivery_id)
+    before = await delivery(pool, delivery_id)
+    assert (before["state"], before["attempt"]) == ("sending", 2)
+
+    summary = await results.record_results(pool, [_result(claimed, account_id, success=True)])
+
+    assert (summary.delivered, summary.stale, summary.reclaimed) == ([], [delivery_id], [])
     assert await delivery(pool, delivery_id) == before
     assert await entries_of(pool, delivery_id) == {ids.charge_id(delivery_id): -1}
-    # The lease-expiry placeholder is replaced by the real result, marked stale.
-    assert await _attempt_rows(pool, delivery_id) == [(1, 200, None, True)]
-    assert (await reclaim(pool, delivery_id)).outcome == Outcome.NOT_RECLAIMED
     await assert_audit_clean(pool, account_id)
 
 
