@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,21 +19,13 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
-from typer.testing import CliRunner
+from cli_test_helpers import OPERATOR_KEY, Cli, free_port
 
 from delivery import services
-from delivery.cli import app
 from signing import Keyring, format_keyring, generate_at_rest_key
 
-OPERATOR_KEY = "op_cli_test_" + "c" * 32
 STARTUP_SECONDS_MAX = 30.0
 STOP_SECONDS_MAX = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 async def _admin(server_url: str, statement: str) -> None:
@@ -96,33 +87,6 @@ def api_url(module_database_url: str, redis_server_url: str, tmp_path_factory):
         yield url
     finally:
         stop(process)
-
-
-class Cli:
-    """Runs `hookledger ...` in this process with the environment a user would have."""
-
-    def __init__(self, api_url: str) -> None:
-        self.runner = CliRunner()
-        self.env = {"HOOKLEDGER_API_URL": api_url, "HOOKLEDGER_API_KEY": None, "HOOKLEDGER_OPERATOR_KEY": None,
-                    "COLUMNS": "250"}
-
-    def __call__(self, *args: str, key: str | None = None, input: str | None = None):
-        env = {**self.env, "HOOKLEDGER_API_KEY": key}
-        return self.runner.invoke(app, list(args), env=env, input=input)
-
-    def account(self, balance: int = 100, price: int = 2) -> tuple[str, str]:
-        """A new account (id, API key), topped up, made through the CLI itself."""
-        import json
-
-        created = self("accounts", "create", f"acct-{uuid.uuid4().hex[:8]}", "--price", str(price), "--json",
-                       key=OPERATOR_KEY)
-        assert created.exit_code == 0, created.output
-        body = json.loads(created.stdout)
-        if balance:
-            topped = self("accounts", "topup", body["account"]["id"], f"o-{uuid.uuid4().hex}", str(balance),
-                          key=OPERATOR_KEY)
-            assert topped.exit_code == 0, topped.output
-        return body["account"]["id"], body["api_key"]["key"]
 
 
 @pytest.fixture(scope="module")

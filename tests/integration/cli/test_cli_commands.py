@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from conftest import OPERATOR_KEY, free_port
+from cli_test_helpers import OPERATOR_KEY, free_port
 
 
 def _json(result) -> dict:

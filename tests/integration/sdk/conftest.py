@@ -41,6 +41,11 @@ async def base_url(database_url, redis_url, pool):
 
 
 @pytest.fixture
+def operator_key() -> str:
+    return OPERATOR_KEY
+
+
+@pytest.fixture
 async def operator(base_url):
     async with AsyncClient(base_url, OPERATOR_KEY, retries=0) as client:
         yield client

@@ -7,7 +7,6 @@ import asyncio
 import uuid
 
 import pytest
-from conftest import OPERATOR_KEY
 
 from delivery.client import (
     Account,
@@ -99,7 +98,7 @@ async def test_deliveries_list_filter_page_get_and_ledger(sdk):
     assert [e.id for e in charges] == [f"charge:{every[0].id}"]
 
 
-async def test_refusals_from_the_real_api(sdk, base_url, account):
+async def test_refusals_from_the_real_api(sdk, base_url, operator_key):
     """402 with nothing charged, 422 with field errors, 409 for a pending replay, 401 and 403 for keys."""
     await sdk.endpoints.create("https://example.com/a")
     with pytest.raises(PaymentRequiredError):
@@ -115,7 +114,7 @@ async def test_refusals_from_the_real_api(sdk, base_url, account):
     with pytest.raises(AuthenticationError):
         await asyncio.to_thread(_balance_with_key, base_url, "hl_live_wrong")
     with pytest.raises(PermissionDeniedError):
-        await asyncio.to_thread(_balance_with_key, base_url, OPERATOR_KEY)
+        await asyncio.to_thread(_balance_with_key, base_url, operator_key)
 
 
 async def _drain_then_send(sdk):
