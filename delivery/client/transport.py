@@ -68,5 +68,5 @@ def judge_transport_error(call: Call, error: httpx.TransportError, policy: retry
     maybe_done = "" if isinstance(error, retry.NOT_SENT_ERRORS) else (
         "; the request may have been carried out, so it was not retried" if not call.idempotent else "")
     raise errors.APIConnectionError(
-        f"{call.method} {call.path}: {type(error).__name__}: {error or 'no answer'}{maybe_done}"
+        f"{call.method} {call.path}: {type(error).__name__}: {str(error) or 'no answer'}{maybe_done}"
     ) from error

@@ -107,3 +107,14 @@ async def test_the_async_client_raises_the_same_exceptions(async_client):
         with pytest.raises(PaymentRequiredError) as raised:
             await async_client.send("invoice.paid", {"n": 1})
     assert raised.value.detail == "need 2, have 1"
+
+
+@pytest.mark.parametrize(("base_url", "api_key"), [("ftp://hookledger.test", "k"), ("hookledger.test", "k"),
+                                                   ("http://", "k"), (BASE_URL, ""), (BASE_URL, "bad\nkey")])
+def test_a_client_refuses_a_bad_base_url_or_key_before_any_request(base_url, api_key):
+    from delivery.client import AsyncClient, Client
+
+    with pytest.raises(ValueError):
+        Client(base_url, api_key)
+    with pytest.raises(ValueError):
+        AsyncClient(base_url, api_key)
