@@ -69,22 +69,41 @@ def stop(process: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def api_url(module_database_url: str, redis_server_url: str, tmp_path_factory):
-    """The base URL of a real `hookledger api` process."""
-    port = free_port()
-    directory = tmp_path_factory.mktemp("cli-api")
-    log = directory / "api.log"
-    env = {**os.environ, "DATABASE_URL": module_database_url, "REDIS_URL": redis_server_url,
-           "HOOKLEDGER_OPERATOR_KEY": OPERATOR_KEY, "HOOKLEDGER_DEV": "1", "HOOKLEDGER_API_PORT": str(port),
-           "HOOKLEDGER_SECRET_KEYS": format_keyring(Keyring({"k1": generate_at_rest_key()}, "k1")),
-           "HOOKLEDGER_DATA_DIR": str(directory), "HOOKLEDGER_LOG_LEVEL": "warning"}
+def server_env(module_database_url: str, redis_server_url: str, tmp_path_factory) -> dict[str, str]:
+    """The environment `hookledger api` and `hookledger worker` share (one keyring: the API seals
+    endpoint secrets with it, the worker opens them to sign)."""
+    return {**os.environ, "DATABASE_URL": module_database_url, "REDIS_URL": redis_server_url,
+            "HOOKLEDGER_OPERATOR_KEY": OPERATOR_KEY, "HOOKLEDGER_DEV": "1", "HOOKLEDGER_API_PORT": str(free_port()),
+            "HOOKLEDGER_SECRET_KEYS": format_keyring(Keyring({"k1": generate_at_rest_key()}, "k1")),
+            "HOOKLEDGER_DATA_DIR": str(tmp_path_factory.mktemp("cli-servers")), "HOOKLEDGER_LOG_LEVEL": "warning"}
+
+
+def _start(command: str, env: dict[str, str], log: Path) -> subprocess.Popen:
     with log.open("wb") as output:
-        process = subprocess.Popen([sys.executable, "-m", "delivery", "api"], env=env, stdout=output,
-                                   stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+        return subprocess.Popen([sys.executable, "-m", "delivery", command], env=env, stdout=output,
+                                stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="module")
+def api_url(server_env):
+    """The base URL of a real `hookledger api` process."""
+    log = Path(server_env["HOOKLEDGER_DATA_DIR"]) / "api.log"
+    process = _start("api", server_env, log)
+    url = f"http://127.0.0.1:{server_env['HOOKLEDGER_API_PORT']}"
     try:
         wait_until_healthy(url, process, log)
         yield url
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="module")
+def worker(server_env, api_url):
+    """A real `hookledger worker` process on the same database, Redis and keyring as the API."""
+    log = Path(server_env["HOOKLEDGER_DATA_DIR"]) / "worker.log"
+    process = _start("worker", server_env, log)
+    try:
+        yield log
     finally:
         stop(process)
 

@@ -14,6 +14,7 @@ import uuid
 
 import httpx
 import pytest
+from cli_test_helpers import free_port
 
 from signing import generate_secret, webhook_headers
 
@@ -23,9 +24,9 @@ LINE_WAIT_SECONDS = 15.0
 class Listener:
     """A `hookledger listen --port 0` subprocess and the lines it prints."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, port: str = "0") -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "delivery", "listen", "--port", "0", *args],
+            [sys.executable, "-m", "delivery", "listen", "--port", port, *args],
             env={**os.environ, "COLUMNS": "250", **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         self._selector = selectors.DefaultSelector()
@@ -118,3 +119,31 @@ def test_listen_without_a_secret_is_a_usage_error(cli):
     assert result.exit_code == 2 and "--secret" in result.stderr
     bad = cli("listen", "--port", "0", "--secret", "whsec_???")
     assert bad.exit_code == 2
+
+
+def test_a_send_reaches_listen_through_the_real_worker(cli, api_url, worker):
+    """End to end: `send` through the API, a real worker signs and delivers it to `listen`, which
+    verifies it with the endpoint's secret; the delivery then lists as delivered."""
+    _, key = cli.account()
+    env = {"HOOKLEDGER_API_URL": api_url, "HOOKLEDGER_API_KEY": key}
+    listener = None
+    try:
+        port = str(free_port())  # the endpoint must name the port before the listener can fetch its secret
+        created = cli("endpoints", "create", f"http://127.0.0.1:{port}/hooks", "--json", key=key)
+        endpoint_id = json.loads(created.stdout)["id"]
+        listener = Listener("--secret-from-endpoint", endpoint_id, env=env, port=port)
+        sent = json.loads(cli("send", "invoice.paid", '{"type": "invoice.paid", "n": 7}', "--json", key=key).stdout)
+        delivery_id = sent["deliveries"][0]["id"]
+        line = listener.line()
+        assert line.startswith(f"received {delivery_id}  invoice.paid  signed ") and '"n": 7' in line
+        deadline = time.monotonic() + LINE_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            listed = json.loads(cli("deliveries", "list", "--state", "delivered", "--json", key=key).stdout)
+            if [d["id"] for d in listed["data"]] == [delivery_id]:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the delivery was not recorded as delivered:\n{worker.read_text()}")
+    finally:
+        if listener is not None:
+            assert listener.stop() == 0
