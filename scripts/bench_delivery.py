@@ -233,11 +233,19 @@ class Bench:
         async with self.http.get(f"{self.receiver}/stats") as response:
             return await response.json()
 
-    async def wait_for_arrivals(self, count: int, timeout_seconds: float = PHASE_TIMEOUT_SECONDS) -> dict:
+    async def wait_for_arrivals(self, count: int, timeout_seconds: float = PHASE_TIMEOUT_SECONDS,
+                                processes: list[subprocess.Popen] = ()) -> dict:
+        """Poll the receiver until count deliveries arrived. With processes, also their CPU time
+        per 1000 deliveries from the first arrival on (so start-up is not counted)."""
         deadline = time.monotonic() + timeout_seconds
+        start = None
         while True:
             stats = await self.receiver_stats()
+            if start is None and stats["distinct"] > 0:
+                start = (_cpu_seconds(processes), stats["distinct"])
             if stats["distinct"] >= count or time.monotonic() > deadline:
+                if start is not None and stats["distinct"] > start[1]:
+                    stats["cpu_ms_per_1000"] = (_cpu_seconds(processes) - start[0]) * 1e6 / (stats["distinct"] - start[1])
                 return stats
             await asyncio.sleep(0.1)
 
@@ -253,10 +261,11 @@ class Bench:
                     async with session.post(f"{self.receiver}/hook/{number % self.arguments.endpoints}",
                                             data=self.body, headers=headers) as response:
                         await response.read()
-            started = time.time()
+            started, cpu_started = time.time(), time.process_time()
             await asyncio.gather(*(client() for _ in range(concurrency)))
+            cpu = time.process_time() - cpu_started
         stats = await self.wait_for_arrivals(count, 10)
-        return _rates(stats, count, started)
+        return {**_rates(stats, count, started), "cpu_ms_per_1000": cpu * 1e6 / count}
 
     async def drain(self, count: int, workers: int) -> dict:
         await self.reset_receiver(VERIFIED_PER_PHASE)
@@ -265,10 +274,11 @@ class Bench:
         started = time.time()
         processes = [self.start(module=True) for _ in range(workers)]
         try:
-            stats = await self.wait_for_arrivals(count)
+            stats = await self.wait_for_arrivals(count, processes=processes)
         finally:
             _stop(processes)
-        return {**_rates(stats, count, started), **await self.check(delivery_ids, stats)}
+        return {**_rates(stats, count, started), **await self.check(delivery_ids, stats),
+                "cpu_ms_per_1000": stats.get("cpu_ms_per_1000", float("nan"))}
 
     async def latency(self, rate: float, seconds: float) -> dict:
         process = self.start(module=True)
@@ -311,10 +321,11 @@ class Bench:
         started = time.time()
         process = self.start("--naive-worker")
         try:
-            stats = await self.wait_for_arrivals(count)
+            stats = await self.wait_for_arrivals(count, processes=[process])
         finally:
             _stop([process])
-        return {**_rates(stats, count, started), **await self.check(delivery_ids, stats)}
+        return {**_rates(stats, count, started), **await self.check(delivery_ids, stats),
+                "cpu_ms_per_1000": stats.get("cpu_ms_per_1000", float("nan"))}
 
     async def check(self, delivery_ids: list[uuid.UUID], stats: dict) -> dict:
         delivered = await self.pool.fetchval(
@@ -333,6 +344,18 @@ def _rates(stats: dict, count: int, started: float) -> dict:
     span = max(stats["last"] - stats["first"], 1e-9)
     return {"arrived": arrived, "rate": arrived / span, "wall_rate": arrived / max(stats["last"] - started, 1e-9),
             "complete": arrived >= count}
+
+
+def _cpu_seconds(processes) -> float:
+    """User plus system CPU seconds of these processes so far (Linux /proc; nan elsewhere)."""
+    total = 0.0
+    for process in processes:
+        try:
+            fields = Path(f"/proc/{process.pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return float("nan")
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -389,11 +412,19 @@ async def orchestrate(arguments) -> None:
     try:
         await migrate.upgrade_async(database_url)
         await bench.setup(int(receiver.stdout.readline()))
-        results["ceiling"] = await bench.ceiling(arguments.deliveries, concurrency)
-        print(f"ceiling: {results['ceiling']['rate']:.0f}/s", flush=True)
+        # The machine is shared, so the ceiling is measured right before and after every drain
+        # and each drain is compared with the mean of the two beside it.
+        ceilings = [await bench.ceiling(arguments.deliveries, concurrency)]
         for workers in arguments.workers:
-            results[f"drain{workers}"] = await bench.drain(arguments.deliveries, workers)
-            print(f"drain, {workers} worker(s): {results[f'drain{workers}']}", flush=True)
+            drain = await bench.drain(arguments.deliveries, workers)
+            ceilings.append(await bench.ceiling(arguments.deliveries, concurrency))
+            drain["ceiling"] = (ceilings[-2]["rate"] + ceilings[-1]["rate"]) / 2
+            results[f"drain{workers}"] = drain
+            print(f"drain, {workers} worker(s): {drain}; ceilings {[round(c['rate']) for c in ceilings]}", flush=True)
+        results["ceiling"] = {**ceilings[0], "rate": statistics.mean(c["rate"] for c in ceilings),
+                              "cpu_ms_per_1000": statistics.mean(c["cpu_ms_per_1000"] for c in ceilings),
+                              "wall_rate": statistics.mean(c["wall_rate"] for c in ceilings),
+                              "each": [c["rate"] for c in ceilings]}
         if arguments.seconds > 0:
             results["latency"] = await bench.latency(arguments.rate, arguments.seconds)
             print(f"latency: {results['latency']}", flush=True)
@@ -415,7 +446,8 @@ def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: 
     print(f"\ndelivery benchmark: body {arguments.body_bytes} B, {arguments.endpoints} endpoints on one receiver"
           f" ({arguments.endpoints} x {per_endpoint} per-endpoint sends = {arguments.endpoints * per_endpoint}"
           f" > {concurrency} connections per host: the per-endpoint bound does not limit)")
-    print(f"{'run':<28} {'deliveries':>10} {'rate /s':>9} {'wall /s':>9} {'/ceiling':>9} {'/naive':>7}  checks")
+    print(f"{'run':<28} {'deliveries':>10} {'rate /s':>9} {'wall /s':>9} {'/ceiling':>9} {'/naive':>7}"
+          f" {'cpu ms/1000':>11}  checks")
     rows = [("ceiling (plain aiohttp, c=%d)" % concurrency, results["ceiling"])]
     rows += [(f"drain, {workers} worker(s)", results[f"drain{workers}"]) for workers in arguments.workers]
     if naive:
@@ -427,13 +459,16 @@ def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: 
                       f" signatures ok {row['verified']} bad {row['invalid']}")
         versus_naive = f"{row['rate'] / naive:>6.1f}x" if naive else "      -"
         print(f"{label:<28} {row['arrived']:>10} {row['rate']:>9.0f} {row['wall_rate']:>9.0f}"
-              f" {row['rate'] / ceiling:>9.0%} {versus_naive}  {checks}")
+              f" {row['rate'] / row.get('ceiling', ceiling):>9.0%} {versus_naive} {row['cpu_ms_per_1000']:>11.0f}  {checks}")
     if "latency" in results:
         latency = results["latency"]
         print(f"latency at {latency['offered']:.0f}/s offered ({latency['count']} deliveries, 1 worker):"
               f" p50 {latency['p50_ms']:.0f} ms, p99 {latency['p99_ms']:.0f} ms, max {latency['max_ms']:.0f} ms,"
               f" arrived {latency['arrived']}, signatures ok {latency['verified']} bad {latency['invalid']}")
-    print("rate: first to last arrival at the receiver; wall: worker start to last arrival.")
+    print("rate: first to last arrival at the receiver; wall: worker start to last arrival; cpu: CPU time of the"
+          " client (ceiling) or the worker processes per 1000 deliveries, less sensitive to a shared machine.")
+    print("ceiling measured before and after each drain: " + ", ".join(f"{rate:.0f}" for rate in results["ceiling"]["each"])
+          + "/s; each drain is compared with the mean of the two beside it, the naive run with the mean of all.")
     print("worker logs: " + " ".join(logs))
 
 
