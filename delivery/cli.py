@@ -67,6 +67,36 @@ def worker() -> None:
 
 
 @app.command()
+def run(
+    demo_only: bool = typer.Option(False, "--demo-only", help="Exit after the demo instead of serving."),
+    port: int = typer.Option(8000, help="Port for the API (0: any free port)."),
+) -> None:
+    """The whole platform on this machine (embedded PostgreSQL and Redis unless configured), with a demo."""
+    import signal as signals
+
+    from delivery import platform, platform_demo
+
+    settings = config.load()
+    console.print("starting PostgreSQL, Redis, the API and a worker ...")
+    running = platform.start(settings, api_port=port or None)
+    try:
+        console.print(f"API      {running.api_url}  (docs {running.api_url}/docs, metrics {running.api_url}/metrics)")
+        console.print(f"operator HOOKLEDGER_OPERATOR_KEY={running.operator_key}")
+        console.print(f"logs     {running.log_dir}")
+        clean = platform_demo.run(running, console)
+        console.print("[green]demo finished: every delivery ended and the audit is clean[/green]" if clean
+                      else "[red]demo failed: see above[/red]")
+        if demo_only:
+            raise typer.Exit(0 if clean else 1)
+        console.print("serving until Ctrl-C ...")
+        signals.sigwait({signals.SIGINT, signals.SIGTERM})
+    except KeyboardInterrupt:
+        pass
+    finally:
+        running.stop()
+
+
+@app.command()
 def demo() -> None:
     """Run the ledger demo: an account, top-ups, deliveries, some settled; prints balance and audit."""
     from delivery import demo as demo_module

@@ -1,0 +1,128 @@
+"""`hookledger run`: the whole platform on one machine, as real processes, with a demo.
+
+Starts (or reuses) PostgreSQL and Redis — embedded ones when DATABASE_URL / REDIS_URL are
+unset —, applies the migrations, then runs `hookledger api`, `hookledger worker` and a local
+`hookledger listen` receiver as child processes, exactly as they run in production. Dev
+secrets (the operator key and the at-rest keyring) are generated once and kept in the data
+directory, so endpoint secrets sealed in one run still open in the next.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from delivery import config, migrate, services
+from signing import Keyring, format_keyring, generate_at_rest_key
+
+STARTUP_SECONDS_MAX = 60
+DEMO_RETRY_SCHEDULE = "0,2,2"  # a dev platform: failing deliveries die (and are refunded) in seconds
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def dev_secrets(data_dir: Path) -> dict[str, str]:
+    """The operator key and at-rest keyring of this data directory, created on first use (mode 0600)."""
+    path = data_dir / "dev-secrets.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    data_dir.mkdir(parents=True, exist_ok=True)
+    values = {
+        "HOOKLEDGER_OPERATOR_KEY": "hl_op_" + secrets.token_urlsafe(32),
+        "HOOKLEDGER_SECRET_KEYS": format_keyring(Keyring({"dev1": generate_at_rest_key()}, "dev1")),
+    }
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        json.dump(values, file)
+    return values
+
+
+@dataclass
+class Platform:
+    """The child processes of a running platform and how to reach them."""
+
+    environment: dict[str, str]
+    api_url: str
+    operator_key: str
+    log_dir: Path
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def start(self, name: str, *arguments: str, environment: dict[str, str] | None = None) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it until it exits
+        process = subprocess.Popen(
+            [sys.executable, "-m", "delivery", *arguments],
+            env={**os.environ, **self.environment, **(environment or {})},
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.processes[name] = process
+        return process
+
+    def wait_until_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_SECONDS_MAX
+        while time.monotonic() < deadline:
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {process.returncode}; see {self.log_dir / name}.log")
+            try:
+                if httpx.get(f"{self.api_url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the API was not ready within {STARTUP_SECONDS_MAX} s; see {self.log_dir}/api.log")
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for process in self.processes.values():
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def start(settings: config.Settings, *, api_port: int | None = None) -> Platform:
+    """Bring up the servers, migrate, and start the API and one worker."""
+    database_url = services.database_url(settings.database)
+    redis_url = services.redis_url(settings.redis)
+    migrate.upgrade(database_url)
+    data_dir = settings.database.data_dir.parent
+    values = dev_secrets(data_dir)
+    port = api_port or free_port()
+    environment = {
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "HOOKLEDGER_DEV": "1",
+        "HOOKLEDGER_API_PORT": str(port),
+        "HOOKLEDGER_RETRY_SCHEDULE": os.environ.get("HOOKLEDGER_RETRY_SCHEDULE", DEMO_RETRY_SCHEDULE),
+        "HOOKLEDGER_SWEEP_SECONDS": os.environ.get("HOOKLEDGER_SWEEP_SECONDS", "1"),
+        **{name: os.environ.get(name) or value for name, value in values.items()},
+    }
+    log_dir = data_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    platform = Platform(environment, f"http://127.0.0.1:{port}", environment["HOOKLEDGER_OPERATOR_KEY"], log_dir)
+    try:
+        platform.start("api", "api")
+        platform.start("worker", "worker")
+        platform.wait_until_ready()
+    except BaseException:
+        platform.stop()
+        raise
+    return platform
