@@ -262,3 +262,28 @@ account_deletions = sa.Table(
     sa.CheckConstraint("octet_length(report::text) <= 1048576", name="report_size"),
     comment="One deletion job per account (a second request shares the row): its progress, status and report.",
 )
+
+DASHBOARD_ROLES = ("account", "operator")
+
+dashboard_sessions = sa.Table(
+    "dashboard_sessions",
+    metadata,
+    sa.Column("token_hash", sa.LargeBinary, primary_key=True),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id")),
+    sa.Column("api_key_id", pg.UUID(as_uuid=True), sa.ForeignKey("api_keys.id")),
+    _created_at(),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.CheckConstraint("octet_length(token_hash) = 32", name="token_hash_length"),
+    sa.CheckConstraint(_in("role", DASHBOARD_ROLES), name="role"),
+    # An account session names the key it signed in with (revoking the key ends the session);
+    # an operator session names neither.
+    sa.CheckConstraint(
+        "(role = 'account') = (account_id IS NOT NULL) AND (account_id IS NULL) = (api_key_id IS NULL)",
+        name="role_identity",
+    ),
+    sa.CheckConstraint("expires_at > created_at", name="expires_after_created"),
+    sa.Index(None, "account_id"),
+    sa.Index(None, "expires_at"),
+    comment="Web dashboard sign-ins. Only a SHA-256 hash of the session token is kept; the token lives in the browser's cookie.",
+)
