@@ -28,19 +28,19 @@ log = structlog.get_logger("hookledger.api")
 def with_dev_defaults(settings: config.Settings) -> config.Settings:
     """Fill in a generated operator key and keyring in dev mode; refuse to start without them otherwise."""
     api = settings.api
-    if api.operator_key and api.secret_keyring:
+    if api.operator_key and settings.secret_keyring:
         return settings
     if not api.dev_mode:
         missing = [name for name, value in (("HOOKLEDGER_OPERATOR_KEY", api.operator_key),
-                                            ("HOOKLEDGER_SECRET_KEYS", api.secret_keyring)) if not value]
+                                            ("HOOKLEDGER_SECRET_KEYS", settings.secret_keyring)) if not value]
         raise config.ConfigError(f"{' and '.join(missing)} must be set (or HOOKLEDGER_DEV=1 to generate them)")
     operator_key = api.operator_key or "hl_op_" + secrets.token_urlsafe(32)
-    keyring = api.secret_keyring or format_keyring(Keyring({"dev1": generate_at_rest_key()}, "dev1"))
+    keyring = settings.secret_keyring or format_keyring(Keyring({"dev1": generate_at_rest_key()}, "dev1"))
     if not api.operator_key:
         print(f"dev mode: generated HOOKLEDGER_OPERATOR_KEY={operator_key}", flush=True)
-    if not api.secret_keyring:
+    if not settings.secret_keyring:
         print(f"dev mode: generated HOOKLEDGER_SECRET_KEYS={keyring} (give the worker the same)", flush=True)
-    return dataclasses.replace(settings, api=dataclasses.replace(api, operator_key=operator_key, secret_keyring=keyring))
+    return dataclasses.replace(settings, api=dataclasses.replace(api, operator_key=operator_key), secret_keyring=keyring)
 
 
 async def serve(settings: config.Settings) -> None:

@@ -72,7 +72,6 @@ class WorkerSettings:
     jobs_max: int = 20
     sweep_interval_seconds: int = 5
     shutdown_grace_seconds: int = 10
-    secret_keyring: str | None = None
     audit_interval_minutes: int = 10  # the audit cron's period; 0 turns it off
     engine: EngineSettings = field(default_factory=EngineSettings)
     sender: SenderSettings = field(default_factory=SenderSettings)
@@ -90,14 +89,13 @@ class WorkerSettings:
 class ApiSettings:
     """The HTTP API: where it listens, its operator key, body limits, SSRF policy and group commit.
 
-    operator_key and secret_keyring None are allowed only in dev mode, where `hookledger api`
+    operator_key (and Settings.secret_keyring) None are allowed only in dev mode, where `hookledger api`
     generates them and prints them once.
     """
 
     host: str = "127.0.0.1"
     port: int = 8000
     operator_key: str | None = None
-    secret_keyring: str | None = None
     payload_bytes_max: int = 262_144
     dev_mode: bool = False
     allowed_networks: tuple[str, ...] = ()
@@ -116,6 +114,9 @@ class Settings:
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     api: ApiSettings = field(default_factory=ApiSettings)
+    # The at-rest keyring that seals endpoint secrets (signing.parse_keyring format): the API
+    # seals with it, the worker opens with it, so both read this one setting.
+    secret_keyring: str | None = None
 
 
 def load(environ: Mapping[str, str] | None = None) -> Settings:
@@ -134,6 +135,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             attempts_max=_attempts_max(environ),
         ),
         worker=_worker(environ),
+        secret_keyring=environ.get("HOOKLEDGER_SECRET_KEYS") or None,
         api=_api(environ),
     )
 
@@ -179,7 +181,6 @@ def _worker(environ: Mapping[str, str]) -> WorkerSettings:
         sweep_interval_seconds=_integer(environ, "HOOKLEDGER_SWEEP_SECONDS", 5, 1, 60),
         shutdown_grace_seconds=_integer(environ, "HOOKLEDGER_SHUTDOWN_GRACE_SECONDS", 10, 0, 300),
         audit_interval_minutes=_integer(environ, "HOOKLEDGER_AUDIT_MINUTES", 10, 0, 60),
-        secret_keyring=environ.get("HOOKLEDGER_SECRET_KEYS") or None,
         engine=engine,
         sender=sender,
     )
@@ -194,7 +195,6 @@ def _api(environ: Mapping[str, str]) -> ApiSettings:
         host=environ.get("HOOKLEDGER_API_HOST") or "127.0.0.1",
         port=_integer(environ, "HOOKLEDGER_API_PORT", 8000, 0, 65535),
         operator_key=environ.get("HOOKLEDGER_OPERATOR_KEY") or None,
-        secret_keyring=environ.get("HOOKLEDGER_SECRET_KEYS") or None,
         payload_bytes_max=_integer(environ, "HOOKLEDGER_PAYLOAD_BYTES_MAX", 262_144, 1, 1_048_576),
         dev_mode=_flag(environ, "HOOKLEDGER_DEV"),
         allowed_networks=networks,

@@ -69,10 +69,10 @@ async def _startup(ctx: dict) -> None:
     sender = Sender(settings.worker.sender)
     ctx["sender"] = sender
     keyring = None
-    if settings.worker.secret_keyring:
+    if settings.secret_keyring:
         from signing import parse_keyring
 
-        keyring = parse_keyring(settings.worker.secret_keyring)
+        keyring = parse_keyring(settings.secret_keyring)
     ctx["engine"] = Engine(pool, sender, job_queue.Queue(ctx["redis"]), SignerCache(keyring), settings.worker.engine)
     logger.info("worker started")
 

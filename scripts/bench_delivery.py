@@ -147,7 +147,7 @@ async def naive_deliver(ctx: dict, delivery_id: str) -> int:
 async def _naive_startup(ctx: dict) -> None:
     settings: config.Settings = ctx["settings"]
     ctx["pool"] = await create_pool(settings.database.url, size_min=2, size_max=settings.database.pool_size_max)
-    ctx["signers"] = SignerCache(parse_keyring(settings.worker.secret_keyring))
+    ctx["signers"] = SignerCache(parse_keyring(settings.secret_keyring))
 
 
 async def _naive_shutdown(ctx: dict) -> None:

@@ -26,16 +26,16 @@ from signing import SigningError, parse_keyring
 def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> web.Application:
     """Build the app. The caller owns the pool and the queue and closes them after the app stops.
 
-    settings.api.operator_key and settings.api.secret_keyring must be set (`hookledger api`
+    settings.api.operator_key and settings.secret_keyring must be set (`hookledger api`
     generates both in dev mode). queue None means no wake-ups: the sweeper finds new deliveries.
     """
     api = settings.api
     if not api.operator_key:
         raise ConfigError("HOOKLEDGER_OPERATOR_KEY is required (dev mode generates one)")
-    if not api.secret_keyring:
+    if not settings.secret_keyring:
         raise ConfigError("HOOKLEDGER_SECRET_KEYS is required to seal endpoint secrets (dev mode generates one)")
     try:
-        keyring = parse_keyring(api.secret_keyring)
+        keyring = parse_keyring(settings.secret_keyring)
     except SigningError as error:
         raise ConfigError(f"HOOKLEDGER_SECRET_KEYS: {error}") from None
     try:

@@ -160,8 +160,18 @@ class Readiness(msgspec.Struct):
     redis: bool
 
 
+class AccountDeletion(msgspec.Struct):
+    """An account-deletion job: status running | waiting_repair | done | failed; report as it grows."""
+
+    id: uuid.UUID
+    account_id: uuid.UUID
+    status: str
+    step: str
+    report: dict
+
+
 RESPONSE_BODIES = (
-    Account, AccountCreated, ApiKeyCreated, ApiKeyList, Topup, Balance, LedgerPage, Endpoint, EndpointList,
+    AccountDeletion, Account, AccountCreated, ApiKeyCreated, ApiKeyList, Topup, Balance, LedgerPage, Endpoint, EndpointList,
     EndpointSecret, EndpointDeleted, MessageAccepted, DeliveryDetail, DeliveryPage, Health, Readiness,
 )
 

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from billing import accounts as billing_accounts
 from billing.database import transaction
+from delivery import deletion
 from delivery.api import api_keys, reads, responses
 from delivery.api.context import context
 from delivery.api.problems import FieldError, not_found
@@ -42,6 +43,36 @@ async def get_account(request: web.Request) -> web.Response:
     if account_id is None:
         raise not_found("account")
     return responses.json(_account(await billing_accounts.get_account(ctx.pool, account_id)))
+
+
+def _deletion(state) -> responses.AccountDeletion:
+    return responses.AccountDeletion(state.id, state.account_id, state.status, state.step, state.report)
+
+
+@routes.delete("/v1/accounts/{id}")
+async def delete_account(request: web.Request) -> web.Response:
+    """Start the account-deletion job (delivery.deletion): 202 with the job; its status is readable."""
+    ctx = context(request)
+    await ctx.operator(request)
+    account_id = path_id(request.match_info["id"])
+    if account_id is None:
+        raise not_found("account")
+    redis = ctx.queue.redis if ctx.queue is not None else None
+    await deletion.start_account_deletion(ctx.pool, redis, account_id)
+    state = await deletion.read_deletion(ctx.pool, account_id)
+    location = f"/v1/accounts/{account_id}/deletion"
+    return responses.json(_deletion(state), 202, headers={"Location": location})
+
+
+@routes.get("/v1/accounts/{id}/deletion")
+async def get_deletion(request: web.Request) -> web.Response:
+    ctx = context(request)
+    await ctx.operator(request)
+    account_id = path_id(request.match_info["id"])
+    state = None if account_id is None else await deletion.read_deletion(ctx.pool, account_id)
+    if state is None:
+        raise not_found("account deletion")
+    return responses.json(_deletion(state))
 
 
 @routes.post("/v1/accounts/{id}/topups")

@@ -23,9 +23,9 @@ def api_settings(database_url: str, redis_url: str, **api_changes) -> config.Set
     settings = config.load({"DATABASE_URL": database_url, "REDIS_URL": redis_url, "HOOKLEDGER_ATTEMPTS_MAX": "3"})
     keyring = format_keyring(Keyring({"k1": generate_at_rest_key()}, "k1"))
     api = dataclasses.replace(
-        settings.api, operator_key=OPERATOR_KEY, secret_keyring=keyring, dev_mode=True, **api_changes
+        settings.api, operator_key=OPERATOR_KEY, dev_mode=True, **api_changes
     )
-    return dataclasses.replace(settings, api=api)
+    return dataclasses.replace(settings, api=api, secret_keyring=keyring)
 
 
 class Harness:

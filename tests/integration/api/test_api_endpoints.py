@@ -14,7 +14,6 @@ from delivery.api.app import create_app
 from signing import generate_secret, parse_keyring
 from signing.at_rest import decrypt_secret
 
-from conftest import Harness
 
 
 async def test_create_list_read_patch_and_delete(api):
@@ -50,7 +49,7 @@ async def test_secrets_are_sealed_at_rest_readable_by_the_owner_and_rotate_with_
     endpoint_id = uuid.UUID(created["id"])
     row = await api.pool.fetchrow("SELECT secret FROM endpoints WHERE id = $1", endpoint_id)
     assert secret.encode() not in bytes(row["secret"])
-    keyring = parse_keyring(api.settings.api.secret_keyring)
+    keyring = parse_keyring(api.settings.secret_keyring)
     assert decrypt_secret(bytes(row["secret"]), keyring, context=b"endpoint:" + str(endpoint_id).encode()) == secret
     path = f"/v1/endpoints/{endpoint_id}/secret"
     assert (await (await api.client.get(path, headers=headers)).json()) == {"secret": secret}

@@ -23,9 +23,9 @@ OPERATOR_KEY = "op_sdk_test_" + "k" * 32
 
 def _settings(database_url: str, redis_url: str) -> config.Settings:
     settings = config.load({"DATABASE_URL": database_url, "REDIS_URL": redis_url})
-    api = dataclasses.replace(settings.api, operator_key=OPERATOR_KEY, dev_mode=True,
-                              secret_keyring=format_keyring(Keyring({"k1": generate_at_rest_key()}, "k1")))
-    return dataclasses.replace(settings, api=api)
+    api = dataclasses.replace(settings.api, operator_key=OPERATOR_KEY, dev_mode=True)
+    return dataclasses.replace(settings, api=api,
+                               secret_keyring=format_keyring(Keyring({"k1": generate_at_rest_key()}, "k1")))
 
 
 @pytest.fixture
