@@ -159,15 +159,20 @@ def _attempts_max(environ: Mapping[str, str]) -> int:
     return _integer(environ, "HOOKLEDGER_ATTEMPTS_MAX", _schedule(environ).attempts_max, 1, 50)
 
 
+def _networks(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """HOOKLEDGER_ALLOWED_NETWORKS: comma-separated networks the SSRF guard lets through (API and worker)."""
+    raw = environ.get("HOOKLEDGER_ALLOWED_NETWORKS") or ""
+    return tuple(network.strip() for network in raw.split(",") if network.strip())
+
+
 def _worker(environ: Mapping[str, str]) -> WorkerSettings:
-    networks = tuple(n.strip() for n in (environ.get("HOOKLEDGER_ALLOWED_NETWORKS") or "").split(",") if n.strip())
     sender = SenderSettings(
         timeout_ms_default=_integer(environ, "HOOKLEDGER_SEND_TIMEOUT_MS", 15_000, 1000, 60_000),
         timeout_ms_max=_integer(environ, "HOOKLEDGER_SEND_TIMEOUT_MS_MAX", 60_000, 1000, 60_000),
         connections_max=_integer(environ, "HOOKLEDGER_CONNECTIONS_MAX", 256, 1, 100_000),
         connections_per_host_max=_integer(environ, "HOOKLEDGER_CONNECTIONS_PER_HOST_MAX", 64, 1, 100_000),
         sends_per_endpoint_max=_integer(environ, "HOOKLEDGER_SENDS_PER_ENDPOINT_MAX", 16, 1, 100_000),
-        allowed_networks=networks,
+        allowed_networks=_networks(environ),
         allow_loopback=_flag(environ, "HOOKLEDGER_DEV"),
     )
     engine = EngineSettings(
@@ -187,7 +192,6 @@ def _worker(environ: Mapping[str, str]) -> WorkerSettings:
 
 
 def _api(environ: Mapping[str, str]) -> ApiSettings:
-    networks = tuple(n.strip() for n in (environ.get("HOOKLEDGER_ALLOWED_NETWORKS") or "").split(",") if n.strip())
     log_level = (environ.get("HOOKLEDGER_LOG_LEVEL") or "info").strip().lower()
     if log_level not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"HOOKLEDGER_LOG_LEVEL must be debug, info, warning or error, got {log_level!r}")
@@ -197,7 +201,7 @@ def _api(environ: Mapping[str, str]) -> ApiSettings:
         operator_key=environ.get("HOOKLEDGER_OPERATOR_KEY") or None,
         payload_bytes_max=_integer(environ, "HOOKLEDGER_PAYLOAD_BYTES_MAX", 262_144, 1, 1_048_576),
         dev_mode=_flag(environ, "HOOKLEDGER_DEV"),
-        allowed_networks=networks,
+        allowed_networks=_networks(environ),
         group_commit_batch_max=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_BATCH_MAX", 500, 1, 1000),
         group_commit_concurrency=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_CONCURRENCY", 2, 1, 32),
         group_commit_queue_max=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_QUEUE_MAX", 10_000, 1, 1_000_000),
