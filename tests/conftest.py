@@ -9,6 +9,7 @@ starts on an empty Redis database.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import tempfile
 import uuid
@@ -45,6 +46,28 @@ def template_database(postgres_server_url: str) -> str:
     migrate.upgrade(services.with_database(postgres_server_url, name))
     yield name
     asyncio.run(_admin(postgres_server_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+def _run_alone(coroutine) -> None:
+    """Run a coroutine to completion on a fresh event loop in its own thread (safe inside a running loop)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as executor:
+        executor.submit(asyncio.run, coroutine).result()
+
+
+@pytest.fixture(scope="session")
+def make_database(postgres_server_url: str, template_database: str):
+    """A factory of extra migrated databases, for fixtures wider than one test; all dropped at the end."""
+    names: list[str] = []
+
+    def make(prefix: str = "hookledger_x") -> str:
+        name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+        _run_alone(_admin(postgres_server_url, f"CREATE DATABASE {name} TEMPLATE {template_database}"))
+        names.append(name)
+        return services.with_database(postgres_server_url, name)
+
+    yield make
+    for name in names:
+        _run_alone(_admin(postgres_server_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import asyncpg
 import pytest
 import redis.asyncio as redis_asyncio
 

@@ -8,18 +8,15 @@ runner and pytest-asyncio's loop stay apart), on a fresh database of this test's
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 import requests
 
-from delivery import services
 
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
@@ -47,24 +44,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def _admin(server_url: str, statement: str) -> None:
-    import asyncpg
-
-    connection = await asyncpg.connect(server_url)
-    try:
-        await connection.execute(statement)
-    finally:
-        await connection.close()
-
-
 @pytest.fixture
-def server(postgres_server_url, template_database, redis_server_url):
-    name = f"hookledger_st_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin(postgres_server_url, f"CREATE DATABASE {name} TEMPLATE {template_database}"))
+def server(make_database, redis_server_url):
+    database_url = make_database("hookledger_st")
     port = _free_port()
     environment = {
         **os.environ,
-        "DATABASE_URL": services.with_database(postgres_server_url, name),
+        "DATABASE_URL": database_url,
         "REDIS_URL": redis_server_url,
         "HOOKLEDGER_OPERATOR_KEY": OPERATOR_KEY,
         "HOOKLEDGER_SECRET_KEYS": "k1:" + "A" * 43 + "=",
@@ -90,7 +76,6 @@ def server(postgres_server_url, template_database, redis_server_url):
     finally:
         process.terminate()
         process.wait(timeout=15)
-        asyncio.run(_admin(postgres_server_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 def _seed(base_url: str) -> dict[str, str]:

@@ -29,7 +29,7 @@ from billing.errors import (
     TopupUnknown,
 )
 from billing.settle import DeadReason, Outcome, settle
-from delivery import claims, presend, results, services
+from delivery import claims, presend, results
 from ledger_helpers import LEASE_MS_LONG
 
 EVENT_TYPES = ("a", "b", "c")
@@ -397,21 +397,11 @@ class LedgerMachine(RuleBasedStateMachine):
         assert report.clean, report.to_json()
 
 
-async def _admin(server_url: str, statement: str) -> None:
-    connection = await asyncpg.connect(server_url)
-    try:
-        await connection.execute(statement)
-    finally:
-        await connection.close()
-
-
-def test_ledger_state_machine(postgres_server_url, template_database):
+def test_ledger_state_machine(make_database):
     """Random top-ups, reversals, creates, claims, results, settles, lease expiries and deletions keep the
     database equal to the model (balance, states, ledger rows) and the audit clean after every step."""
     loop = asyncio.new_event_loop()
-    name = f"hookledger_t_{uuid.uuid4().hex[:16]}"
-    loop.run_until_complete(_admin(postgres_server_url, f"CREATE DATABASE {name} TEMPLATE {template_database}"))
-    pool = loop.run_until_complete(create_pool(services.with_database(postgres_server_url, name), size_max=4))
+    pool = loop.run_until_complete(create_pool(make_database("hookledger_sm"), size_max=4))
     try:
         LedgerMachine.loop, LedgerMachine.pool = loop, pool
         run_state_machine_as_test(LedgerMachine, settings=settings(
@@ -424,5 +414,4 @@ def test_ledger_state_machine(postgres_server_url, template_database):
         assert report.accounts >= 1
     finally:
         loop.run_until_complete(pool.close())
-        loop.run_until_complete(_admin(postgres_server_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         loop.close()

@@ -8,40 +8,25 @@ and the API's request logs would land in the command's output.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
-import asyncpg
 import httpx
 import pytest
 from cli_test_helpers import OPERATOR_KEY, Cli, free_port
 
-from delivery import services
 from signing import Keyring, format_keyring, generate_at_rest_key
 
 STARTUP_SECONDS_MAX = 30.0
 STOP_SECONDS_MAX = 10.0
 
 
-async def _admin(server_url: str, statement: str) -> None:
-    connection = await asyncpg.connect(server_url)
-    try:
-        await connection.execute(statement)
-    finally:
-        await connection.close()
-
-
 @pytest.fixture(scope="module")
-def module_database_url(postgres_server_url: str, template_database: str):
-    name = f"hookledger_cli_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin(postgres_server_url, f"CREATE DATABASE {name} TEMPLATE {template_database}"))
-    yield services.with_database(postgres_server_url, name)
-    asyncio.run(_admin(postgres_server_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+def module_database_url(make_database) -> str:
+    return make_database("hookledger_cli")
 
 
 def wait_until_healthy(url: str, process: subprocess.Popen, log: Path) -> None:
