@@ -17,6 +17,7 @@ from delivery.api import (
 from delivery.api.auth import Authenticator
 from delivery.api.context import CONTEXT, ApiContext
 from delivery.api.group_commit import Coalescer
+from delivery import dashboard
 from delivery.config import ConfigError, Settings
 from delivery.queue import Queue
 from delivery.ssrf import AddressPolicy
@@ -60,6 +61,7 @@ def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> w
     )
     for module in (routes_accounts, routes_api_keys, routes_endpoints, routes_messages, routes_deliveries, routes_ops):
         app.add_routes(module.routes)
+    dashboard.setup(app)  # the web dashboard under /dashboard (delivery/dashboard)
     app.on_shutdown.append(_drain)
     return app
 

@@ -1,0 +1,59 @@
+"""The web dashboard for accounts and the operator, served by the API process under /dashboard.
+
+`setup(app)` mounts it as a sub-application with its own middlewares (pages.py): HTML error
+pages instead of problem+json, a strict Content-Security-Policy, server-side sessions
+(session.py) and CSRF tokens on every form (csrf.py). Pages are Jinja2 templates, autoescaped;
+charts are inline SVG drawn on the server (charts.py); the one small script and the stylesheet
+are static files, so nothing comes from a CDN and the dashboard works offline.
+
+It is one more client of the platform's code: reads from delivery.api.reads and queries.py,
+writes through delivery.endpoints, delivery.dead_letters, the API's group commit and
+billing.audit; no business rule is restated here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+
+from delivery.dashboard import (
+    pages,
+    routes_account,
+    routes_deliveries,
+    routes_endpoints,
+    routes_operator,
+    routes_session,
+)
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+
+def setup(app: web.Application) -> web.Application:
+    """Mount the dashboard on the API app at /dashboard; returns the sub-application."""
+    dashboard = web.Application(
+        middlewares=[pages.security_headers, pages.errors_as_pages, pages.authenticate],
+        client_max_size=pages.FORM_BYTES_MAX,
+    )
+    aiohttp_jinja2.setup(
+        dashboard, loader=jinja2.PackageLoader("delivery.dashboard", "templates"), autoescape=True,
+        undefined=jinja2.StrictUndefined, filters=pages.FILTERS,
+    )
+    dashboard[routes_operator.STATE] = routes_operator.DashboardState()
+    for module in (routes_session, routes_account, routes_endpoints, routes_deliveries, routes_operator):
+        dashboard.add_routes(module.routes)
+    dashboard.router.add_static("/static/", STATIC_DIR)
+    dashboard.router.add_route("*", "/{tail:.*}", _no_such_page)
+    app.router.add_get(pages.PREFIX, _to_dashboard)
+    app.add_subapp(pages.PREFIX, dashboard)
+    return dashboard
+
+
+async def _to_dashboard(request: web.Request) -> web.Response:
+    raise web.HTTPSeeOther(f"{pages.PREFIX}/")
+
+
+async def _no_such_page(request: web.Request) -> web.Response:
+    raise web.HTTPNotFound()

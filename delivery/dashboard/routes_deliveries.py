@@ -1,0 +1,151 @@
+"""Deliveries: filter, open one (every attempt, its ledger entries, why it died), replay with the cost confirmed.
+
+Reads come from delivery.api.reads (account-scoped, so another account's delivery is a 404
+like a missing one). A replay is a new delivery with its own charge: a dead one goes through
+delivery.dead_letters.replay (keyed `replay:<id>`, so a double submit replays once, and a
+bulk replay later knows it was done); a delivered one through the API's group commit, keyed by
+the confirmation page it came from. The confirmation names the price; if the price changed
+before the click, nothing is replayed and the page asks again.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import uuid
+
+from aiohttp import web
+
+from billing import accounts as billing_accounts
+from billing.messages import MessageRequest
+from billing.tables import DELIVERY_STATES
+from delivery import dead_letters
+from delivery import endpoints as store
+from delivery.api import reads
+from delivery.api.problems import FieldError, Problem, not_found
+from delivery.api.routes_deliveries import REPLAYABLE_STATES
+from delivery.api.routes_messages import submit
+from delivery.api.validation import Query, path_id
+from delivery.dashboard import filters, pages, queries
+
+routes = web.RouteTableDef()
+
+_NONCE = re.compile(r"[0-9a-f]{32}")
+
+
+def _list_filters(request: web.Request) -> dict:
+    values = filters.given(request.query)
+    query = Query(values)
+    chosen = {"event_type": filters.event_type(values, query)}
+    chosen.update(
+        state=query.choice("state", DELIVERY_STATES),
+        endpoint_id=query.uuid("endpoint_id"),
+        created_after=query.timestamp("created_after"),
+        created_before=query.timestamp("created_before"),
+    )
+    cursor = query.cursor()
+    chosen["before_id"] = path_id(cursor) if cursor is not None else None
+    if cursor is not None and chosen["before_id"] is None:
+        query.errors.append(FieldError("cursor", "is not a cursor this page made"))
+    query.check()
+    return chosen
+
+
+@routes.get("/deliveries")
+async def list_deliveries(request: web.Request) -> web.Response:
+    account_id = pages.account_id(request)
+    pool = pages.api(request).pool
+    chosen = _list_filters(request)
+    rows = await queries.deliveries_page(pool, account_id, limit=filters.PAGE_SIZE, **chosen)
+    deliveries = rows[:filters.PAGE_SIZE]
+    shown = {name: filters.form_value(value) for name, value in chosen.items() if name != "before_id"}
+    next_link = (filters.link("/dashboard/deliveries", shown, cursor=deliveries[-1]["id"])
+                 if len(rows) > filters.PAGE_SIZE else None)
+    return pages.render(request, "deliveries.html", {
+        "deliveries": deliveries, "filters": shown, "states": DELIVERY_STATES, "next_link": next_link,
+        "endpoints": await store.list_endpoints(pool, account_id), "paged": chosen["before_id"] is not None,
+        "first_link": filters.link("/dashboard/deliveries", shown),
+        "live": any(row["state"] in ("pending", "sending") for row in deliveries),
+    })
+
+
+async def _delivery(request: web.Request) -> tuple[uuid.UUID, object]:
+    account_id = pages.account_id(request)
+    delivery_id = path_id(request.match_info["id"])
+    row = None if delivery_id is None else await reads.delivery(pages.api(request).pool, account_id, delivery_id)
+    if row is None:
+        raise not_found("delivery")
+    return account_id, row
+
+
+@routes.get("/deliveries/{id}")
+async def show_delivery(request: web.Request) -> web.Response:
+    account_id, delivery = await _delivery(request)
+    pool = pages.api(request).pool
+    return pages.render(request, "delivery.html", {
+        "delivery": delivery,
+        "endpoint": await store.get_endpoint(pool, account_id, delivery["endpoint_id"]),
+        "attempts": await reads.attempts(pool, account_id, delivery["id"]),
+        "entries": await reads.delivery_ledger(pool, account_id, delivery["id"]),
+        "replayable": delivery["state"] in REPLAYABLE_STATES,
+        "replayed_from": path_id(request.query.get("replayed_from", "")),
+    })
+
+
+async def _replay_page(request: web.Request, delivery, *, error: str | None = None, status: int = 200) -> web.Response:
+    account_id = pages.account_id(request)
+    account = await billing_accounts.get_account(pages.api(request).pool, account_id)
+    if delivery["state"] not in REPLAYABLE_STATES:
+        raise Problem(409, f"the delivery is {delivery['state']}; only dead or delivered deliveries can be replayed",
+                      "not-replayable")
+    return pages.render(request, "replay_confirm.html", {
+        "delivery": delivery, "account": account, "nonce": secrets.token_hex(16), "error": error,
+    }, status=status)
+
+
+@routes.get("/deliveries/{id}/replay")
+async def confirm_replay(request: web.Request) -> web.Response:
+    _, delivery = await _delivery(request)
+    return await _replay_page(request, delivery)
+
+
+@routes.post("/deliveries/{id}/replay")
+async def replay(request: web.Request) -> web.Response:
+    account_id, delivery = await _delivery(request)
+    ctx = pages.api(request)
+    form = await pages.form(request)
+    account = await billing_accounts.get_account(ctx.pool, account_id)
+    if form.get("price") != str(account.price_per_delivery):
+        return await _replay_page(request, delivery, status=409,
+                                  error=f"The price is now {account.price_per_delivery} credits; confirm again.")
+    if delivery["state"] == "dead":
+        new_id = await _replay_dead(ctx, delivery["id"])
+    else:
+        nonce = form.get("nonce")
+        if not isinstance(nonce, str) or not _NONCE.fullmatch(nonce):
+            raise Problem(400, "the confirmation page was not complete; open it again", "bad-request")
+        new_id = await _replay_delivered(ctx, account_id, delivery["id"], nonce)
+    raise pages.redirect(f"/dashboard/deliveries/{new_id}?replayed_from={delivery['id']}")
+
+
+async def _replay_dead(ctx, delivery_id: uuid.UUID) -> uuid.UUID:
+    result = await dead_letters.replay(ctx.pool, delivery_id, attempts_max=ctx.settings.ledger.attempts_max)
+    if delivery_id in result.created:
+        new_id = result.created[delivery_id]
+        if ctx.queue is not None:
+            await ctx.queue.wake([new_id])  # else the sweeper finds it
+        return new_id
+    return result.already[delivery_id]  # replayed before (a second click): nothing charged now
+
+
+async def _replay_delivered(ctx, account_id: uuid.UUID, delivery_id: uuid.UUID, nonce: str) -> uuid.UUID:
+    source = await reads.message_of_delivery(ctx.pool, account_id, delivery_id)
+    if source is None:
+        raise not_found("delivery")
+    if source["payload"] is None:
+        raise Problem(409, "the message's payload was erased; it cannot be replayed", "not-replayable")
+    created = await submit(ctx, MessageRequest(
+        account_id, source["event_type"], bytes(source["payload"]), f"dashboard-replay:{delivery_id}:{nonce}",
+        endpoint_ids=(source["endpoint_id"],),
+    ))
+    return created.deliveries[0].id

@@ -1,0 +1,175 @@
+"""Endpoints: list with health, create, edit event types, disable/enable, rotate and reveal the secret.
+
+Input goes through the API's own checks: the body Structs of delivery.api.validation (lengths,
+event type syntax, timeouts) and the SSRF policy of delivery.ssrf; writes go through
+delivery.endpoints. Revealing or rotating a secret is a POST behind a confirmation page, so a
+secret never sits in a URL or the history, and no link or prefetch can show or change one.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+import msgspec
+from aiohttp import web
+
+from delivery import endpoints as store
+from delivery.api.problems import Problem, not_found
+from delivery.api.validation import EndpointCreate, EndpointPatch, decode, path_id
+from delivery.dashboard import pages, queries
+from delivery.errors import InvalidEndpointUrlError
+from delivery.ssrf import validate_endpoint_url
+from signing import generate_secret
+
+routes = web.RouteTableDef()
+
+_SEPARATORS = re.compile(r"[\s,]+")
+
+
+@dataclass(frozen=True)
+class Health:
+    endpoint: store.Endpoint
+    attempts: int  # in the last 24 hours
+    succeeded: int
+    last_at: object
+
+    @property
+    def success_percent(self) -> int | None:
+        return None if not self.attempts else round(100 * self.succeeded / self.attempts)
+
+
+async def endpoint_health(pool, account_id: uuid.UUID, endpoints: list[store.Endpoint]) -> list[Health]:
+    """Each endpoint with its attempts of the last 24 hours (one query for all of them)."""
+    counts = await queries.endpoint_attempts(pool, account_id)
+    health = []
+    for endpoint in endpoints:
+        row = counts.get(endpoint.id)
+        health.append(Health(endpoint, row["attempts"] if row else 0, row["succeeded"] if row else 0,
+                             row["last_at"] if row else None))
+    return health
+
+
+def _event_types(raw: object) -> list[str] | None:
+    """The form's event types (comma or space separated, repeats dropped); none given means every type."""
+    names = [name for name in _SEPARATORS.split(raw if isinstance(raw, str) else "") if name]
+    return list(dict.fromkeys(names)) or None
+
+
+def _errors(problem: Problem) -> list[str]:
+    return [f"{error.field}: {error.message}" for error in problem.errors] or [problem.detail]
+
+
+async def _endpoint(request: web.Request) -> tuple[uuid.UUID, store.Endpoint]:
+    account_id = pages.account_id(request)
+    endpoint_id = path_id(request.match_info["id"])
+    endpoint = None if endpoint_id is None else await store.get_endpoint(pages.api(request).pool, account_id, endpoint_id)
+    if endpoint is None:
+        raise not_found("endpoint")
+    return account_id, endpoint
+
+
+@routes.get("/endpoints")
+async def list_endpoints(request: web.Request) -> web.Response:
+    account_id = pages.account_id(request)
+    pool = pages.api(request).pool
+    health = await endpoint_health(pool, account_id, await store.list_endpoints(pool, account_id))
+    return pages.render(request, "endpoints.html", {"health": health, "form": {}, "errors": []})
+
+
+@routes.post("/endpoints")
+async def create_endpoint(request: web.Request) -> web.Response:
+    account_id = pages.account_id(request)
+    ctx = pages.api(request)
+    form = await pages.form(request)
+    fields = {"url": str(form.get("url", "")).strip(), "description": str(form.get("description", "")).strip(),
+              "event_types": _event_types(form.get("event_types"))}
+    try:
+        body = decode(msgspec.json.encode(fields), EndpointCreate)
+        validate_endpoint_url(body.url, ctx.policy)
+        endpoint = await store.create_endpoint(
+            ctx.pool, account_id, body.url, secret=generate_secret(), keyring=ctx.keyring,
+            event_types=body.event_types, description=body.description, timeout_ms=body.timeout_ms,
+        )
+    except (Problem, InvalidEndpointUrlError, store.EndpointLimitReached) as error:
+        errors = _errors(error) if isinstance(error, Problem) else [str(error)]
+        health = await endpoint_health(ctx.pool, account_id, await store.list_endpoints(ctx.pool, account_id))
+        return pages.render(request, "endpoints.html", {
+            "health": health, "errors": errors, "form": {**fields, "event_types": form.get("event_types", "")},
+        }, status=422)
+    raise pages.redirect(f"/dashboard/endpoints/{endpoint.id}?created=1")
+
+
+@routes.get("/endpoints/{id}")
+async def show_endpoint(request: web.Request) -> web.Response:
+    _, endpoint = await _endpoint(request)
+    return pages.render(request, "endpoint.html", {
+        "endpoint": endpoint, "errors": [], "notice": _notice(request.query),
+    })
+
+
+def _notice(query) -> str | None:
+    return {"created": "Endpoint created. Reveal its signing secret below to verify what it receives.",
+            "saved": "Saved.", "enabled": "Endpoint enabled.", "disabled": "Endpoint disabled: its pending"
+            " deliveries are refunded when their turn comes."}.get(next(iter(query), ""))
+
+
+@routes.post("/endpoints/{id}")
+async def edit_endpoint(request: web.Request) -> web.Response:
+    """Change the description and the event types the endpoint receives."""
+    account_id, endpoint = await _endpoint(request)
+    form = await pages.form(request)
+    changes = {"description": str(form.get("description", "")).strip(),
+               "event_types": _event_types(form.get("event_types"))}
+    try:
+        body = decode(msgspec.json.encode(changes), EndpointPatch)
+    except Problem as problem:
+        return pages.render(request, "endpoint.html", {"endpoint": endpoint, "errors": _errors(problem),
+                                                       "notice": None}, status=422)
+    updated = await store.update_endpoint(pages.api(request).pool, account_id, endpoint.id,
+                                          {"description": body.description, "event_types": body.event_types})
+    if updated is None:
+        raise not_found("endpoint")
+    raise pages.redirect(f"/dashboard/endpoints/{endpoint.id}?saved=1")
+
+
+@routes.post("/endpoints/{id}/enabled")
+async def set_enabled(request: web.Request) -> web.Response:
+    account_id, endpoint = await _endpoint(request)
+    enabled = (await pages.form(request)).get("enabled") == "true"
+    if await store.update_endpoint(pages.api(request).pool, account_id, endpoint.id, {"enabled": enabled}) is None:
+        raise not_found("endpoint")
+    raise pages.redirect(f"/dashboard/endpoints/{endpoint.id}?{'enabled' if enabled else 'disabled'}=1")
+
+
+@routes.get("/endpoints/{id}/secret/{action:reveal|rotate}")
+async def confirm_secret(request: web.Request) -> web.Response:
+    _, endpoint = await _endpoint(request)
+    overlap_hours = pages.api(request).settings.api.secret_rotation_overlap_seconds / 3600
+    return pages.render(request, "secret_confirm.html", {
+        "endpoint": endpoint, "action": request.match_info["action"], "overlap_hours": overlap_hours,
+    })
+
+
+@routes.post("/endpoints/{id}/secret/reveal")
+async def reveal_secret(request: web.Request) -> web.Response:
+    account_id, endpoint = await _endpoint(request)
+    ctx = pages.api(request)
+    secret = await store.read_secret(ctx.pool, account_id, endpoint.id, ctx.keyring)
+    if secret is None:
+        raise not_found("endpoint secret")
+    return pages.render(request, "secret.html", {"endpoint": endpoint, "secret": secret, "rotated": False})
+
+
+@routes.post("/endpoints/{id}/secret/rotate")
+async def rotate_secret(request: web.Request) -> web.Response:
+    """A new secret now; the old one keeps signing beside it for the configured overlap."""
+    account_id, endpoint = await _endpoint(request)
+    ctx = pages.api(request)
+    secret = generate_secret()
+    rotated = await store.rotate_secret(ctx.pool, account_id, endpoint.id, secret=secret, keyring=ctx.keyring,
+                                        overlap_seconds=ctx.settings.api.secret_rotation_overlap_seconds)
+    if not rotated:
+        raise not_found("endpoint")
+    return pages.render(request, "secret.html", {"endpoint": endpoint, "secret": secret, "rotated": True})
