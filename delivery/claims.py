@@ -37,26 +37,40 @@ class Claimed:
     attempts_max: int
 
 
-_CLAIM_DUE = (
+_DUE = (
     "WITH due AS ("
     "   SELECT id FROM deliveries"
     "   WHERE state = 'pending' AND next_attempt_at <= now() AND attempt < attempts_max"
     "   ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
-    " UPDATE deliveries d SET state = 'sending', attempt = d.attempt + 1,"
-    "   leased_until = now() + $2 * interval '1 millisecond'"
-    " FROM due WHERE d.id = due.id"
-    " RETURNING d.id, d.account_id, d.message_id, d.endpoint_id, d.attempt, d.attempts_max"
 )
-_CLAIM_IDS = (
+_DUE_IDS = (
     "WITH due AS ("
     "   SELECT id FROM deliveries"
     "   WHERE id = ANY($1::uuid[]) AND state = 'pending' AND next_attempt_at <= now() AND attempt < attempts_max"
     "   ORDER BY id FOR UPDATE SKIP LOCKED)"
+)
+_TAKE_DUE = (
     " UPDATE deliveries d SET state = 'sending', attempt = d.attempt + 1,"
     "   leased_until = now() + $2 * interval '1 millisecond'"
     " FROM due WHERE d.id = due.id"
     " RETURNING d.id, d.account_id, d.message_id, d.endpoint_id, d.attempt, d.attempts_max"
 )
+_CLAIM_DUE = _DUE + _TAKE_DUE
+_CLAIM_IDS = _DUE_IDS + _TAKE_DUE
+# What the pre-send check and the sender need, joined to a delivery `d` (delivery.presend reads
+# these columns by name). Here, so that a claim can return them in the same round trip.
+SEND_COLUMNS = (
+    "a.status AS account_status, e.url, e.timeout_ms, e.enabled, e.deleted_at IS NOT NULL AS endpoint_deleted,"
+    " e.secret, CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,"
+    " m.event_type, m.payload"
+)
+SEND_JOINS = (
+    " JOIN accounts a ON a.id = d.account_id JOIN endpoints e ON e.id = d.endpoint_id"
+    " JOIN messages m ON m.id = d.message_id"
+)
+# The claim and the pre-send load in one statement: the joins read the rows as of the claim.
+_CLAIM_DUE_FOR_SEND = _DUE + ", claimed AS (" + _TAKE_DUE + ") SELECT d.*, " + SEND_COLUMNS + " FROM claimed d" + SEND_JOINS
+_CLAIM_IDS_FOR_SEND = _DUE_IDS + ", claimed AS (" + _TAKE_DUE + ") SELECT d.*, " + SEND_COLUMNS + " FROM claimed d" + SEND_JOINS
 # Only deliveries whose charge is right: settle would refuse the others (LedgerMismatch), and a
 # batch full of them must not hide healthy ones from every sweep. The audit reports them.
 _EXHAUSTED = (
@@ -76,20 +90,47 @@ def _check(batch_size: int, lease_ms: int) -> None:
 
 async def claim_due(executor: Executor, *, batch_size: int, lease_ms: int) -> list[Claimed]:
     """Claim up to batch_size due deliveries, oldest due first."""
-    _check(batch_size, lease_ms)
-    async with transaction(executor) as connection:
-        rows = await connection.fetch(_CLAIM_DUE, batch_size, lease_ms)
-    return [Claimed(**dict(row)) for row in rows]
+    return [claimed for claimed, _ in await _claim(executor, _CLAIM_DUE, batch_size, lease_ms)]
 
 
 async def claim_ids(executor: Executor, delivery_ids: list[uuid.UUID], *, lease_ms: int) -> list[Claimed]:
     """Claim these deliveries if they are due and nobody holds them (the fast path after a create)."""
+    return [claimed for claimed, _ in await _claim_ids(executor, _CLAIM_IDS, delivery_ids, lease_ms)]
+
+
+async def claim_due_for_send(executor: Executor, *, batch_size: int, lease_ms: int) -> list[tuple[Claimed, asyncpg.Record]]:
+    """claim_due, each claimed delivery with its SEND_COLUMNS row (for delivery.presend)."""
+    return await _claim(executor, _CLAIM_DUE_FOR_SEND, batch_size, lease_ms)
+
+
+async def claim_ids_for_send(
+    executor: Executor, delivery_ids: list[uuid.UUID], *, lease_ms: int
+) -> list[tuple[Claimed, asyncpg.Record]]:
+    """claim_ids, each claimed delivery with its SEND_COLUMNS row (for delivery.presend)."""
+    return await _claim_ids(executor, _CLAIM_IDS_FOR_SEND, delivery_ids, lease_ms)
+
+
+async def _claim(executor: Executor, statement: str, batch_size: int, lease_ms: int) -> list[tuple[Claimed, asyncpg.Record]]:
+    _check(batch_size, lease_ms)
+    async with transaction(executor) as connection:
+        rows = await connection.fetch(statement, batch_size, lease_ms)
+    return [(_claimed(row), row) for row in rows]
+
+
+async def _claim_ids(
+    executor: Executor, statement: str, delivery_ids: list[uuid.UUID], lease_ms: int
+) -> list[tuple[Claimed, asyncpg.Record]]:
     _check(max(1, len(delivery_ids)), lease_ms)
     if not delivery_ids:
         return []
     async with transaction(executor) as connection:
-        rows = await connection.fetch(_CLAIM_IDS, delivery_ids, lease_ms)
-    return [Claimed(**dict(row)) for row in rows]
+        rows = await connection.fetch(statement, delivery_ids, lease_ms)
+    return [(_claimed(row), row) for row in rows]
+
+
+def _claimed(row: asyncpg.Record) -> Claimed:
+    # Positional: the statements return these six columns first, in this order.
+    return Claimed(row[0], row[1], row[2], row[3], row[4], row[5])
 
 
 async def settle_exhausted(pool: asyncpg.Pool, *, batch_size: int) -> int:

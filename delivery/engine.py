@@ -84,8 +84,8 @@ class Engine:
         """The fast path after a create: claim exactly these deliveries if they are due."""
         if not self.accepting:
             return BatchReport()
-        claimed = await claims.claim_ids(self.pool, delivery_ids, lease_ms=self.settings.lease_ms)
-        return await self.process(claimed)
+        loaded = await claims.claim_ids_for_send(self.pool, delivery_ids, lease_ms=self.settings.lease_ms)
+        return await self.process_loaded(loaded)
 
     async def sweep(self) -> int:
         """Find what Redis may have lost: expired leases, exhausted deliveries, due deliveries."""
@@ -97,22 +97,32 @@ class Engine:
             processed = 0
             while self.accepting and budget[0] > 0:
                 budget[0] -= 1
-                claimed = await claims.claim_due(
+                loaded = await claims.claim_due_for_send(
                     self.pool, batch_size=self.settings.batch_size, lease_ms=self.settings.lease_ms
                 )
-                if not claimed:
+                if not loaded:
                     break
-                processed += (await self.process(claimed)).claimed
+                processed += (await self.process_loaded(loaded)).claimed
             return processed
 
         # Several lanes, so one batch's slowest send does not hold up the next batch's claim.
         return sum(await asyncio.gather(*(lane() for _ in range(self.settings.sweep_lanes))))
 
     async def process(self, claimed: list[claims.Claimed]) -> BatchReport:
+        """Check, send and record deliveries claimed elsewhere (loads what the sender needs)."""
         report = BatchReport(claimed=len(claimed))
         if not claimed:
             return report
-        outgoing, settled = await presend.load_for_send(self.pool, claimed)
+        return await self._send_and_record(report, *await presend.load_for_send(self.pool, claimed))
+
+    async def process_loaded(self, loaded: list[tuple[claims.Claimed, asyncpg.Record]]) -> BatchReport:
+        """Check, send and record deliveries claimed with their pre-send rows (one round trip)."""
+        report = BatchReport(claimed=len(loaded))
+        if not loaded:
+            return report
+        return await self._send_and_record(report, *await presend.check_loaded(self.pool, loaded))
+
+    async def _send_and_record(self, report: BatchReport, outgoing: list[Outgoing], settled: list) -> BatchReport:
         report.settled_before_send = len(settled)
         if not outgoing:
             return report
@@ -125,9 +135,10 @@ class Engine:
 
     async def _send(self, item: Outgoing) -> SendResult:
         delivery_id = str(item.claimed.id)
+        timestamp_seconds = int(time.time())
         signer = self.signers.signer(item.claimed.endpoint_id, item.secret, item.previous_secret)
-        headers = signer.headers(delivery_id, int(time.time()), item.payload) if signer else {
-            "webhook-id": delivery_id, "webhook-timestamp": str(int(time.time()))}
+        headers = signer.headers(delivery_id, timestamp_seconds, item.payload) if signer else {
+            "webhook-id": delivery_id, "webhook-timestamp": str(timestamp_seconds)}
         return await self.sender.send(
             SendRequest(delivery_id, item.claimed.attempt, item.url, item.payload, headers,
                         item.timeout_ms, str(item.claimed.endpoint_id))

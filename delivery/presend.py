@@ -15,6 +15,7 @@ import asyncpg
 
 from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, Settled, settle
+from delivery import claims
 from delivery.claims import Claimed
 
 logger = logging.getLogger(__name__)
@@ -33,14 +34,7 @@ class Outgoing:
     payload: bytes
 
 
-_LOAD = (
-    "SELECT d.id, a.status AS account_status, e.url, e.timeout_ms, e.enabled, e.deleted_at IS NOT NULL AS endpoint_deleted,"
-    "   e.secret, CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,"
-    "   m.event_type, m.payload"
-    " FROM deliveries d JOIN accounts a ON a.id = d.account_id JOIN endpoints e ON e.id = d.endpoint_id"
-    " JOIN messages m ON m.id = d.message_id"
-    " WHERE d.id = ANY($1::uuid[])"
-)
+_LOAD = "SELECT d.id, " + claims.SEND_COLUMNS + " FROM deliveries d" + claims.SEND_JOINS + " WHERE d.id = ANY($1::uuid[])"
 
 
 def reason_not_to_send(row) -> DeadReason | None:
@@ -58,10 +52,16 @@ async def load_for_send(pool: asyncpg.Pool, claimed: list[Claimed]) -> tuple[lis
     if not claimed:
         return [], []
     rows = {row["id"]: row for row in await pool.fetch(_LOAD, [c.id for c in claimed])}
+    return await check_loaded(pool, [(item, rows[item.id]) for item in claimed])
+
+
+async def check_loaded(
+    pool: asyncpg.Pool, loaded: list[tuple[Claimed, asyncpg.Record]]
+) -> tuple[list[Outgoing], list[Settled]]:
+    """The check on rows already read (claims.SEND_COLUMNS, e.g. returned by the claim itself)."""
     outgoing: list[Outgoing] = []
     settled: list[Settled] = []
-    for item in claimed:
-        row = rows[item.id]
+    for item, row in loaded:
         reason = reason_not_to_send(row)
         if reason is not None:
             try:
