@@ -22,7 +22,7 @@ from rich.table import Table
 from billing.errors import BillingError
 from delivery import config
 
-accounts_app = typer.Typer(no_args_is_help=True, help="Accounts: delete (and repair a deletion that waits).")
+accounts_app = typer.Typer(no_args_is_help=True, help="Accounts: create, top up, show, delete (and repair a deletion that waits).")
 deliveries_app = typer.Typer(no_args_is_help=True, help="Deliveries: dead letters, inspect, replay.")
 console = Console()
 
