@@ -2,7 +2,7 @@
 
 Middlewares, outermost first:
     security_headers   CSP (`default-src 'self'`, no inline script or style), no framing,
-                       no caching of pages, no referrer, no MIME sniffing; on every answer.
+                       no caching of pages, no referrer to other sites, no MIME sniffing; on every answer.
     errors_as_pages    a Problem, a billing error or an HTTP error becomes an HTML page with its
                        status: errors are shown, not swallowed; unexpected ones are logged.
     authenticate       finds the session for every route but sign-in and static files (no
@@ -42,7 +42,9 @@ SECURITY_HEADERS = {
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: under no-referrer browsers send `Origin: null` on our own
+    # form posts, and the Origin check (csrf.same_origin) must tell ours from a foreign one.
+    "Referrer-Policy": "same-origin",
     "Cross-Origin-Opener-Policy": "same-origin",
 }
 
