@@ -214,3 +214,21 @@ async def test_operator_pages_accounts_dead_letters_audit_and_deletions(dash, po
     assert "close_out" in report and "owed_to_customer" in report
     response, _ = await dash.get(f"/dashboard/operator/deletions/{first_id}")
     assert response.status == 404
+
+
+async def test_replaying_a_delivered_delivery_is_keyed_by_its_confirmation_page(dash, pool):
+    """A delivered delivery replays through the API's group commit; the same confirmation posted twice charges once."""
+    account_id, key = await dash.account(balance=50, price=5)
+    await dash.endpoint(key)
+    delivered = (await dash.send(key))["deliveries"][0]["id"]
+    await pool.execute("UPDATE deliveries SET state = 'delivered', finished_at = now() WHERE id = $1",
+                       uuid.UUID(delivered))
+    await dash.sign_in(key)
+    confirm = await dash.page(f"/dashboard/deliveries/{delivered}/replay")
+    nonce = re.search(r'name="nonce" value="([0-9a-f]+)"', confirm).group(1)
+    first, _ = await dash.post(f"/dashboard/deliveries/{delivered}/replay", {"price": "5", "nonce": nonce})
+    second, _ = await dash.post(f"/dashboard/deliveries/{delivered}/replay", {"price": "5", "nonce": nonce})
+    assert first.status == 303 and first.headers["Location"] == second.headers["Location"]
+    assert (await billing_accounts.get_balance(pool, account_id)).balance == 40
+    response, _ = await dash.post(f"/dashboard/deliveries/{delivered}/replay", {"price": "5", "nonce": "not-hex"})
+    assert response.status == 400
