@@ -145,7 +145,9 @@ class Sender:
         self._session = _create_session(self._settings)
         self._timeouts: dict[int, aiohttp.ClientTimeout] = {}
         self._parsed_urls: dict[str, URL | str] = {}
-        self._gates: dict[str, _EndpointGate] = {}
+        self._gates: dict[str, _EndpointGate] = {}  # per endpoint
+        self._host_gates: dict[tuple, _EndpointGate] = {}  # per (host, port): the connector's per-host limit
+        self._connections = asyncio.Semaphore(self._settings.connections_max)
         self._sends_pending = 0
 
     async def close(self) -> None:
@@ -164,14 +166,21 @@ class Sender:
         url = self._checked_url(request.url)
         if isinstance(url, str):
             return _failure(url, 0)
-        gate = self._gate(request.endpoint_id)
+        gate = self._gate(self._gates, request.endpoint_id, self._settings.sends_per_endpoint_max)
+        host = self._gate(self._host_gates, (url.raw_host, url.port), self._settings.connections_per_host_max)
         gate.users += 1
+        host.users += 1
         self._sends_pending += 1
         try:
-            async with gate.semaphore:
+            # Queue here, on our own bounds, rather than inside aiohttp's connector: time spent
+            # waiting for a connection would count against the attempt's timeout there (a send
+            # could time out without ever leaving), and each waiter there costs a timer. The
+            # endpoint's bound comes first, so a slow endpoint only ever holds its own share.
+            async with gate.semaphore, host.semaphore, self._connections:
                 return await self._attempt(request, url)
         finally:
             gate.users -= 1
+            host.users -= 1
             self._sends_pending -= 1
 
     def _checked_url(self, raw_url: str) -> URL | str:
@@ -193,21 +202,21 @@ class Sender:
         self._parsed_urls[raw_url] = checked
         return checked
 
-    def _gate(self, endpoint_id: str) -> _EndpointGate:
-        gate = self._gates.get(endpoint_id)
+    def _gate(self, gates: dict, key: object, sends_max: int) -> _EndpointGate:
+        gate = gates.get(key)
         if gate is None:
-            if len(self._gates) >= self._settings.endpoint_gates_max:
-                self._evict_idle_gates()
-            gate = self._gates[endpoint_id] = _EndpointGate(self._settings.sends_per_endpoint_max)
+            if len(gates) >= self._settings.endpoint_gates_max:
+                self._evict_idle_gates(gates)
+            gate = gates[key] = _EndpointGate(sends_max)
         return gate
 
-    def _evict_idle_gates(self) -> None:
-        idle = [endpoint_id for endpoint_id, gate in self._gates.items() if gate.users == 0]
-        for endpoint_id in idle:
-            del self._gates[endpoint_id]
+    def _evict_idle_gates(self, gates: dict) -> None:
+        idle = [key for key, gate in gates.items() if gate.users == 0]
+        for key in idle:
+            del gates[key]
         # Busy gates are at most sends_pending_max <= endpoint_gates_max, and this send is not
         # counted yet, so there is room now; if not, the counting above is broken.
-        assert len(self._gates) < self._settings.endpoint_gates_max, "endpoint gate accounting is broken"
+        assert len(gates) < self._settings.endpoint_gates_max, "gate accounting is broken"
 
     def _timeout(self, timeout_ms: int) -> tuple[int, aiohttp.ClientTimeout]:
         settings = self._settings

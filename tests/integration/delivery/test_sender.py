@@ -339,3 +339,21 @@ async def test_too_many_concurrent_sends_is_a_caller_bug(receiver: Receiver) -> 
             await sender.send(request_to(receiver.url("/hook")))
         release.set()
         assert all(result.success for result in await asyncio.gather(*pending))
+
+
+async def test_waiting_for_a_connection_does_not_count_against_the_timeout(receiver: Receiver) -> None:
+    """With one connection per host, three concurrent 0.6 s sends with a 1 s timeout all succeed: they
+    queue on the sender's own per-host bound, not inside the connector where the wait would time out."""
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.6)
+        return web.Response(text="ok")
+
+    receiver.route("/slow", slow)
+    await receiver.start()
+    settings = SenderSettings(allowed_networks=("127.0.0.0/8",), connections_per_host_max=1)
+    async with Sender(settings) as sender:
+        results = await asyncio.gather(*(
+            sender.send(request_to(receiver.url("/slow"), timeout_ms=1000, endpoint_id=f"ep_{n}")) for n in range(3)))
+    assert [r.success for r in results] == [True, True, True], [r.error for r in results]
+    assert all(r.latency_ms < 1000 for r in results)
