@@ -1,0 +1,9 @@
+"""The chaos run (`scripts/chaos.py`): the whole platform as real processes under injected faults.
+
+    receivers  loopback HTTP receivers with programmed behaviour; they verify and count
+    cluster    PostgreSQL, Redis, API and worker processes, and the faults done to them
+    faults     the seeded fault schedule and its injector
+    workload   accounts, endpoints, sends, retries, deletions and replays through the SDK
+    checks     what must hold once everything drained: audit, liveness, receipts, credits
+    run        the command line: sizes, orchestration, the summary
+"""
