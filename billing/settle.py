@@ -50,6 +50,7 @@ class Settled:
     delivery_id: uuid.UUID
     outcome: Outcome
     amount: int  # credits moved by this call: +price for a refund, -price for a reclaim, else 0
+    reason: DeadReason | None = None  # the reason a refund was made for (outcome REFUNDED)
 
 
 _LOCK_ACCOUNT_OF_DELIVERY = (
@@ -118,7 +119,7 @@ async def settle(
         refunded = await connection.fetchval(_MARK_DEAD_AND_REFUND, delivery_id, str(reason))
     if refunded is None:
         return Settled(delivery_id, Outcome.ALREADY_SETTLED, 0)
-    return Settled(delivery_id, Outcome.REFUNDED, refunded)
+    return Settled(delivery_id, Outcome.REFUNDED, refunded, reason)
 
 
 async def reclaim(executor: Executor, delivery_id: uuid.UUID) -> Settled:

@@ -81,6 +81,7 @@ def run(
     running = platform.start(settings, api_port=port or None)
     try:
         console.print(f"API      {running.api_url}  (docs {running.api_url}/docs, metrics {running.api_url}/metrics)")
+        console.print(f"worker   metrics http://127.0.0.1:{running.environment['HOOKLEDGER_WORKER_METRICS_PORT']}/metrics")
         console.print(f"operator HOOKLEDGER_OPERATOR_KEY={running.operator_key}")
         console.print(f"logs     {running.log_dir}")
         clean = platform_demo.run(running, console)

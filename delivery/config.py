@@ -72,6 +72,7 @@ class WorkerSettings:
     jobs_max: int = 20
     sweep_interval_seconds: int = 5
     shutdown_grace_seconds: int = 10
+    metrics_port: int = 0  # serve the worker's Prometheus metrics on 127.0.0.1:port; 0: off
     audit_interval_minutes: int = 10  # the audit cron's period; 0 turns it off
     engine: EngineSettings = field(default_factory=EngineSettings)
     sender: SenderSettings = field(default_factory=SenderSettings)
@@ -186,6 +187,7 @@ def _worker(environ: Mapping[str, str]) -> WorkerSettings:
         sweep_interval_seconds=_integer(environ, "HOOKLEDGER_SWEEP_SECONDS", 5, 1, 60),
         shutdown_grace_seconds=_integer(environ, "HOOKLEDGER_SHUTDOWN_GRACE_SECONDS", 10, 0, 300),
         audit_interval_minutes=_integer(environ, "HOOKLEDGER_AUDIT_MINUTES", 10, 0, 60),
+        metrics_port=_integer(environ, "HOOKLEDGER_WORKER_METRICS_PORT", 0, 0, 65535),
         engine=engine,
         sender=sender,
     )

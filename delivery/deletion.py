@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from billing import closeout
+from delivery import metrics
 from billing.errors import AccountNotFound, BulkSettleMismatch
 
 logger = logging.getLogger(__name__)
@@ -188,6 +189,7 @@ async def _begin_closing(connection, account_id):
 
 async def _bulk_settle(connection, account_id):
     settled = await closeout.bulk_settle(connection, account_id)
+    metrics.count_deaths("account_deleted", settled.refunded)
     report = await _report(connection, account_id)
     # Counts add up over runs: a run after a crash settles what is left (usually nothing).
     return settled, {

@@ -23,7 +23,7 @@ from datetime import timedelta
 
 import asyncpg
 
-from delivery import claims, presend, retry
+from delivery import claims, metrics, presend, retry
 from delivery.endpoint_health import EndpointHealth
 from delivery.presend import Outgoing
 from delivery.queue import Queue
@@ -90,7 +90,8 @@ class Engine:
     async def sweep(self) -> int:
         """Find what Redis may have lost: expired leases, exhausted deliveries, due deliveries."""
         await expire_leases(self.pool, batch_size=claims.CLAIM_BATCH_MAX, delay_seconds=self._lease_expiry_delay)
-        await claims.settle_exhausted(self.pool, batch_size=claims.CLAIM_BATCH_MAX)
+        exhausted = await claims.settle_exhausted(self.pool, batch_size=claims.CLAIM_BATCH_MAX)
+        metrics.count_deaths("attempts_exhausted", exhausted)
         budget = [self.settings.sweep_batches_max]
 
         async def lane() -> int:
@@ -124,12 +125,16 @@ class Engine:
 
     async def _send_and_record(self, report: BatchReport, outgoing: list[Outgoing], settled: list) -> BatchReport:
         report.settled_before_send = len(settled)
+        for item in settled:
+            if item.reason is not None:
+                metrics.count_deaths(item.reason, 1)
         if not outgoing:
             return report
         sent = await asyncio.gather(*(self._send(item) for item in outgoing))
         report.sent = len(sent)
         results = [self._result(item, result) for item, result in zip(outgoing, sent)]
         report.summary = await record_results(self.pool, results)
+        metrics.count_results(results, report.summary)
         await self._after_record(outgoing, sent, results, report.summary)
         return report
 

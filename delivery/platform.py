@@ -113,6 +113,7 @@ def start(settings: config.Settings, *, api_port: int | None = None) -> Platform
         "HOOKLEDGER_API_PORT": str(port),
         "HOOKLEDGER_RETRY_SCHEDULE": os.environ.get("HOOKLEDGER_RETRY_SCHEDULE", DEMO_RETRY_SCHEDULE),
         "HOOKLEDGER_SWEEP_SECONDS": os.environ.get("HOOKLEDGER_SWEEP_SECONDS", "1"),
+        "HOOKLEDGER_WORKER_METRICS_PORT": str(free_port()),
         **{name: os.environ.get(name) or value for name, value in values.items()},
     }
     log_dir = data_dir / "logs"

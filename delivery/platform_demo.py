@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 from rich.console import Console
 
 from delivery.client import Client
@@ -73,10 +74,21 @@ def run(platform: Platform, console: Console) -> bool:
     _show(console, "balance", _cli(platform, api_key, "balance"))
     audit = _cli(platform, api_key, "audit", "--account", str(account_id))
     _show(console, f"audit --account {account_id}", audit)
+    _show_worker_metrics(platform, console)
     lines = (platform.log_dir / "listen.log").read_text(errors="replace").splitlines()
     received = sum(line.startswith("received ") for line in lines)
     console.print(f"the local receiver verified and printed {received} webhook(s); logs in {platform.log_dir}")
     return ended and audit.returncode == 0
+
+
+def _show_worker_metrics(platform: Platform, console: Console) -> None:
+    port = platform.environment["HOOKLEDGER_WORKER_METRICS_PORT"]
+    console.rule(f"[bold]worker metrics (http://127.0.0.1:{port}/metrics)")
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(("hookledger_deliveries_total", "hookledger_refunds_total",
+                            "hookledger_delivery_attempts_total")):
+            console.print(line, markup=False, highlight=False)
 
 
 def _wait_until_all_ended(app: Client) -> bool:

@@ -73,6 +73,8 @@ async def _startup(ctx: dict) -> None:
         from signing import parse_keyring
 
         keyring = parse_keyring(settings.secret_keyring)
+    if settings.worker.metrics_port:
+        metrics.serve(settings.worker.metrics_port)
     ctx["engine"] = Engine(pool, sender, job_queue.Queue(ctx["redis"]), SignerCache(keyring), settings.worker.engine)
     logger.info("worker started")
 

@@ -134,3 +134,36 @@ async def test_retry_after_is_honoured(pool, settings, keyring, receiver_factory
     assert len(rows) == 2
     gap = (rows[1]["started_at"] - rows[0]["finished_at"]).total_seconds()
     assert gap >= 1.9, gap
+
+
+async def test_worker_metrics_count_attempts_outcomes_refunds_and_latency(
+        pool, settings, keyring, receiver_factory, arq_queue):
+    """The worker's Prometheus counters move with what it did: attempts by status class, deliveries by
+    outcome, refunds by reason, and the creation-to-delivery latency histogram."""
+    from delivery import metrics
+
+    def value(name: str, **labels) -> float:
+        return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = {
+        "2xx": value("hookledger_delivery_attempts_total", status_class="2xx"),
+        "5xx": value("hookledger_delivery_attempts_total", status_class="5xx"),
+        "delivered": value("hookledger_deliveries_total", outcome="delivered"),
+        "dead": value("hookledger_deliveries_total", outcome="dead"),
+        "refunds": value("hookledger_refunds_total", reason="out_of_retries"),
+        "latency": value("hookledger_delivery_latency_seconds_count"),
+    }
+    healthy = await receiver_factory()
+    failing = await receiver_factory(lambda number: 503)
+    account_id = await add_account(pool)
+    await add_endpoint(pool, account_id, healthy, keyring)
+    await add_endpoint(pool, account_id, failing, keyring)
+    async with running_worker(settings, pool):
+        delivery_ids = await _send(pool, settings, account_id, arq_queue)
+        await wait_for(lambda: all_finished(pool, delivery_ids))
+    assert value("hookledger_delivery_attempts_total", status_class="2xx") - before["2xx"] == 1
+    assert value("hookledger_delivery_attempts_total", status_class="5xx") - before["5xx"] == 3
+    assert value("hookledger_deliveries_total", outcome="delivered") - before["delivered"] == 1
+    assert value("hookledger_deliveries_total", outcome="dead") - before["dead"] == 1
+    assert value("hookledger_refunds_total", reason="out_of_retries") - before["refunds"] == 1
+    assert value("hookledger_delivery_latency_seconds_count") - before["latency"] == 1
