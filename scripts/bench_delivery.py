@@ -438,6 +438,13 @@ async def orchestrate(arguments) -> None:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await admin.close()
     report(arguments, results, concurrency, sender_settings.sends_per_endpoint_max, bench.logs)
+    if arguments.json:
+        arguments.json.write_text(json.dumps({
+            "benchmark": "delivery", "deliveries": arguments.deliveries, "naive_deliveries": arguments.naive_deliveries,
+            "workers": arguments.workers, "endpoints": arguments.endpoints, "body_bytes": arguments.body_bytes,
+            "offered_rate": arguments.rate, "latency_seconds": arguments.seconds, "connections": concurrency,
+            "results": results,
+        }, indent=2, default=str) + "\n")
 
 
 def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: list[str]) -> None:
@@ -484,6 +491,7 @@ def main() -> None:
     parser.add_argument("--redis-db", type=int, default=15, help="a Redis database number of the bench's own")
     parser.add_argument("--serve-receiver", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--naive-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     arguments = parser.parse_args()
     if arguments.serve_receiver is not None:
         asyncio.run(serve_receiver(arguments.serve_receiver))

@@ -19,12 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import aiohttp
 import asyncpg
@@ -169,20 +171,29 @@ async def main(arguments: argparse.Namespace) -> None:
         ceiling, _ = await load(trivial_url, hot_key, BODIES[1], seconds, concurrency)
         print(f"trivial aiohttp handler                {ceiling:9.0f} msg/s   100%")
         results = []
+        report = {"benchmark": "ingest", "seconds": seconds, "concurrency": concurrency, "accounts": arguments.accounts,
+                  "group_commit_concurrency": arguments.group_commit_concurrency,
+                  "trivial_handler_per_second": ceiling, "api": [], "bare_sql": []}
         for fan_out in (1, 4):
             for label, these_keys in (("1,000 accounts" if arguments.accounts == 1000 else f"{arguments.accounts} accounts", many_keys),
                                       ("one hot account", hot_key)):
                 rate, statuses = await load(api_url, these_keys, BODIES[fan_out], seconds, concurrency)
                 results.append(rate)
                 print(f"API  fan-out {fan_out}  {label:16}      {rate:9.0f} msg/s  {rate / ceiling:5.0%}  {statuses}")
+                report["api"].append({"fan_out": fan_out, "accounts": label, "messages_per_second": rate,
+                                      "share_of_trivial": rate / ceiling, "statuses": {str(k): v for k, v in dict(statuses).items()}})
         pool = await create_pool(database_url, size_min=BARE_SQL_CONNECTIONS, size_max=BARE_SQL_CONNECTIONS)
         try:
             for fan_out in (1, 4):
                 for label, ids in (("many accounts", many_ids), ("one hot account", hot_id)):
                     rate = await bare_sql(pool, ids, fan_out, seconds, concurrency)
                     print(f"bare SQL (1 tx/msg) fan-out {fan_out}  {label:16} {rate:7.0f} msg/s  {rate / ceiling:5.0%}")
+                    report["bare_sql"].append({"fan_out": fan_out, "accounts": label, "messages_per_second": rate,
+                                               "share_of_trivial": rate / ceiling})
         finally:
             await pool.close()
+        if arguments.json:
+            arguments.json.write_text(json.dumps(report, indent=2) + "\n")
     finally:
         for process in servers:
             process.terminate()
@@ -198,6 +209,7 @@ if __name__ == "__main__":
     parser.add_argument("--accounts", type=int, default=1000)
     parser.add_argument("--group-commit-concurrency", type=int, default=2)
     parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parsed = parser.parse_args()
     if parsed.serve_trivial:
         serve_trivial(parsed.serve_trivial)

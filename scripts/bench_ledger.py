@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import time
 import uuid
+from pathlib import Path
 
 import asyncpg
 
@@ -126,6 +128,7 @@ async def main() -> None:
     parser.add_argument("--messages", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--accounts", type=int, default=200)
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     arguments = parser.parse_args()
     settings = config.load()
     server = services.database_url(settings.database)
@@ -148,6 +151,13 @@ async def main() -> None:
     print(f"{'scenario':<18} {'operation':<10} {'real /s':>10} {'bare SQL /s':>12} {'ratio':>7}")
     for scenario_name, operation, real, bare in rows:
         print(f"{scenario_name:<18} {operation:<10} {real:>10.0f} {bare:>12.0f} {real / bare:>7.0%}")
+    if arguments.json:
+        arguments.json.write_text(json.dumps({
+            "benchmark": "ledger", "messages": arguments.messages, "concurrency": arguments.concurrency,
+            "accounts": arguments.accounts, "settle_share": SETTLE_SHARE,
+            "rows": [{"scenario": scenario_name, "operation": operation, "real_per_second": real,
+                      "bare_sql_per_second": bare, "ratio": real / bare} for scenario_name, operation, real, bare in rows],
+        }, indent=2) + "\n")
 
 
 if __name__ == "__main__":

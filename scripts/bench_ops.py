@@ -25,6 +25,7 @@ import os
 import time
 import uuid
 from datetime import datetime
+from pathlib import Path
 
 import asyncpg
 
@@ -155,6 +156,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--live", type=int, default=100_000, help="live deliveries of the deleted account")
     parser.add_argument("--ledger", type=int, default=1_000_000, help="ledger entries in the audited database")
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     arguments = parser.parse_args()
     server = services.database_url(config.load().database)
     name = f"hookledger_bench_ops_{os.getpid()}"
@@ -172,6 +174,12 @@ async def main() -> None:
     print(f"\n{'operation':<44} {'real s':>8} {'bare SQL s':>11} {'ratio':>7}")
     for operation, real, bare in rows:
         print(f"{operation:<44} {real:>8.2f} {bare:>11.2f} {real / bare:>6.2f}x")
+    if arguments.json:
+        arguments.json.write_text(json.dumps({
+            "benchmark": "ops", "live": arguments.live, "ledger": arguments.ledger,
+            "rows": [{"operation": operation, "real_seconds": real, "bare_sql_seconds": bare, "ratio": real / bare}
+                     for operation, real, bare in rows],
+        }, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import datetime
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import standardwebhooks
 
@@ -101,8 +102,17 @@ def print_table(rows: list[tuple[str, float, str, float]], seconds: float) -> No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="duration of each measurement")
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     arguments = parser.parse_args()
-    print_table(measure(arguments.seconds), arguments.seconds)
+    rows = measure(arguments.seconds)
+    print_table(rows, arguments.seconds)
+    if arguments.json:
+        arguments.json.write_text(json.dumps({
+            "benchmark": "signing", "body_bytes": BODY_BYTES, "seconds": arguments.seconds,
+            "rows": [{"operation": operation, "ours_per_second": ours, "compared_with": reference_name,
+                      "theirs_per_second": reference, "ratio": ours / reference}
+                     for operation, ours, reference_name, reference in rows],
+        }, indent=2) + "\n")
 
 
 if __name__ == "__main__":
