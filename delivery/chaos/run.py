@@ -122,6 +122,11 @@ async def run(options: argparse.Namespace) -> int:
         drain_seconds = await chaos_checks.drain(pool, workload, max(DRAIN_SECONDS_MIN, sizes.window_seconds))
         results, facts = await chaos_checks.run_checks(pool, workload, receivers, cluster.exited_unexpectedly())
         passed = all(check.passed for check in results)
+        if workload.tally["deletion_rerequests"]:
+            servers.notes.append(
+                f"{workload.tally['deletion_rerequests']} account deletion(s) had to be requested again: a deletion"
+                " job lost with Redis (FLUSHALL) or with a killed worker is never re-enqueued by the platform"
+                " (no sweep covers account_deletions); the account stays as it was until an operator asks again")
         summary = _summary(options, sizes, workload, injector, receivers, results, facts, servers.notes,
                            {"setup": setup_seconds, "window": window_seconds, "drain": drain_seconds,
                             "total": time.monotonic() - began})
@@ -206,6 +211,8 @@ def print_summary(summary: dict) -> None:
     print(f"== receivers: {receivers['requests']} requests for {receivers['ids']} ids,"
           f" {receivers['invalid']} invalid signatures; duplicates (2xx more than once):"
           f" {receivers['ids_answered_2xx_more_than_once']} ids, {receivers['duplicate_2xx_copies']} extra copies")
+    for note in summary["notes"]:
+        print(f"note: {note}")
     print("== checks")
     for check in summary["checks"]:
         print(f"  [{'ok' if check['passed'] else 'FAIL'}] {check['name']}: {check['detail']}")
