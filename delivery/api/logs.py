@@ -7,6 +7,21 @@ import sys
 
 import structlog
 
+class _CurrentStdout:
+    """Whatever sys.stdout is at the moment of each write.
+
+    structlog caches loggers on first use, and a handler keeps the stream it was given; both would
+    otherwise hold on to the stdout of the moment of configuration, which a test runner (or a
+    daemonizing parent) may have replaced and closed since.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stdout.write(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -21,10 +36,10 @@ def configure(level: str = "info") -> None:
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
         wrapper_class=structlog.make_filtering_bound_logger(number),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        logger_factory=structlog.PrintLoggerFactory(_CurrentStdout()),
         cache_logger_on_first_use=True,
     )
-    handler = logging.StreamHandler(sys.stdout)
+    handler = logging.StreamHandler(_CurrentStdout())
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, structlog.processors.JSONRenderer()],

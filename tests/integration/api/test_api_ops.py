@@ -4,6 +4,7 @@ queue depth read at scrape time, the OpenAPI document, the docs page, request id
 from __future__ import annotations
 
 import json
+import logging
 
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -68,6 +69,7 @@ async def test_request_ids_are_echoed_or_made(api):
 
 async def test_logs_are_json_lines_with_the_request_id(api, capsys):
     """With logging configured, each request logs one JSON line carrying its request id."""
+    root_handlers = logging.getLogger().handlers[:]
     logs.configure("info")
     try:
         await api.client.get("/healthz", headers={"X-Request-Id": "trace-me"})
@@ -77,3 +79,4 @@ async def test_logs_are_json_lines_with_the_request_id(api, capsys):
         import structlog
 
         structlog.reset_defaults()
+        logging.getLogger().handlers[:] = root_handlers
