@@ -115,6 +115,29 @@ async def read_deletion(pool: asyncpg.Pool, account_id: uuid.UUID) -> DeletionSt
     return DeletionState.from_row(row) if row else None
 
 
+# Deletions still `running` that no job has advanced for this long: their job was lost (Redis
+# lost its keys, or the worker died mid-job). A live job updates the row at every step.
+STALE_AFTER_SECONDS = 60
+RESUMED_PER_SWEEP_MAX = 20
+_STALE = (
+    "SELECT account_id FROM account_deletions"
+    " WHERE status = 'running' AND updated_at < now() - $1 * interval '1 second'"
+    " ORDER BY updated_at LIMIT $2"
+)
+
+
+async def resume_stale(pool: asyncpg.Pool, queue_redis) -> list[uuid.UUID]:
+    """Enqueue a job again for every deletion whose job was lost. Called by the worker's sweep.
+
+    Redis is never the source of truth: the row in account_deletions is. A second job for a
+    deletion still running elsewhere finds the advisory lock taken and returns at once.
+    """
+    rows = await pool.fetch(_STALE, STALE_AFTER_SECONDS, RESUMED_PER_SWEEP_MAX)
+    for row in rows:
+        await queue_redis.enqueue_job(JOB_NAME, str(row["account_id"]), _job_id=f"{JOB_NAME}:{uuid.uuid4().hex}")
+    return [row["account_id"] for row in rows]
+
+
 async def delete_account(ctx: dict, account_id: str) -> dict:
     """The arq job: run the deletion of this account. Returns its status and report."""
     state = await run_deletion(ctx["pool"], uuid.UUID(account_id))

@@ -42,7 +42,12 @@ async def deliver(ctx: dict, delivery_ids: list[str]) -> int:
 
 
 async def sweep(ctx: dict) -> int:
-    return await ctx["engine"].sweep()
+    """Deliveries whose jobs were lost (and leases that expired), then deletions whose jobs were lost."""
+    processed = await ctx["engine"].sweep()
+    resumed = await deletion.resume_stale(ctx["pool"], ctx["redis"])
+    if resumed:
+        logger.warning("re-enqueued %d account deletions whose jobs were lost", len(resumed))
+    return processed
 
 
 async def audit_cron(ctx: dict) -> int:

@@ -51,3 +51,30 @@ async def test_two_jobs_on_the_worker(pool, settings, redis_url):
     assert await refunds_per_delivery(pool, account_id) == {"dead:1": 200}
     assert await balance_and_ledger(pool, account_id) == (0, 0, "deleted")
     await assert_audit_clean(pool)
+
+
+async def test_a_deletion_whose_job_redis_lost_is_finished_by_the_sweep(pool, settings, redis_url):
+    """The deletion is recorded and its job enqueued, then Redis loses every key before any worker ran
+    it: the worker's sweep finds the stale `running` row, enqueues the job again, and it finishes."""
+    import redis.asyncio as redis_asyncio
+
+    account_id = await make_account(pool, balance=500)
+    endpoint_id = await add_endpoint(pool, account_id)
+    await create_many(pool, account_id, endpoint_id, 20)
+    arq_redis = await job_queue.connect(redis_url)
+    client = redis_asyncio.Redis.from_url(redis_url)
+    try:
+        await deletion.start_account_deletion(pool, arq_redis, account_id)
+        await client.flushall()
+        # As if a minute had passed without the job advancing the row.
+        await pool.execute("UPDATE account_deletions SET updated_at = now() - interval '2 minutes'"
+                           " WHERE account_id = $1", account_id)
+        async with running_worker(settings, pool):
+            await wait_for(lambda: pool.fetchval(
+                "SELECT status = 'done' FROM account_deletions WHERE account_id = $1", account_id), timeout_seconds=30)
+    finally:
+        await arq_redis.aclose()
+        await client.aclose()
+    assert await refunds_per_delivery(pool, account_id) == {"dead:1": 20}
+    assert await balance_and_ledger(pool, account_id) == (0, 0, "deleted")
+    await assert_audit_clean(pool)
