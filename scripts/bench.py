@@ -77,8 +77,13 @@ def _ticks_of(pid: str) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
 
 
-def postgres_ticks() -> int:
-    total = 0
+def postgres_ticks() -> dict[str, tuple[int, bool]]:
+    """CPU ticks of every live `postgres` process: pid -> (ticks, is a benchmark's backend).
+
+    A backend's process title names its database, so the benchmarks' own backends
+    (`hookledger_bench...`) are told apart from the server's shared processes and other people's.
+    """
+    found: dict[str, tuple[int, bool]] = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -86,10 +91,12 @@ def postgres_ticks() -> int:
             with open(f"/proc/{pid}/comm") as file:
                 if file.read().strip() != "postgres":
                     continue
-            total += _ticks_of(pid)
+            with open(f"/proc/{pid}/cmdline", "rb") as file:
+                ours = b"hookledger_bench" in file.read()
+            found[pid] = (_ticks_of(pid), ours)
         except (OSError, IndexError, ValueError):
             continue  # the process ended between listing and reading
-    return total
+    return found
 
 
 def machine_ticks() -> int:
@@ -97,36 +104,56 @@ def machine_ticks() -> int:
         return sum(int(value) for value in file.readline().split()[1:8])
 
 
+def _spent(before: dict, after: dict) -> tuple[int, int]:
+    """(all postgres, benchmark backends) ticks spent between two snapshots; a new pid counts from 0.
+
+    A backend that exited between the snapshots is missing from `after`: its last interval's
+    CPU is lost, so the shares are a slight underestimate, never an overestimate.
+    """
+    total = ours = 0
+    for pid, (ticks, is_ours) in after.items():
+        spent = ticks - before.get(pid, (0, False))[0]
+        total += spent
+        ours += spent if is_ours else 0
+    return total, ours
+
+
 class CpuSampler(threading.Thread):
     """Samples PostgreSQL's share of the machine's CPU time every CPU_SAMPLE_SECONDS until stopped."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.samples: list[float] = []
+        self.samples: list[tuple[float, float]] = []  # (all postgres, benchmark backends) shares
+        self.spent = [0, 0]
+        self.machine = 0
         self._stop_event = threading.Event()
-        self._first = (postgres_ticks(), machine_ticks())
 
     def run(self) -> None:
-        previous = self._first
+        previous, previous_machine = postgres_ticks(), machine_ticks()
         while not self._stop_event.wait(CPU_SAMPLE_SECONDS):
-            current = (postgres_ticks(), machine_ticks())
-            machine = current[1] - previous[1]
+            current, current_machine = postgres_ticks(), machine_ticks()
+            total, ours = _spent(previous, current)
+            machine = current_machine - previous_machine
             if machine > 0:
-                self.samples.append((current[0] - previous[0]) / machine)
-            previous = current
+                self.samples.append((total / machine, ours / machine))
+                self.spent[0] += total
+                self.spent[1] += ours
+                self.machine += machine
+            previous, previous_machine = current, current_machine
 
     def stop(self) -> dict:
         self._stop_event.set()
         self.join()
-        last = (postgres_ticks(), machine_ticks())
-        machine = last[1] - self._first[1]
-        ordered = sorted(self.samples)
-        return {
-            "mean_share_of_machine": (last[0] - self._first[0]) / machine if machine else None,
-            "p90_share_of_machine": ordered[int(len(ordered) * 0.9)] if ordered else None,
-            "max_share_of_machine": ordered[-1] if ordered else None,
-            "samples": len(ordered), "sample_seconds": CPU_SAMPLE_SECONDS,
-        }
+
+        def summary(index: int) -> dict:
+            ordered = sorted(sample[index] for sample in self.samples)
+            return {"mean": self.spent[index] / self.machine if self.machine else None,
+                    "p90": ordered[int(len(ordered) * 0.9)] if ordered else None,
+                    "max": ordered[-1] if ordered else None}
+
+        return {"unit": "share of the whole machine's CPU time (1.0 = every core busy)",
+                "all_postgres": summary(0), "benchmark_backends": summary(1),
+                "samples": len(self.samples), "sample_seconds": CPU_SAMPLE_SECONDS}
 
 
 # ---- running the benchmarks -------------------------------------------------------------------------
@@ -227,6 +254,12 @@ def headline(report: dict) -> dict:
         for row in ops["rows"]:
             rows[f"{row['operation']} (s)"] = {"seconds": row["real_seconds"], "baseline": row["bare_sql_seconds"],
                                                "times_baseline": row["ratio"]}
+    for name in ("delivery", "ingest"):
+        cpu = report["benchmarks"].get(name, {}).get("postgres_cpu")
+        if cpu:
+            rows[f"PostgreSQL CPU share during bench_{name}"] = {
+                "all_mean": cpu["all_postgres"]["mean"], "all_p90": cpu["all_postgres"]["p90"],
+                "bench_backends_mean": cpu["benchmark_backends"]["mean"], "bench_backends_p90": cpu["benchmark_backends"]["p90"]}
     signing = report["benchmarks"].get("signing", {}).get("result")
     if signing:
         for row in signing["rows"]:
@@ -256,7 +289,7 @@ def draw(report: dict, path: Path) -> None:
 def _bars(axis, labels, values, colors, title, unit) -> None:
     positions = range(len(labels))
     bars = axis.bar(positions, values, color=colors)
-    axis.set_xticks(list(positions), labels, rotation=20, ha="right", fontsize=8)
+    axis.set_xticks(list(positions), labels, rotation=35, ha="right", fontsize=7)
     axis.set_title(title, fontsize=10)
     axis.set_ylabel(unit)
     for bar, value in zip(bars, values):
