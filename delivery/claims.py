@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import asyncpg
 
@@ -25,9 +25,12 @@ LEASE_MS_MIN = 1000
 LEASE_MS_MAX = 3_600_000
 
 
-@dataclass(frozen=True)
-class Claimed:
-    """A delivery on one attempt, with what the sender needs."""
+class Claimed(NamedTuple):
+    """A delivery on one attempt, with what the sender needs.
+
+    A NamedTuple, not a frozen dataclass: thousands are made per second on the hot path, and a
+    frozen dataclass pays an object.__setattr__ per field.
+    """
 
     id: uuid.UUID
     account_id: uuid.UUID
