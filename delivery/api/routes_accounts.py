@@ -15,6 +15,14 @@ from delivery.api.validation import AccountCreate, Query, TopupCreate, decode, p
 routes = web.RouteTableDef()
 
 
+def _account_id(request: web.Request):
+    """The account id in the path; a malformed one answers 404 like a missing account."""
+    account_id = path_id(request.match_info["id"])
+    if account_id is None:
+        raise not_found("account")
+    return account_id
+
+
 def _account(account: billing_accounts.Account) -> responses.Account:
     return responses.from_row(responses.Account, account)
 
@@ -39,9 +47,7 @@ async def create_account(request: web.Request) -> web.Response:
 async def get_account(request: web.Request) -> web.Response:
     ctx = context(request)
     await ctx.operator(request)
-    account_id = path_id(request.match_info["id"])
-    if account_id is None:
-        raise not_found("account")
+    account_id = _account_id(request)
     return responses.json(_account(await billing_accounts.get_account(ctx.pool, account_id)))
 
 
@@ -54,9 +60,7 @@ async def delete_account(request: web.Request) -> web.Response:
     """Start the account-deletion job (delivery.deletion): 202 with the job; its status is readable."""
     ctx = context(request)
     await ctx.operator(request)
-    account_id = path_id(request.match_info["id"])
-    if account_id is None:
-        raise not_found("account")
+    account_id = _account_id(request)
     redis = ctx.queue.redis if ctx.queue is not None else None
     await deletion.start_account_deletion(ctx.pool, redis, account_id)
     state = await deletion.read_deletion(ctx.pool, account_id)
@@ -80,9 +84,7 @@ async def top_up(request: web.Request) -> web.Response:
     """Idempotent by order id: the same order again answers 200 with applied=false."""
     ctx = context(request)
     await ctx.operator(request)
-    account_id = path_id(request.match_info["id"])
-    if account_id is None:
-        raise not_found("account")
+    account_id = _account_id(request)
     body = decode(await request.read(), TopupCreate)
     result = await billing_accounts.top_up(ctx.pool, account_id, body.order_id, body.amount)
     topup = responses.Topup(body.order_id, result.entry_id, result.amount, result.balance, result.applied)
