@@ -97,14 +97,6 @@ def run(
         running.stop()
 
 
-@app.command()
-def demo() -> None:
-    """Run the ledger demo: an account, top-ups, deliveries, some settled; prints balance and audit."""
-    from delivery import demo as demo_module
-
-    raise typer.Exit(asyncio.run(demo_module.main(config.load(), console)))
-
-
 def _uuid(value: str, what: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)

@@ -212,6 +212,3 @@ def _record(result: Replayed, old_id: uuid.UUID, outcome: MessageCreated | Billi
         result.created[old_id] = outcome.deliveries[0].id
         result.charged += outcome.total_charged
 
-
-def new_delivery_ids(result: Replayed) -> list[uuid.UUID]:
-    return list(result.created.values())

@@ -109,13 +109,6 @@ class Engine:
         # Several lanes, so one batch's slowest send does not hold up the next batch's claim.
         return sum(await asyncio.gather(*(lane() for _ in range(self.settings.sweep_lanes))))
 
-    async def process(self, claimed: list[claims.Claimed]) -> BatchReport:
-        """Check, send and record deliveries claimed elsewhere (loads what the sender needs)."""
-        report = BatchReport(claimed=len(claimed))
-        if not claimed:
-            return report
-        return await self._send_and_record(report, *await presend.load_for_send(self.pool, claimed))
-
     async def process_loaded(self, loaded: list[tuple[claims.Claimed, asyncpg.Record]]) -> BatchReport:
         """Check, send and record deliveries claimed with their pre-send rows (one round trip)."""
         report = BatchReport(claimed=len(loaded))

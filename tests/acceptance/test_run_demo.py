@@ -27,5 +27,6 @@ def test_run_demo_on_embedded_servers(tmp_path: Path) -> None:
     assert "verified and printed 2 webhook(s)" in output
     assert 'hookledger_deliveries_total{outcome="delivered"} 2.0' in output  # the worker's own /metrics
     assert 'hookledger_refunds_total{reason="out_of_retries"} 2.0' in output
+    assert (tmp_path / "data" / "postgres" / "PG_VERSION").exists()  # the embedded server's data dir
     secrets_file = tmp_path / "data" / "dev-secrets.json"
     assert oct(secrets_file.stat().st_mode & 0o777) == "0o600"

@@ -129,11 +129,12 @@ async def test_retry_after_is_honoured(pool, settings, keyring, receiver_factory
     async with running_worker(settings, pool):
         (delivery_id,) = await _send(pool, settings, account_id, arq_queue)
         await wait_for(lambda: all_finished(pool, [delivery_id]), timeout_seconds=20)
-    rows = await pool.fetch("SELECT attempt, finished_at, started_at FROM delivery_attempts WHERE delivery_id = $1"
+    rows = await pool.fetch("SELECT attempt, status_code, error, finished_at, started_at FROM delivery_attempts"
+                            " WHERE delivery_id = $1"
                             " ORDER BY attempt", delivery_id)
-    assert len(rows) == 2
+    assert len(rows) == 2, [dict(row) for row in rows]
     gap = (rows[1]["started_at"] - rows[0]["finished_at"]).total_seconds()
-    assert gap >= 1.9, gap
+    assert gap >= 1.9, [dict(row) for row in rows]
 
 
 async def test_worker_metrics_count_attempts_outcomes_refunds_and_latency(
