@@ -325,15 +325,7 @@ async def _snapshot(executor: Executor) -> AsyncIterator[asyncpg.Connection]:
     if isinstance(executor, asyncpg.Pool):
         async with executor.acquire() as connection:
             async with connection.transaction(isolation="repeatable_read", readonly=True):
-                await connection.execute(_AUDIT_WORK_MEM)
                 yield connection
     else:
         async with executor.transaction(isolation="repeatable_read", readonly=True):
-            await executor.execute(_AUDIT_WORK_MEM)
             yield executor
-
-
-# The whole-ledger scans (per-delivery aggregates, I7's running balance) sort and hash millions
-# of rows; PostgreSQL's default 4 MB spills them to disk. This transaction alone gets more.
-AUDIT_WORK_MEM_MB = 64
-_AUDIT_WORK_MEM = f"SET LOCAL work_mem = '{AUDIT_WORK_MEM_MB}MB'"
