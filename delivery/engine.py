@@ -32,6 +32,7 @@ from delivery.sender import Sender, SendRequest, SendResult
 from delivery.signer_cache import SignerCache
 
 logger = logging.getLogger(__name__)
+_UNSIGNED = SendResult(None, 0, "not sent: the endpoint has no signing secret", "", None, False, False)
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,11 @@ class Engine:
         delivery_id = str(item.claimed.id)
         timestamp_seconds = int(time.time())
         signer = self.signers.signer(item.claimed.endpoint_id, item.secret, item.previous_secret)
-        headers = signer.headers(delivery_id, timestamp_seconds, item.payload) if signer else {
-            "webhook-id": delivery_id, "webhook-timestamp": str(timestamp_seconds)}
+        if signer is None:
+            # Every request must carry a signed delivery id (I9): without a secret nothing is
+            # sent, and the attempt fails like any other until the delivery dies, refunded.
+            return _UNSIGNED
+        headers = signer.headers(delivery_id, timestamp_seconds, item.payload)
         return await self.sender.send(
             SendRequest(delivery_id, item.claimed.attempt, item.url, item.payload, headers,
                         item.timeout_ms, str(item.claimed.endpoint_id))

@@ -168,3 +168,20 @@ async def test_worker_metrics_count_attempts_outcomes_refunds_and_latency(
     assert value("hookledger_deliveries_total", outcome="dead") - before["dead"] == 1
     assert value("hookledger_refunds_total", reason="out_of_retries") - before["refunds"] == 1
     assert value("hookledger_delivery_latency_seconds_count") - before["latency"] == 1
+
+
+async def test_an_endpoint_without_a_secret_is_never_sent_to(pool, settings, keyring, receiver_factory, arq_queue):
+    """No secret, no signature, no request (I9): the attempts fail without a connection, the delivery
+    dies after its schedule and is refunded once."""
+    receiver = await receiver_factory()
+    account_id = await add_account(pool)
+    endpoint_id = await add_endpoint(pool, account_id, receiver, keyring)
+    await pool.execute("UPDATE endpoints SET secret = NULL WHERE id = $1", endpoint_id)
+    async with running_worker(settings, pool):
+        (delivery_id,) = await _send(pool, settings, account_id, arq_queue)
+        await wait_for(lambda: all_finished(pool, [delivery_id]))
+    assert receiver.received == []
+    errors = await pool.fetch("SELECT error FROM delivery_attempts WHERE delivery_id = $1", delivery_id)
+    assert len(errors) == 3 and all("no signing secret" in row["error"] for row in errors)
+    assert (await states(pool, [delivery_id]))[delivery_id]["dead_reason"] == "out_of_retries"
+    assert await ledger_of(pool, delivery_id) == {"charge": -PRICE, "refund": PRICE}
