@@ -1,0 +1,54 @@
+"""Configuration from the environment: the defaults, and a clear error for each malformed setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from delivery import config
+from delivery.errors import DeliveryError
+
+
+def test_defaults_without_any_setting() -> None:
+    """Nothing set: embedded servers, the default schedule (8 attempts), 15 s sends, a 90 s lease."""
+    settings = config.load({})
+    assert settings.database.url is None and settings.redis.url is None
+    assert settings.ledger.attempts_max == 8
+    assert settings.worker.sender.timeout_ms_default == 15_000
+    assert settings.worker.engine.lease_ms == 90_000
+    assert settings.secret_keyring is None and settings.api.operator_key is None
+
+
+def test_settings_are_read_from_the_mapping_given() -> None:
+    """One mapping feeds every component: the networks reach both the API and the sender."""
+    settings = config.load({
+        "DATABASE_URL": "postgresql://db/x", "HOOKLEDGER_ALLOWED_NETWORKS": "10.0.0.0/8, 192.168.1.0/24",
+        "HOOKLEDGER_RETRY_SCHEDULE": "0,1,2", "HOOKLEDGER_DEV": "yes", "HOOKLEDGER_SECRET_KEYS": "k1:abc",
+    })
+    assert settings.database.url == "postgresql://db/x"
+    assert settings.api.allowed_networks == settings.worker.sender.allowed_networks == ("10.0.0.0/8", "192.168.1.0/24")
+    assert settings.ledger.attempts_max == 3  # the schedule's length
+    assert settings.api.dev_mode and settings.worker.sender.allow_loopback
+    assert settings.secret_keyring == "k1:abc"
+
+
+@pytest.mark.parametrize(
+    "environment, message",
+    [
+        ({"HOOKLEDGER_API_PORT": "eighty"}, "HOOKLEDGER_API_PORT must be an integer"),
+        ({"HOOKLEDGER_API_PORT": "70000"}, "HOOKLEDGER_API_PORT must be between 0 and 65535"),
+        ({"HOOKLEDGER_ATTEMPTS_MAX": "0"}, "HOOKLEDGER_ATTEMPTS_MAX must be between 1 and 50"),
+        ({"HOOKLEDGER_DEV": "maybe"}, "HOOKLEDGER_DEV must be true or false"),
+        ({"HOOKLEDGER_LOG_LEVEL": "loud"}, "HOOKLEDGER_LOG_LEVEL must be debug, info, warning or error"),
+        ({"HOOKLEDGER_LEASE_MS": "30000"}, "must exceed the longest send timeout"),
+    ],
+)
+def test_a_malformed_setting_is_a_clear_config_error(environment: dict, message: str) -> None:
+    """Each malformed value names the variable and what it should be."""
+    with pytest.raises(config.ConfigError, match=message):
+        config.load(environment)
+
+
+def test_a_malformed_retry_schedule_says_so() -> None:
+    """A schedule that is not a list of delays in seconds is refused with the schedule's own message."""
+    with pytest.raises(DeliveryError, match="retry schedule"):
+        config.load({"HOOKLEDGER_RETRY_SCHEDULE": "0,five"})
