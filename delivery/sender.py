@@ -153,6 +153,10 @@ class Sender:
     async def close(self) -> None:
         await self._session.close()
 
+    @property
+    def closed(self) -> bool:
+        return self._session.closed
+
     async def __aenter__(self) -> Sender:
         return self
 

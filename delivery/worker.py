@@ -111,6 +111,23 @@ class DeliveryWorker(Worker):
         self._stop_claiming()
         super().handle_sig(signum)
 
+    async def close(self) -> None:
+        """arq's close, except that a job cancelled while arq was finishing it cannot abort the shutdown.
+
+        arq gathers its job tasks without return_exceptions, so a job task that ended cancelled (the
+        signal lands while arq awaits finish_job) raised out of close() and skipped on_shutdown: the
+        sender and the pool were never closed. Wait for every task, keep their outcomes, then let arq
+        finish with nothing left to gather.
+        """
+        if not self._handle_signals:
+            self.handle_sig(signal.SIGUSR1)
+        outcomes = await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, Exception):
+                logger.warning("a job ended with %r during shutdown", outcome)
+        self.tasks.clear()
+        await super().close()
+
 
 def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = True, pool=None) -> DeliveryWorker:
     worker_settings = settings.worker
