@@ -74,6 +74,7 @@ class WorkerSettings:
     shutdown_grace_seconds: int = 10
     metrics_port: int = 0  # serve the worker's Prometheus metrics on 127.0.0.1:port; 0: off
     audit_interval_minutes: int = 10  # the audit cron's period; 0 turns it off
+    gc_gen0_threshold: int = 50_000  # delivery.gc_tuning; 0 keeps Python's collector settings
     engine: EngineSettings = field(default_factory=EngineSettings)
     sender: SenderSettings = field(default_factory=SenderSettings)
 
@@ -188,9 +189,17 @@ def _worker(environ: Mapping[str, str]) -> WorkerSettings:
         shutdown_grace_seconds=_integer(environ, "HOOKLEDGER_SHUTDOWN_GRACE_SECONDS", 10, 0, 300),
         audit_interval_minutes=_integer(environ, "HOOKLEDGER_AUDIT_MINUTES", 10, 0, 60),
         metrics_port=_integer(environ, "HOOKLEDGER_WORKER_METRICS_PORT", 0, 0, 65535),
+        gc_gen0_threshold=_gc_threshold(environ),
         engine=engine,
         sender=sender,
     )
+
+
+def _gc_threshold(environ: Mapping[str, str]) -> int:
+    value = _integer(environ, "HOOKLEDGER_WORKER_GC_GEN0", 50_000, 0, 1_000_000)
+    if 0 < value < 700:
+        raise ConfigError(f"HOOKLEDGER_WORKER_GC_GEN0 must be 0 (Python's defaults) or 700 to 1000000, got {value}")
+    return value
 
 
 def _api(environ: Mapping[str, str]) -> ApiSettings:

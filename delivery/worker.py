@@ -21,7 +21,7 @@ import uuid
 from arq import Worker, cron, func
 
 from billing.audit import audit
-from delivery import deletion, metrics, queue as job_queue
+from delivery import deletion, gc_tuning, metrics, queue as job_queue
 from delivery.config import Settings
 from delivery.database import open_pool
 from delivery.engine import Engine
@@ -82,6 +82,11 @@ async def _startup(ctx: dict) -> None:
         metrics.serve(settings.worker.metrics_port)
     ctx["engine"] = Engine(pool, sender, job_queue.Queue(ctx["redis"]), SignerCache(keyring), settings.worker.engine)
     logger.info("worker started")
+
+
+def _tune_collector(settings: Settings) -> None:
+    """In the worker process only (run), after start-up: not for a worker embedded in another program."""
+    gc_tuning.tune(settings.worker.gc_gen0_threshold)
 
 
 async def _shutdown(ctx: dict) -> None:
@@ -165,4 +170,6 @@ def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = T
 def run(settings: Settings, redis_url: str) -> None:
     """Run a worker until SIGTERM/SIGINT (blocking)."""
     asyncio.set_event_loop(asyncio.new_event_loop())
-    build_worker(settings, redis_url).run()
+    worker = build_worker(settings, redis_url)
+    _tune_collector(settings)
+    worker.run()
