@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import re
+import secrets
 import time
-import uuid
 
 import structlog
 from aiohttp import web
@@ -16,13 +17,30 @@ from delivery.api.problems import Problem
 
 log = structlog.get_logger("hookledger.api")
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+# Our request ids: a random prefix per process and a counter, unique across processes and
+# restarts without a system call per request (uuid4 read os.urandom on every request).
+_REQUEST_ID_PREFIX = secrets.token_hex(8)
+_request_numbers = itertools.count(1)
+_request_counters: dict[tuple[str, int], object] = {}  # (route, status) -> its child of API_REQUESTS
+
+
+def _new_request_id() -> str:
+    return f"{_REQUEST_ID_PREFIX}{next(_request_numbers):016x}"
+
+
+def _count(route: str, status: int) -> None:
+    counter = _request_counters.get((route, status))
+    if counter is None:
+        # Bounded: routes are the app's templates (or "unmatched") and statuses are three digits.
+        counter = _request_counters[(route, status)] = metrics.API_REQUESTS.labels(route, str(status))
+    counter.inc()
 
 
 @web.middleware
 async def observe(request: web.Request, handler) -> web.StreamResponse:
     """Accept a sane incoming X-Request-Id or make one; bind it to the log context; count the request."""
     incoming = request.headers.get("X-Request-Id", "")
-    request_id = incoming if _SANE_REQUEST_ID.fullmatch(incoming) else uuid.uuid4().hex
+    request_id = incoming if incoming and _SANE_REQUEST_ID.fullmatch(incoming) else _new_request_id()
     structlog.contextvars.bind_contextvars(request_id=request_id)
     started = time.perf_counter()
     try:
@@ -30,7 +48,7 @@ async def observe(request: web.Request, handler) -> web.StreamResponse:
         response.headers["X-Request-Id"] = request_id
         route = request.match_info.route.resource
         template = route.canonical if route is not None else "unmatched"
-        metrics.API_REQUESTS.labels(template, str(response.status)).inc()
+        _count(template, response.status)
         log.info(
             "request", method=request.method, path=request.path, route=template, status=response.status,
             duration_ms=round((time.perf_counter() - started) * 1000, 2),

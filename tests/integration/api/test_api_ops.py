@@ -65,6 +65,8 @@ async def test_request_ids_are_echoed_or_made(api):
     assert (await api.client.get("/healthz", headers={"X-Request-Id": "abc-123"})).headers["X-Request-Id"] == "abc-123"
     replaced = (await api.client.get("/healthz", headers={"X-Request-Id": "bad id\twith tabs"})).headers["X-Request-Id"]
     assert replaced != "bad id\twith tabs" and len(replaced) == 32
+    made = {(await api.client.get("/healthz")).headers["X-Request-Id"] for _ in range(3)}
+    assert len(made) == 3 and replaced not in made  # a fresh id for every request without one
 
 
 async def test_logs_are_json_lines_with_the_request_id(api, capsys):
