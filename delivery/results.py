@@ -16,6 +16,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import asyncpg
 
@@ -28,8 +29,9 @@ RESULT_BATCH_MAX = 1000
 LEASE_EXPIRED_ERROR = "lease expired before a result was recorded"
 
 
-@dataclass(frozen=True)
-class AttemptResult:
+class AttemptResult(NamedTuple):
+    """What one send did, to be recorded (a NamedTuple: one per send on the hot path)."""
+
     delivery_id: uuid.UUID
     attempt: int
     account_id: uuid.UUID

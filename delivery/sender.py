@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import NamedTuple
 
 import aiohttp
 from yarl import URL
@@ -92,9 +93,12 @@ class SenderSettings:
         object.__setattr__(self, "address_policy", policy)
 
 
-@dataclass(frozen=True, slots=True)
-class SendRequest:
-    """One attempt to send. headers are the caller's (Standard Webhooks); the sender adds the rest."""
+class SendRequest(NamedTuple):
+    """One attempt to send. headers are the caller's (Standard Webhooks); the sender adds the rest.
+
+    NamedTuples, not frozen dataclasses, for this and SendResult: one of each is made per send on
+    the hot path, and a frozen dataclass pays an object.__setattr__ per field.
+    """
 
     delivery_id: str
     attempt: int
@@ -105,8 +109,7 @@ class SendRequest:
     endpoint_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class SendResult:
+class SendResult(NamedTuple):
     """What happened. status_code is None when no response arrived; error then says why.
 
     A 2xx whose body broke off mid-read is still a success (the receiver accepted it), with
