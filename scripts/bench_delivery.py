@@ -51,6 +51,7 @@ from delivery import claims, config, migrate, presend, queue as job_queue, servi
 from delivery.results import AttemptResult, record_results
 from delivery.sender import Sender, SendRequest
 from delivery.signer_cache import SignerCache, endpoint_secret_context
+import cpu_shares  # scripts/, beside this file
 from signing import Keyring, encrypt_secret, format_keyring, generate_at_rest_key, generate_secret, parse_keyring, verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,6 +181,7 @@ class Bench:
         self.secret = secret
         self.body = _body(arguments.body_bytes)
         self.logs: list[str] = []
+        self.receiver_pid = 0
 
     def environment(self) -> dict[str, str]:
         return {**os.environ, "DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url, "HOOKLEDGER_DEV": "1",
@@ -241,17 +243,21 @@ class Bench:
 
     async def wait_for_arrivals(self, count: int, timeout_seconds: float = PHASE_TIMEOUT_SECONDS,
                                 processes: list[subprocess.Popen] = ()) -> dict:
-        """Poll the receiver until count deliveries arrived. With processes, also their CPU time
-        per 1000 deliveries from the first arrival on (so start-up is not counted)."""
+        """Poll the receiver until count deliveries arrived. With processes, also the CPU time per
+        1000 deliveries of them, the receiver, PostgreSQL and Redis from the first arrival on (so
+        start-up is not counted)."""
         deadline = time.monotonic() + timeout_seconds
         start = None
+        roles = {"workers": [process.pid for process in processes], "receiver": [self.receiver_pid]}
         while True:
             stats = await self.receiver_stats()
-            if start is None and stats["distinct"] > 0:
-                start = (_cpu_seconds(processes), stats["distinct"])
+            if processes and start is None and stats["distinct"] > 0:
+                start = (cpu_shares.snapshot(roles), stats["distinct"])
             if stats["distinct"] >= count or time.monotonic() > deadline:
                 if start is not None and stats["distinct"] > start[1]:
-                    stats["cpu_ms_per_1000"] = (_cpu_seconds(processes) - start[0]) * 1e6 / (stats["distinct"] - start[1])
+                    shares = cpu_shares.per_thousand(start[0], cpu_shares.snapshot(roles), stats["distinct"] - start[1])
+                    stats["cpu_shares"] = shares
+                    stats["cpu_ms_per_1000"] = shares["workers"]
                 return stats
             await asyncio.sleep(0.1)
 
@@ -267,11 +273,12 @@ class Bench:
                     async with session.post(f"{self.receiver}/hook/{number % self.arguments.endpoints}",
                                             data=self.body, headers=headers) as response:
                         await response.read()
-            started, cpu_started = time.time(), time.process_time()
+            roles = {"receiver": [self.receiver_pid]}
+            started, cpu_started = time.time(), cpu_shares.snapshot(roles)
             await asyncio.gather(*(client() for _ in range(concurrency)))
-            cpu = time.process_time() - cpu_started
+            shares = cpu_shares.per_thousand(cpu_started, cpu_shares.snapshot(roles), count)
         stats = await self.wait_for_arrivals(count, 10)
-        return {**_rates(stats, count, started), "cpu_ms_per_1000": cpu * 1e6 / count}
+        return {**_rates(stats, count, started), "cpu_ms_per_1000": shares["bench"], "cpu_shares": shares}
 
     async def drain(self, count: int, workers: int) -> dict:
         await self.reset_receiver(VERIFIED_PER_PHASE)
@@ -285,7 +292,7 @@ class Bench:
         finally:
             _stop(processes)
         return {**_rates(stats, count, started), **await self.check(delivery_ids, stats),
-                "cpu_ms_per_1000": stats.get("cpu_ms_per_1000", float("nan"))}
+                "cpu_ms_per_1000": stats.get("cpu_ms_per_1000", float("nan")), "cpu_shares": stats.get("cpu_shares", {})}
 
     async def latency(self, rate: float, seconds: float) -> dict:
         process = self.start(module=True)
@@ -333,13 +340,18 @@ class Bench:
         finally:
             _stop([process])
         return {**_rates(stats, count, started), **await self.check(delivery_ids, stats),
-                "cpu_ms_per_1000": stats.get("cpu_ms_per_1000", float("nan"))}
+                "cpu_ms_per_1000": stats.get("cpu_ms_per_1000", float("nan")), "cpu_shares": stats.get("cpu_shares", {})}
 
     async def check(self, delivery_ids: list[uuid.UUID], stats: dict) -> dict:
         delivered = await self.pool.fetchval(
             "SELECT count(*) FROM deliveries WHERE id = ANY($1::uuid[]) AND state = 'delivered'", delivery_ids)
         return {"delivered": delivered, "duplicates": stats["requests"] - stats["distinct"],
                 "verified": stats["verified"], "invalid": stats["invalid"]}
+
+
+def _mean_shares(runs: list[dict]) -> dict:
+    roles = runs[0].get("cpu_shares", {})
+    return {role: statistics.mean(run["cpu_shares"][role] for run in runs) for role in roles}
 
 
 def _body(size: int) -> bytes:
@@ -352,18 +364,6 @@ def _rates(stats: dict, count: int, started: float) -> dict:
     span = max(stats["last"] - stats["first"], 1e-9)
     return {"arrived": arrived, "rate": arrived / span, "wall_rate": arrived / max(stats["last"] - started, 1e-9),
             "complete": arrived >= count}
-
-
-def _cpu_seconds(processes) -> float:
-    """User plus system CPU seconds of these processes so far (Linux /proc; nan elsewhere)."""
-    total = 0.0
-    for process in processes:
-        try:
-            fields = Path(f"/proc/{process.pid}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            return float("nan")
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -419,6 +419,7 @@ async def orchestrate(arguments) -> None:
     results: dict = {}
     try:
         await migrate.upgrade_async(database_url)
+        bench.receiver_pid = receiver.pid
         await bench.setup(int(receiver.stdout.readline()))
         # The machine is shared, so the ceiling is measured right before and after every drain
         # and each drain is compared with the mean of the two beside it.
@@ -432,7 +433,7 @@ async def orchestrate(arguments) -> None:
         results["ceiling"] = {**ceilings[0], "rate": statistics.mean(c["rate"] for c in ceilings),
                               "cpu_ms_per_1000": statistics.mean(c["cpu_ms_per_1000"] for c in ceilings),
                               "wall_rate": statistics.mean(c["wall_rate"] for c in ceilings),
-                              "each": [c["rate"] for c in ceilings]}
+                              "each": [c["rate"] for c in ceilings], "cpu_shares": _mean_shares(ceilings)}
         if arguments.seconds > 0:
             results["latency"] = await bench.latency(arguments.rate, arguments.seconds)
             print(f"latency: {results['latency']}", flush=True)
@@ -475,6 +476,10 @@ def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: 
         versus_naive = f"{row['rate'] / naive:>6.1f}x" if naive else "      -"
         print(f"{label:<28} {row['arrived']:>10} {row['rate']:>9.0f} {row['wall_rate']:>9.0f}"
               f" {row['rate'] / row.get('ceiling', ceiling):>9.0%} {versus_naive} {row['cpu_ms_per_1000']:>11.0f}  {checks}")
+    print("CPU ms per 1,000 deliveries, by process (the two cores are shared by all of them):")
+    for label, row in rows:
+        if row.get("cpu_shares"):
+            print(f"  {label:<28} {cpu_shares.describe(row['cpu_shares'])}")
     if "latency" in results:
         latency = results["latency"]
         print(f"latency at {latency['offered']:.0f}/s offered ({latency['count']} deliveries, 1 worker):"
