@@ -35,6 +35,7 @@ from aiohttp import web
 from billing import messages
 from billing.database import create_pool
 from delivery import migrate, services
+import cpu_shares  # scripts/, beside this file
 
 OPERATOR_KEY = "op_bench_" + "b" * 32
 BARE_SQL_CONNECTIONS = 16  # the server is shared; one transaction per message needs no more to saturate it
@@ -182,22 +183,32 @@ async def main(arguments: argparse.Namespace) -> None:
         await admin_database(database_url, "ANALYZE")
         # The machine is shared and its speed drifts, so the trivial handler is measured before and
         # after every API run, and each run is compared with the mean of the two beside it.
-        ceilings = [(await load(trivial_url, hot_key, BODIES[1], seconds, concurrency))[0]]
+        before = cpu_shares.snapshot({"trivial": [servers[1].pid]})
+        ceiling_rate, ceiling_statuses = await load(trivial_url, hot_key, BODIES[1], seconds, concurrency)
+        trivial_shares = cpu_shares.per_thousand(before, cpu_shares.snapshot({"trivial": [servers[1].pid]}),
+                                                 ceiling_statuses.get(202, 0))
+        ceilings = [ceiling_rate]
         print(f"trivial aiohttp handler                {ceilings[0]:9.0f} msg/s")
+        print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(trivial_shares)} (bench: the load generator)")
         results = []
         report = {"benchmark": "ingest", "seconds": seconds, "concurrency": concurrency, "accounts": arguments.accounts,
-                  "group_commit_concurrency": arguments.group_commit_concurrency, "api": [], "bare_sql": []}
+                  "group_commit_concurrency": arguments.group_commit_concurrency, "api": [], "bare_sql": [],
+                  "trivial_cpu_shares": trivial_shares}
         for fan_out in (1, 4):
             for label, these_keys in (("1,000 accounts" if arguments.accounts == 1000 else f"{arguments.accounts} accounts", many_keys),
                                       ("one hot account", hot_key)):
+                roles = {"api": [servers[0].pid]}
+                before = cpu_shares.snapshot(roles)
                 rate, statuses = await load(api_url, these_keys, BODIES[fan_out], seconds, concurrency)
+                shares = cpu_shares.per_thousand(before, cpu_shares.snapshot(roles), statuses.get(202, 0))
                 ceilings.append((await load(trivial_url, hot_key, BODIES[1], seconds, concurrency))[0])
                 beside = (ceilings[-2] + ceilings[-1]) / 2
                 results.append(rate)
                 print(f"API  fan-out {fan_out}  {label:16}      {rate:9.0f} msg/s  {rate / beside:5.0%}"
                       f"  (trivial beside it {beside:.0f}/s)  {statuses}")
+                print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(shares)} (bench: the load generator)")
                 report["api"].append({"fan_out": fan_out, "accounts": label, "messages_per_second": rate,
-                                      "trivial_beside": beside, "share_of_trivial": rate / beside,
+                                      "trivial_beside": beside, "share_of_trivial": rate / beside, "cpu_shares": shares,
                                       "statuses": {str(k): v for k, v in dict(statuses).items()}})
         ceiling = sum(ceilings) / len(ceilings)
         report["trivial_handler_per_second"] = ceiling
