@@ -383,11 +383,18 @@ def main() -> int:
     report["headline"] = headline(report)
     json_path, png_path = options.out / f"bench-{stamp}.json", options.out / f"bench-{stamp}.png"
     json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    draw(report, png_path)
-    for source, latest in ((json_path, "latest.json"), (png_path, "latest.png")):
+    written = [(json_path, "latest.json")]
+    try:
+        draw(report, png_path)
+        written.append((png_path, "latest.png"))
+    except ModuleNotFoundError as error:
+        # The chart is the only part that needs matplotlib (the optional `bench` extra); the
+        # figures are all in the JSON file and the table below either way.
+        print(f"chart skipped ({error}): .venv/bin/pip install -e '.[bench]' to draw it", flush=True)
+    for source, latest in written:
         (options.out / latest).write_bytes(source.read_bytes())
     print_table(report["headline"])
-    print(f"\nwrote {json_path} and {png_path} in {report['seconds']} s", flush=True)
+    print(f"\nwrote {' and '.join(str(path) for path, _ in written)} in {report['seconds']} s", flush=True)
     return 0 if all(bench["ok"] for bench in report["benchmarks"].values()) else 1
 
 
