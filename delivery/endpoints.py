@@ -191,17 +191,32 @@ async def rotate_secret(
     keyring: Keyring,
     overlap_seconds: int,
 ) -> bool:
-    """New secret now; the old one keeps signing for overlap_seconds. False when there is no such endpoint."""
-    ciphertext = seal_secret(secret, keyring, endpoint_id)
-    status = await pool.execute(
-        "UPDATE endpoints SET previous_secret = secret,"
-        "   previous_secret_expires_at = CASE WHEN secret IS NULL THEN NULL"
-        "       ELSE now() + make_interval(secs => $4) END,"
-        "   secret = $3, updated_at = now()"
-        " WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL",
-        endpoint_id, account_id, ciphertext, float(overlap_seconds),
-    )
-    return status == "UPDATE 1"
+    """New secret now; the old one keeps signing for overlap_seconds. False when there is no such endpoint.
+
+    Rotating to the secret that is already current changes nothing, so a caller that chose the
+    secret can retry a rotation whose answer it lost: rotating again would have moved the new
+    secret into previous_secret and dropped the old one at once, breaking every receiver still
+    on it. Secrets are sealed with a random nonce, so the comparison is on the opened secret,
+    under the row lock (two identical rotations at once apply once).
+    """
+    async with transaction(pool) as connection:
+        row = await connection.fetchrow(
+            "SELECT secret FROM endpoints WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL FOR UPDATE",
+            endpoint_id, account_id,
+        )
+        if row is None:
+            return False
+        if row["secret"] is not None and open_secret(row["secret"], keyring, endpoint_id) == secret:
+            return True
+        await connection.execute(
+            "UPDATE endpoints SET previous_secret = secret,"
+            "   previous_secret_expires_at = CASE WHEN secret IS NULL THEN NULL"
+            "       ELSE now() + make_interval(secs => $2) END,"
+            "   secret = $3, updated_at = now()"
+            " WHERE id = $1",
+            endpoint_id, float(overlap_seconds), seal_secret(secret, keyring, endpoint_id),
+        )
+    return True
 
 
 async def read_secret(

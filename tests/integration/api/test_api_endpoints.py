@@ -3,6 +3,7 @@ pending deliveries), rotate and read secrets, the per-account bound, and isolati
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 
@@ -67,6 +68,29 @@ async def test_secrets_are_sealed_at_rest_readable_by_the_owner_and_rotate_with_
     chosen = generate_secret()
     rotated = await api.client.post(f"/v1/endpoints/{endpoint_id}/secret/rotate", json={"secret": chosen}, headers=headers)
     assert (await rotated.json()) == {"secret": chosen}
+
+
+async def test_a_retried_rotation_to_a_chosen_secret_changes_nothing(api):
+    """The client lost the answer and rotates again to the secret it chose: the original secret must
+    keep signing through its overlap, not be dropped by a second rotation. Concurrent retries too."""
+    _, headers = await api.account()
+    original, chosen = generate_secret(), generate_secret()
+    endpoint_id = uuid.UUID((await api.endpoint(headers, secret=original))["id"])
+    keyring = parse_keyring(api.settings.secret_keyring)
+    context = b"endpoint:" + str(endpoint_id).encode()
+    path = f"/v1/endpoints/{endpoint_id}/secret/rotate"
+    responses = await asyncio.gather(*(api.client.post(path, json={"secret": chosen}, headers=headers) for _ in range(5)))
+    assert [response.status for response in responses] == [200] * 5
+    row = await api.pool.fetchrow("SELECT secret, previous_secret, previous_secret_expires_at FROM endpoints WHERE id = $1",
+                                  endpoint_id)
+    assert decrypt_secret(bytes(row["secret"]), keyring, context=context) == chosen
+    assert decrypt_secret(bytes(row["previous_secret"]), keyring, context=context) == original
+    again = await api.client.post(path, json={"secret": chosen}, headers=headers)
+    assert again.status == 200 and (await again.json()) == {"secret": chosen}
+    after = await api.pool.fetchrow("SELECT previous_secret, previous_secret_expires_at FROM endpoints WHERE id = $1",
+                                    endpoint_id)
+    assert after["previous_secret_expires_at"] == row["previous_secret_expires_at"]  # the overlap did not restart
+    assert decrypt_secret(bytes(after["previous_secret"]), keyring, context=context) == original
 
 
 @pytest.mark.parametrize(
