@@ -46,16 +46,22 @@ _DUE = (
     "   WHERE state = 'pending' AND next_attempt_at <= now() AND attempt < attempts_max"
     "   ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
 )
+# One primary-key probe per id, whatever the statistics say: a LATERAL subquery that OFFSET 0 keeps
+# PostgreSQL from flattening. As a plain `id = ANY($1)` filter, stale statistics (a burst of
+# creates since the last ANALYZE, when few deliveries were pending) made PostgreSQL scan the
+# whole due index instead: 40 ms for 500 ids rather than 23 ms. SKIP LOCKED never waits, so the
+# order rows are locked in cannot deadlock.
 _DUE_IDS = (
     "WITH due AS ("
-    "   SELECT id FROM deliveries"
-    "   WHERE id = ANY($1::uuid[]) AND state = 'pending' AND next_attempt_at <= now() AND attempt < attempts_max"
-    "   ORDER BY id FOR UPDATE SKIP LOCKED)"
+    "   SELECT p.id FROM unnest($1::uuid[]) AS k(id) CROSS JOIN LATERAL ("
+    "     SELECT id FROM deliveries"
+    "     WHERE id = k.id AND state = 'pending' AND next_attempt_at <= now() AND attempt < attempts_max"
+    "     OFFSET 0 FOR UPDATE SKIP LOCKED) p)"
 )
 _TAKE_DUE = (
     " UPDATE deliveries d SET state = 'sending', attempt = d.attempt + 1,"
     "   leased_until = now() + $2 * interval '1 millisecond'"
-    " FROM due WHERE d.id = due.id"
+    " WHERE d.id = ANY(ARRAY(SELECT id FROM due))"
     " RETURNING d.id, d.account_id, d.message_id, d.endpoint_id, d.attempt, d.attempts_max"
 )
 _CLAIM_DUE = _DUE + _TAKE_DUE
