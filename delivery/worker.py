@@ -85,7 +85,8 @@ async def _startup(ctx: dict) -> None:
 
 
 def _tune_collector(settings: Settings) -> None:
-    """In the worker process only (run), after start-up: not for a worker embedded in another program."""
+    """In the worker process only (run), once everything is imported: not for a worker embedded in
+    another program, whose collector is that program's business."""
     gc_tuning.tune(settings.worker.gc_gen0_threshold)
 
 
@@ -131,7 +132,7 @@ class DeliveryWorker(Worker):
             if isinstance(outcome, Exception):
                 logger.warning("a job ended with %r during shutdown", outcome)
         self.tasks.clear()
-        await super().close()
+        await super().close()  # signals again when it owns no handlers: a second log line, nothing more
 
 
 def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = True, pool=None) -> DeliveryWorker:
