@@ -141,6 +141,19 @@ async def _setup_accounts(base_url: str, count: int) -> tuple[list[str], list[uu
     return keys, ids
 
 
+async def group_commit_totals(api_url: str) -> tuple[float, float]:
+    """(requests, transactions) the API's group commit has carried so far, from its /metrics."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{api_url}/metrics") as response:
+            text = await response.text()
+    values = {}
+    for line in text.splitlines():
+        for name in ("hookledger_group_commit_batch_requests_sum", "hookledger_group_commit_batch_requests_count"):
+            if line.startswith(name + " "):
+                values[name] = float(line.split()[1])
+    return values.get("hookledger_group_commit_batch_requests_sum", 0.0), values.get("hookledger_group_commit_batch_requests_count", 0.0)
+
+
 async def admin_database(database_url: str, statement: str) -> None:
     connection = await asyncpg.connect(database_url)
     try:
@@ -198,17 +211,22 @@ async def main(arguments: argparse.Namespace) -> None:
             for label, these_keys in (("1,000 accounts" if arguments.accounts == 1000 else f"{arguments.accounts} accounts", many_keys),
                                       ("one hot account", hot_key)):
                 roles = {"api": [servers[0].pid]}
-                before = cpu_shares.snapshot(roles)
+                before, batches_before = cpu_shares.snapshot(roles), await group_commit_totals(api_url)
                 rate, statuses = await load(api_url, these_keys, BODIES[fan_out], seconds, concurrency)
                 shares = cpu_shares.per_thousand(before, cpu_shares.snapshot(roles), statuses.get(202, 0))
+                batches_after = await group_commit_totals(api_url)
+                transactions = batches_after[1] - batches_before[1]
+                batch_mean = (batches_after[0] - batches_before[0]) / transactions if transactions else float("nan")
                 ceilings.append((await load(trivial_url, hot_key, BODIES[1], seconds, concurrency))[0])
                 beside = (ceilings[-2] + ceilings[-1]) / 2
                 results.append(rate)
                 print(f"API  fan-out {fan_out}  {label:16}      {rate:9.0f} msg/s  {rate / beside:5.0%}"
                       f"  (trivial beside it {beside:.0f}/s)  {statuses}")
-                print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(shares)} (bench: the load generator)")
+                print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(shares)} (bench: the load generator);"
+                      f" {batch_mean:.1f} requests per group-commit transaction")
                 report["api"].append({"fan_out": fan_out, "accounts": label, "messages_per_second": rate,
                                       "trivial_beside": beside, "share_of_trivial": rate / beside, "cpu_shares": shares,
+                                      "requests_per_transaction": batch_mean,
                                       "statuses": {str(k): v for k, v in dict(statuses).items()}})
         ceiling = sum(ceilings) / len(ceilings)
         report["trivial_handler_per_second"] = ceiling
