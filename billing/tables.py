@@ -243,6 +243,25 @@ APPEND_ONLY_ENABLE_ALWAYS = (
     "ALTER TABLE ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_no_truncate",
 )
 
+# Every API process caches key lookups (delivery.api.auth); a revocation, from any path (the API,
+# the dashboard, an account's closeout, a person in psql), tells all of them at commit through
+# this channel. The payload is the key's hash in hex.
+KEY_REVOKED_CHANNEL = "hookledger_api_key_revoked"
+KEY_REVOKED_FUNCTION = f"""
+CREATE FUNCTION api_keys_notify_revoked() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.revoked_at IS NOT NULL AND OLD.revoked_at IS NULL THEN
+        PERFORM pg_notify('{KEY_REVOKED_CHANNEL}', encode(NEW.key_hash, 'hex'));
+    END IF;
+    RETURN NULL;
+END;
+$$
+"""
+KEY_REVOKED_TRIGGER = (
+    "CREATE TRIGGER api_keys_revoked AFTER UPDATE OF revoked_at ON api_keys"
+    " FOR EACH ROW EXECUTE FUNCTION api_keys_notify_revoked()"
+)
+
 DELETION_STATUSES = ("running", "waiting_repair", "done", "failed")
 DELETION_STEPS = ("queued", "begin_closing", "bulk_settle", "close_out", "report")
 

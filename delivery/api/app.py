@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 from aiohttp import web
 
@@ -62,8 +64,17 @@ def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> w
     for module in (routes_accounts, routes_api_keys, routes_endpoints, routes_messages, routes_deliveries, routes_ops):
         app.add_routes(module.routes)
     dashboard.setup(app)  # the web dashboard under /dashboard (delivery/dashboard)
+    app.cleanup_ctx.append(_revocation_listener)
     app.on_shutdown.append(_drain)
     return app
+
+
+async def _revocation_listener(app: web.Application):
+    """Every process hears every key revocation at commit (delivery.api.auth), while the app runs."""
+    task = asyncio.create_task(app[CONTEXT].auth.listen_for_revocations())
+    yield
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def _drain(app: web.Application) -> None:

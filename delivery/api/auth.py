@@ -1,24 +1,34 @@
 """Who is asking: `Authorization: Bearer <key>`, an account key or the operator key.
 
 Account keys are looked up by hash and cached in memory for `auth_cache_ttl_ms` (30 s by default; the hot
-ingest path would otherwise pay a query per request). Revoking a key drops it from this
-process's cache at once; other API processes notice within the TTL. Unknown keys are never
-cached. The operator key comes from configuration and is compared in constant time.
+ingest path would otherwise pay a query per request). Every revocation, whichever process or
+path commits it, reaches every API process at once: a trigger on api_keys NOTIFYs at commit
+(billing.tables.KEY_REVOKED_CHANNEL) and `listen_for_revocations` drops the key from the cache.
+While that listening connection is down the cache is emptied and the TTL is the bound again.
+Unknown keys are never cached. The operator key comes from configuration and is compared in
+constant time.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
+import logging
 import time
 import uuid
 
 import asyncpg
 from aiohttp import web
 
+from billing.tables import KEY_REVOKED_CHANNEL
+
 from delivery.api import api_keys
 from delivery.api.problems import Problem
 
+logger = logging.getLogger(__name__)
 CACHED_KEYS_MAX = 100_000
+RELISTEN_DELAY_SECONDS = 1.0
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="hookledger"'}
 
 
@@ -36,6 +46,44 @@ class Authenticator:
 
     def forget(self, digest: bytes) -> None:
         self._cache.pop(digest, None)
+
+    def _on_revoked(self, connection, pid: int, channel: str, payload: str) -> None:
+        try:
+            self.forget(bytes.fromhex(payload))
+        except ValueError:
+            logger.warning("ignored a malformed key revocation notice: %r", payload[:80])
+
+    async def listen_for_revocations(self, listening: asyncio.Event | None = None) -> None:
+        """Hold one pooled connection LISTENing for revoked keys until cancelled; listen again when it drops.
+
+        The cache is emptied whenever listening (re)starts, since a revocation may have gone by
+        unheard; `listening` is set once the first LISTEN is in place (tests wait on it).
+        """
+        while True:
+            connection = None
+            lost = asyncio.Event()
+
+            def on_lost(_connection) -> None:
+                lost.set()
+
+            try:
+                connection = await self._pool.acquire()
+                connection.add_termination_listener(on_lost)
+                await connection.add_listener(KEY_REVOKED_CHANNEL, self._on_revoked)
+                self._cache.clear()
+                if listening is not None:
+                    listening.set()
+                await lost.wait()
+                logger.warning("the key revocation listener lost its connection; listening again")
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # noqa: BLE001 - the TTL still bounds a missed revocation
+                logger.warning("cannot listen for key revocations (%r); retrying", error)
+            finally:
+                self._cache.clear()
+                if connection is not None:
+                    await _release(self._pool, connection, self._on_revoked, on_lost)
+            await asyncio.sleep(RELISTEN_DELAY_SECONDS)
 
     def _bearer(self, request: web.Request) -> bytes:
         header = request.headers.get("Authorization")
@@ -77,3 +125,18 @@ class Authenticator:
         if known:
             raise Problem(403, "this route is for the operator", "forbidden")
         raise _unauthorized("the API key is not valid")
+
+
+async def _release(pool: asyncpg.Pool, connection, callback, on_lost) -> None:
+    """Give the listening connection back. A connection that died was already taken back by the
+    pool, and every call on it then raises InterfaceError: expected, not worth a warning."""
+    with contextlib.suppress(asyncpg.InterfaceError):
+        connection.remove_termination_listener(on_lost)
+    with contextlib.suppress(asyncpg.InterfaceError):
+        await connection.remove_listener(KEY_REVOKED_CHANNEL, callback)
+    try:
+        await pool.release(connection)
+    except asyncpg.InterfaceError:
+        pass
+    except Exception as error:  # noqa: BLE001 - the pool discards a connection it cannot reset
+        logger.warning("releasing the key revocation listener's connection failed: %r", error)

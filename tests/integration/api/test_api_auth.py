@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
+from delivery.api.app import create_app
 from delivery.api.openapi import ACCOUNT, OPERATIONS, OPERATOR
 
 GUARDED = [op for op in OPERATIONS if op.auth is not None]
@@ -54,3 +58,46 @@ def test_every_account_and_operator_route_is_covered():
     """The table above is the OpenAPI document's own list, so a new route cannot skip these checks."""
     assert {op.auth for op in GUARDED} == {ACCOUNT, OPERATOR}
     assert len(GUARDED) >= 20
+
+
+async def test_a_revocation_reaches_every_api_process_at_commit(api, settings, pool, queue):
+    """Another process (a second app on the same database) had the key cached; it refuses the key as
+    soon as the revocation commits, well inside its 30 s cache, whether the revocation came through
+    the API or straight from SQL (as an account's closeout revokes its keys)."""
+    other_app = create_app(settings, pool, queue)
+    async with TestClient(TestServer(other_app, host="127.0.0.1")) as other:
+        _, headers = await api.account()
+        keys = [await (await api.client.post("/v1/api-keys", headers=headers)).json() for _ in range(2)]
+        for key in keys:  # cached by the other process
+            assert (await other.get("/v1/balance", headers=api.bearer(key["key"]))).status == 200
+        await _until_listening(pool)
+
+        assert (await api.client.delete(f"/v1/api-keys/{keys[0]['id']}", headers=headers)).status == 204
+        await _until_refused(other, api.bearer(keys[0]["key"]))
+
+        # The listening connections die (a PostgreSQL restart, a proxy timeout): they listen again.
+        await pool.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                           " WHERE datname = current_database() AND query LIKE 'LISTEN%'")
+        await asyncio.sleep(0.1)
+        await _until_listening(pool)
+        await pool.execute("UPDATE api_keys SET revoked_at = now() WHERE id = $1", uuid.UUID(keys[1]["id"]))
+        await _until_refused(other, api.bearer(keys[1]["key"]))
+        assert (await other.get("/v1/balance", headers=headers)).status == 200  # the account's first key still works
+
+
+async def _until_listening(pool) -> None:
+    """Both apps hold their LISTEN (it starts with the app, on a connection of their own)."""
+    for _ in range(200):
+        listeners = await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'")
+        if listeners >= 2:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the revocation listeners did not start")
+
+
+async def _until_refused(client, headers) -> None:
+    started = time.monotonic()
+    while (await client.get("/v1/balance", headers=headers)).status != 401:
+        assert time.monotonic() - started < 5, "the other process still accepts a revoked key after 5 s"
+        await asyncio.sleep(0.02)
