@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import asyncpg
 from aiohttp import web
@@ -24,6 +25,8 @@ from delivery.config import ConfigError, Settings
 from delivery.queue import Queue
 from delivery.ssrf import AddressPolicy
 from signing import SigningError, parse_keyring
+
+logger = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> web.Application:
@@ -70,8 +73,19 @@ def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> w
 
 
 async def _revocation_listener(app: web.Application):
-    """Every process hears every key revocation at commit (delivery.api.auth), while the app runs."""
-    task = asyncio.create_task(app[CONTEXT].auth.listen_for_revocations())
+    """Every process hears every key revocation at commit (delivery.api.auth), while the app runs.
+
+    The listener holds one pooled connection and the group commit keeps its own, so a pool too
+    small to spare one more for requests goes without: revocations then reach this process
+    within the auth cache's TTL, as they did before.
+    """
+    ctx = app[CONTEXT]
+    if ctx.pool.get_max_size() < ctx.settings.api.group_commit_concurrency + 2:
+        logger.warning("the database pool is too small to listen for key revocations;"
+                       " the auth cache's TTL bounds them")
+        yield
+        return
+    task = asyncio.create_task(ctx.auth.listen_for_revocations())
     yield
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)

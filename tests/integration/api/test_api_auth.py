@@ -10,6 +10,7 @@ import uuid
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from billing.database import create_pool
 from delivery.api.app import create_app
 from delivery.api.openapi import ACCOUNT, OPERATIONS, OPERATOR
 
@@ -83,6 +84,19 @@ async def test_a_revocation_reaches_every_api_process_at_commit(api, settings, p
         await pool.execute("UPDATE api_keys SET revoked_at = now() WHERE id = $1", uuid.UUID(keys[1]["id"]))
         await _until_refused(other, api.bearer(keys[1]["key"]))
         assert (await other.get("/v1/balance", headers=headers)).status == 200  # the account's first key still works
+
+
+async def test_a_pool_too_small_to_spare_a_connection_does_not_listen(settings, database_url, queue):
+    """The listener would hold one of too few connections; the app serves without it (TTL-bounded)."""
+    small = await create_pool(database_url, size_min=1, size_max=settings.api.group_commit_concurrency + 1)
+    try:
+        async with TestClient(TestServer(create_app(settings, small, queue), host="127.0.0.1")) as client:
+            assert (await client.get("/healthz")).status == 200
+            await asyncio.sleep(0.2)
+            assert await small.fetchval("SELECT count(*) FROM pg_stat_activity"
+                                        " WHERE datname = current_database() AND query LIKE 'LISTEN%'") == 0
+    finally:
+        await small.close()
 
 
 async def _until_listening(pool) -> None:
