@@ -212,7 +212,10 @@ def endpoints_rotate_secret(
     secret: Annotated[Optional[str], typer.Option(help="Rotate to this whsec_ secret (default: generated).")] = None,
     api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False,
 ) -> None:
-    """Rotate the signing secret; the old one keeps signing beside it for the overlap (24 h by default)."""
+    """Rotate the signing secret; the old one keeps signing beside it for the overlap (24 h by default).
+
+    With --secret the rotation is safe to retry: rotating to the secret already current changes nothing.
+    """
     with _api(api_url, api_key, as_json) as client:
         new_secret = client.endpoints.rotate_secret(endpoint_id, secret=secret)
     _emit({"secret": new_secret}, as_json, lambda console: console.print(new_secret, markup=False))

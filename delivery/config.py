@@ -13,6 +13,7 @@ from pathlib import Path
 
 import platformdirs
 
+from delivery import gc_tuning
 from delivery.engine import EngineSettings
 from delivery.retry import RetrySchedule, RetrySettings
 from delivery.sender import SenderSettings
@@ -196,9 +197,10 @@ def _worker(environ: Mapping[str, str]) -> WorkerSettings:
 
 
 def _gc_threshold(environ: Mapping[str, str]) -> int:
-    value = _integer(environ, "HOOKLEDGER_WORKER_GC_GEN0", 50_000, 0, 1_000_000)
-    if 0 < value < 700:
-        raise ConfigError(f"HOOKLEDGER_WORKER_GC_GEN0 must be 0 (Python's defaults) or 700 to 1000000, got {value}")
+    value = _integer(environ, "HOOKLEDGER_WORKER_GC_GEN0", 50_000, 0, gc_tuning.GEN0_MAX)
+    if 0 < value < gc_tuning.GEN0_MIN:
+        raise ConfigError(f"HOOKLEDGER_WORKER_GC_GEN0 must be 0 (Python's defaults) or"
+                          f" {gc_tuning.GEN0_MIN} to {gc_tuning.GEN0_MAX}, got {value}")
     return value
 
 

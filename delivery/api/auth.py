@@ -22,7 +22,6 @@ import asyncpg
 from aiohttp import web
 
 from billing.tables import KEY_REVOKED_CHANNEL
-
 from delivery.api import api_keys
 from delivery.api.problems import Problem
 
@@ -53,11 +52,10 @@ class Authenticator:
         except ValueError:
             logger.warning("ignored a malformed key revocation notice: %r", payload[:80])
 
-    async def listen_for_revocations(self, listening: asyncio.Event | None = None) -> None:
+    async def listen_for_revocations(self) -> None:
         """Hold one pooled connection LISTENing for revoked keys until cancelled; listen again when it drops.
 
-        The cache is emptied whenever listening (re)starts, since a revocation may have gone by
-        unheard; `listening` is set once the first LISTEN is in place (tests wait on it).
+        The cache is emptied whenever listening (re)starts, since a revocation may have gone by unheard.
         """
         while True:
             connection = None
@@ -71,8 +69,6 @@ class Authenticator:
                 connection.add_termination_listener(on_lost)
                 await connection.add_listener(KEY_REVOKED_CHANNEL, self._on_revoked)
                 self._cache.clear()
-                if listening is not None:
-                    listening.set()
                 await lost.wait()
                 logger.warning("the key revocation listener lost its connection; listening again")
             except asyncio.CancelledError:
