@@ -61,11 +61,14 @@ API_REQUESTS = Counter(
 )
 
 
+_STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+
+
 def status_class(status_code: int | None) -> str:
     """The label for ATTEMPTS: '2xx'... or 'error' when the send got no HTTP response."""
     if status_code is None or not 100 <= status_code <= 599:
         return "error"
-    return f"{status_code // 100}xx"
+    return _STATUS_CLASSES[status_code // 100 - 1]
 
 
 # The audit cron (delivery.worker.audit_cron) sets these after each run.
@@ -94,14 +97,21 @@ def count_results(results, summary) -> None:
     The latency runs from the delivery's creation, read off its id (a UUIDv7 carries its creation
     time in milliseconds), to now: no extra column or query on the hot path.
     """
+    # Counted first and added once per label: labels() takes a lock and builds a key each call,
+    # which at a few thousand results a second showed in the worker's profile.
+    by_class: dict[str, int] = {}
     for result in results:
-        ATTEMPTS.labels(status_class(result.status_code)).inc()
+        label = status_class(result.status_code)
+        by_class[label] = by_class.get(label, 0) + 1
+    for label, count in by_class.items():
+        ATTEMPTS.labels(label).inc(count)
     delivered = [*summary.delivered, *summary.reclaimed]
     if delivered:
         DELIVERIES.labels("delivered").inc(len(delivered))
         now_ms = time.time() * 1000
+        observe = DELIVERY_LATENCY.observe
         for delivery_id in delivered:
-            DELIVERY_LATENCY.observe(max(0.0, now_ms - (delivery_id.int >> 80)) / 1000)
+            observe(max(0.0, now_ms - (delivery_id.int >> 80)) / 1000)
     count_deaths("out_of_retries", len(summary.settled))
 
 
