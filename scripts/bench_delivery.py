@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -49,7 +50,7 @@ from billing.database import create_pool
 from billing.messages import MessageRequest, create_messages
 from delivery import claims, config, migrate, presend, queue as job_queue, services
 from delivery.results import AttemptResult, record_results
-from delivery.sender import Sender, SendRequest
+from delivery.sender import USER_AGENT, Sender, SendRequest
 from delivery.signer_cache import SignerCache, endpoint_secret_context
 import cpu_shares  # scripts/, beside this file
 from signing import Keyring, encrypt_secret, format_keyring, generate_at_rest_key, generate_secret, parse_keyring, verify
@@ -60,6 +61,8 @@ NAIVE_JOBS_MAX = 64
 CREATE_BATCH_MAX = 1000
 VERIFIED_PER_PHASE = 200  # the receiver checks the signature of this many requests per phase
 PHASE_TIMEOUT_SECONDS = 600
+# The worker's session headers (delivery.sender), so the ceiling's requests look like the worker's.
+CEILING_SESSION_HEADERS = {"content-type": "application/json", "user-agent": USER_AGENT, "accept-encoding": "identity"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,14 +265,21 @@ class Bench:
             await asyncio.sleep(0.1)
 
     async def ceiling(self, count: int, concurrency: int) -> dict:
-        """The same receiver, driven by a plain aiohttp client: one session, no database, no signing."""
+        """The same receiver, driven by a plain aiohttp client: one session, no database, no signing.
+
+        Its requests have the shape of the worker's (the same headers, values of the same length),
+        so the receiver does the same work for each; the signature is made once, not per request.
+        """
         await self.reset_receiver(0)
         pending = iter(range(count))
         connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
-        async with aiohttp.ClientSession(connector=connector) as session:
+        signature = "v1," + base64.b64encode(b"\0" * 32).decode()
+        timestamp = str(int(time.time()))
+        async with aiohttp.ClientSession(connector=connector, headers=CEILING_SESSION_HEADERS) as session:
             async def client() -> None:
                 for number in pending:
-                    headers = {"webhook-id": f"ceiling_{number}", "content-type": "application/json"}
+                    headers = {"webhook-id": str(uuid.UUID(int=number)), "webhook-timestamp": timestamp,
+                               "webhook-signature": signature}
                     async with session.post(f"{self.receiver}/hook/{number % self.arguments.endpoints}",
                                             data=self.body, headers=headers) as response:
                         await response.read()
@@ -480,6 +490,14 @@ def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: 
     for label, row in rows:
         if row.get("cpu_shares"):
             print(f"  {label:<28} {cpu_shares.describe(row['cpu_shares'])}")
+    ceiling_cpu = sum(results["ceiling"].get("cpu_shares", {}).values())
+    if ceiling_cpu:
+        print("what the database alone allows: the share of the ceiling a drain could reach if the worker and the"
+              " receiver cost no more than in the ceiling, with PostgreSQL's and Redis's CPU added (cores are the limit):")
+        for label, row in rows[1:]:
+            store = row.get("cpu_shares", {}).get("postgres", 0.0) + row.get("cpu_shares", {}).get("redis", 0.0)
+            if store:
+                print(f"  {label:<28} {ceiling_cpu:.0f} / ({ceiling_cpu:.0f} + {store:.0f}) = {ceiling_cpu / (ceiling_cpu + store):.0%}")
     if "latency" in results:
         latency = results["latency"]
         print(f"latency at {latency['offered']:.0f}/s offered ({latency['count']} deliveries, 1 worker):"

@@ -201,6 +201,7 @@ async def main(arguments: argparse.Namespace) -> None:
         trivial_shares = cpu_shares.per_thousand(before, cpu_shares.snapshot({"trivial": [servers[1].pid]}),
                                                  ceiling_statuses.get(202, 0))
         ceilings = [ceiling_rate]
+        trivial_cpu = sum(trivial_shares.values())  # the handler's and the load generator's CPU per 1,000
         print(f"trivial aiohttp handler                {ceilings[0]:9.0f} msg/s")
         print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(trivial_shares)} (bench: the load generator)")
         results = []
@@ -224,6 +225,10 @@ async def main(arguments: argparse.Namespace) -> None:
                       f"  (trivial beside it {beside:.0f}/s)  {statuses}")
                 print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(shares)} (bench: the load generator);"
                       f" {batch_mean:.1f} requests per group-commit transaction")
+                store = shares.get("postgres", 0.0) + shares.get("redis", 0.0)
+                print(f"     what the database alone allows: {trivial_cpu:.0f} / ({trivial_cpu:.0f} + {store:.0f}) ="
+                      f" {trivial_cpu / (trivial_cpu + store):.0%} of the trivial handler, if the API and the load"
+                      f" generator cost no more than beside the trivial handler")
                 report["api"].append({"fan_out": fan_out, "accounts": label, "messages_per_second": rate,
                                       "trivial_beside": beside, "share_of_trivial": rate / beside, "cpu_shares": shares,
                                       "requests_per_transaction": batch_mean,
