@@ -12,14 +12,27 @@ import time
 import uuid
 
 
+# The 80 low bits of a UUIDv7 are random except for the version (4 bits at 76) and the
+# RFC 4122 variant (2 bits at 62).
+_RANDOM_BITS = ((1 << 80) - 1) & ~(0xF << 76) & ~(0x3 << 62)
+_VERSION_AND_VARIANT = (0x7 << 76) | (0x2 << 62)
+
+
 def new_id() -> uuid.UUID:
     """A UUIDv7: 48 bits of Unix milliseconds, then random bits."""
-    milliseconds = time.time_ns() // 1_000_000
-    random_bits = int.from_bytes(os.urandom(10), "big")
-    value = (milliseconds << 80) | random_bits
-    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
-    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
-    return uuid.UUID(int=value)
+    return new_ids(1)[0]
+
+
+def new_ids(count: int) -> list[uuid.UUID]:
+    """`count` UUIDv7s from one clock reading and one read of the random source.
+
+    A message and its deliveries take their ids together: each read of os.urandom is a system
+    call, and on the ingest path one per id showed in the API's profile.
+    """
+    high = ((time.time_ns() // 1_000_000) << 80) | _VERSION_AND_VARIANT
+    data = os.urandom(10 * count)
+    return [uuid.UUID(int=high | (int.from_bytes(data[start:start + 10], "big") & _RANDOM_BITS))
+            for start in range(0, 10 * count, 10)]
 
 
 def charge_id(delivery_id: uuid.UUID) -> str:

@@ -203,14 +203,13 @@ class _Plan:
         return list(request.endpoint_ids)
 
     def _add(self, request: MessageRequest, subscribed, price: int, attempts_max: int) -> MessageCreated:
-        message_id = ids.new_id()
+        message_id, *delivery_ids = ids.new_ids(1 + len(subscribed))
         self.messages.append(
             (message_id, request.account_id, request.event_type, request.payload,
              request.idempotency_key, request.request_hash() if request.idempotency_key else None)
         )
         created = []
-        for endpoint_id in subscribed:
-            delivery_id = ids.new_id()
+        for endpoint_id, delivery_id in zip(subscribed, delivery_ids, strict=True):
             self.deliveries.append((delivery_id, request.account_id, message_id, endpoint_id, price, attempts_max))
             created.append(CreatedDelivery(delivery_id, endpoint_id, price))
         return MessageCreated(

@@ -1,0 +1,37 @@
+"""billing.ids: UUIDv7 layout (time, version, variant) for one id and for ids made together."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from billing import ids
+
+
+def _milliseconds(value: uuid.UUID) -> int:
+    return value.int >> 80
+
+
+def test_ids_made_together_are_distinct_v7_uuids_of_this_millisecond() -> None:
+    before = time.time_ns() // 1_000_000
+    made = ids.new_ids(1000)
+    after = time.time_ns() // 1_000_000
+    assert len(made) == 1000 and len(set(made)) == 1000
+    for value in made:
+        assert value.version == 7 and value.variant == uuid.RFC_4122
+        assert before <= _milliseconds(value) <= after
+    # The random part really varies, in every byte of it that is not version or variant.
+    for index in (6, 7, 8, 9, 10, 11, 12, 13, 14, 15):
+        assert len({value.bytes[index] for value in made}) > 1
+
+
+def test_one_id_has_the_same_layout_and_time_orders_ids() -> None:
+    first = ids.new_id()
+    time.sleep(0.002)
+    second = ids.new_id()
+    assert first.version == second.version == 7 and first.variant == uuid.RFC_4122
+    assert _milliseconds(first) < _milliseconds(second) and first < second
+
+
+def test_no_ids_is_an_empty_list() -> None:
+    assert ids.new_ids(0) == []
