@@ -52,7 +52,8 @@ class ShuttingDown(Exception):
 
 
 Waker = Callable[[list[uuid.UUID]], Awaitable[None]]
-_Item = tuple[MessageRequest, asyncio.Future]
+_Key = tuple[uuid.UUID, str]
+_Item = tuple[MessageRequest, asyncio.Future, _Key | None]
 
 
 class Coalescer:
@@ -74,7 +75,7 @@ class Coalescer:
         self._queue_max = queue_max
         self._wake = wake
         self._waiting: collections.deque[_Item] = collections.deque()
-        self._keys_in_flight: set[tuple[uuid.UUID, str]] = set()
+        self._keys_in_flight: set[_Key] = set()
         self._batches: set[asyncio.Task] = set()
         # Each running batch keeps its connection for the next batch: acquiring from the pool
         # costs a reset round trip per release, which at thousands of batches a second shows.
@@ -103,14 +104,12 @@ class Coalescer:
                 raise KeyInProgress()
             self._keys_in_flight.add(key)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        if key is not None:
-            # Released when the result is known, not when the caller stops waiting: a client that
-            # disconnects and retries at once still gets a 409 until the first attempt committed.
-            future.add_done_callback(lambda _: self._keys_in_flight.discard(key))
-        self._waiting.append((request, future))
+        self._waiting.append((request, future, key))
         self._start_batches()
-        # Shielded: a cancelled handler (client gone) must not cancel the batch's future.
-        return await asyncio.shield(future)
+        # A handler cancelled here (its client gone) cancels only this future: the request stays
+        # in its batch, and its key stays in flight until the batch is done (_run releases it), so
+        # a client that disconnects and retries at once still gets a 409 until the first commit.
+        return await future
 
     def _start_batches(self) -> None:
         while self._waiting and len(self._batches) < self._concurrency:
@@ -129,13 +128,14 @@ class Coalescer:
         connection = None
         try:
             connection = self._connections.pop() if self._connections else await self._pool.acquire()
-            requests = [request for request, _ in batch]
+            requests = [request for request, _, _ in batch]
             results = await create_messages(connection, requests, attempts_max=self._attempts_max)
         except BaseException as error:
             logger.error("group commit of %d requests failed: %r", len(batch), error)
-            for _, future in batch:
+            for _, future, _ in batch:
                 if not future.done():
                     future.set_exception(BatchFailed())
+            self._release_keys(batch)
             if connection is not None:
                 # A connection that just failed goes back to the pool, which resets or discards it.
                 await self._release(connection)
@@ -144,14 +144,23 @@ class Coalescer:
             return
         self._connections.append(connection)
         created: list[uuid.UUID] = []
-        for (_, future), result in zip(batch, results, strict=True):
+        fresh = 0
+        for (_, future, _), result in zip(batch, results, strict=True):
             if isinstance(result, MessageCreated) and not result.replayed:
-                metrics.MESSAGES_CREATED.inc()
+                fresh += 1
                 created.extend(delivery.id for delivery in result.deliveries)
             if not future.done():
                 future.set_result(result)
+        self._release_keys(batch)
+        if fresh:
+            metrics.MESSAGES_CREATED.inc(fresh)
         if created and self._wake is not None:
             self._wake_later(created)
+
+    def _release_keys(self, batch: list[_Item]) -> None:
+        for _, _, key in batch:
+            if key is not None:
+                self._keys_in_flight.discard(key)
 
     async def _release(self, connection: asyncpg.Connection) -> None:
         try:

@@ -127,3 +127,53 @@ async def test_overload_is_503_with_retry_after(api, pool, queue):
             if response.status == 503:
                 assert response.headers["Retry-After"] == "1"
         assert await pool.fetchval("SELECT count(*) FROM messages") == accepted
+
+
+async def _until(predicate, timeout_seconds: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_seconds
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_cancelled_caller_leaves_its_request_and_key_in_flight_until_the_batch_commits(pool, database_url):
+    """The client of a keyed request goes away (its handler is cancelled) while the batch waits on the
+    account's lock: the same key answers KeyInProgress until that batch commits, the message is written
+    exactly once, and the key then replays it."""
+    import asyncpg
+    import pytest
+
+    account_id = await _account_with_endpoint(pool, 100)
+    coalescer = Coalescer(pool, attempts_max=3, concurrency=1)
+    request = messages.MessageRequest(account_id, "t", b"1", "key-1")
+    blocker = await asyncpg.connect(database_url)
+    try:
+        async with blocker.transaction():
+            await blocker.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
+            first = asyncio.create_task(coalescer.submit(request))
+
+            async def batch_waits_on_the_lock() -> bool:
+                return bool(await pool.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"))
+
+            await _until(batch_waits_on_the_lock)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            with pytest.raises(KeyInProgress):
+                # Bounded: a coalescer that let the key go would queue this behind the held lock.
+                await asyncio.wait_for(coalescer.submit(request), 5)
+            assert await pool.fetchval("SELECT count(*) FROM messages") == 0
+        await blocker.close()
+
+        async def written() -> bool:
+            return await pool.fetchval("SELECT count(*) FROM messages WHERE idempotency_key = 'key-1'") == 1
+
+        await _until(written)
+        replay = await coalescer.submit(request)
+        assert replay.replayed
+        assert await pool.fetchval("SELECT count(*) FROM messages") == 1
+        assert await pool.fetchval("SELECT count(*) FROM ledger_entries WHERE kind = 'charge'") == 1
+    finally:
+        await blocker.close()  # releases the lock first if a check above failed, so close() can finish
+        await coalescer.close()
