@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import asyncpg
+import pytest
+
 from billing import accounts, messages
 from billing.audit import audit
 from billing.errors import InsufficientBalance
@@ -140,9 +143,6 @@ async def test_a_cancelled_caller_leaves_its_request_and_key_in_flight_until_the
     """The client of a keyed request goes away (its handler is cancelled) while the batch waits on the
     account's lock: the same key answers KeyInProgress until that batch commits, the message is written
     exactly once, and the key then replays it."""
-    import asyncpg
-    import pytest
-
     account_id = await _account_with_endpoint(pool, 100)
     coalescer = Coalescer(pool, attempts_max=3, concurrency=1)
     request = messages.MessageRequest(account_id, "t", b"1", "key-1")
@@ -175,5 +175,6 @@ async def test_a_cancelled_caller_leaves_its_request_and_key_in_flight_until_the
         assert await pool.fetchval("SELECT count(*) FROM messages") == 1
         assert await pool.fetchval("SELECT count(*) FROM ledger_entries WHERE kind = 'charge'") == 1
     finally:
-        await blocker.close()  # releases the lock first if a check above failed, so close() can finish
+        if not blocker.is_closed():
+            await blocker.close()  # releases the lock first if a check above failed, so close() can finish
         await coalescer.close()
