@@ -35,6 +35,8 @@ try:
 except importlib.metadata.PackageNotFoundError:  # Running from a source tree that was never installed.
     VERSION = "0.0.0"
 USER_AGENT = f"hookledger/{VERSION}"
+# On every request, beside the Standard Webhooks headers (identity: see auto_decompress below).
+SESSION_HEADERS = {"content-type": "application/json", "user-agent": USER_AGENT, "accept-encoding": "identity"}
 
 TIMEOUT_MS_MIN = 1_000
 TIMEOUT_MS_MAX = 60_000
@@ -292,7 +294,7 @@ def _create_session(settings: SenderSettings) -> aiohttp.ClientSession:
         # We keep only a few KiB of the body for people to read. Decompressing would cost CPU on
         # the hot path and let a small gzip bomb expand in one chunk; ask for identity instead.
         auto_decompress=False,
-        headers={"content-type": "application/json", "user-agent": USER_AGENT, "accept-encoding": "identity"},
+        headers=SESSION_HEADERS,
         timeout=aiohttp.ClientTimeout(total=settings.timeout_ms_default / 1000),
         # Never take proxies from the environment: a proxy would connect on our behalf, past the guard.
         trust_env=False,

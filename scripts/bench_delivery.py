@@ -50,7 +50,7 @@ from billing.database import create_pool
 from billing.messages import MessageRequest, create_messages
 from delivery import claims, config, migrate, presend, queue as job_queue, services
 from delivery.results import AttemptResult, record_results
-from delivery.sender import USER_AGENT, Sender, SendRequest
+from delivery.sender import SESSION_HEADERS, Sender, SendRequest
 from delivery.signer_cache import SignerCache, endpoint_secret_context
 import cpu_shares  # scripts/, beside this file
 from signing import Keyring, encrypt_secret, format_keyring, generate_at_rest_key, generate_secret, parse_keyring, verify
@@ -61,8 +61,6 @@ NAIVE_JOBS_MAX = 64
 CREATE_BATCH_MAX = 1000
 VERIFIED_PER_PHASE = 200  # the receiver checks the signature of this many requests per phase
 PHASE_TIMEOUT_SECONDS = 600
-# The worker's session headers (delivery.sender), so the ceiling's requests look like the worker's.
-CEILING_SESSION_HEADERS = {"content-type": "application/json", "user-agent": USER_AGENT, "accept-encoding": "identity"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,7 +273,7 @@ class Bench:
         connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
         signature = "v1," + base64.b64encode(b"\0" * 32).decode()
         timestamp = str(int(time.time()))
-        async with aiohttp.ClientSession(connector=connector, headers=CEILING_SESSION_HEADERS) as session:
+        async with aiohttp.ClientSession(connector=connector, headers=SESSION_HEADERS) as session:
             async def client() -> None:
                 for number in pending:
                     headers = {"webhook-id": str(uuid.UUID(int=number)), "webhook-timestamp": timestamp,
