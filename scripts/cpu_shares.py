@@ -2,7 +2,7 @@
 
 The benchmarks share two cores between the load, our processes and the servers, so a rate alone
 does not say what limits it; CPU per 1,000 operations for each role does. Linux only: elsewhere
-every figure is nan.
+there are no figures (nan).
 """
 
 from __future__ import annotations
@@ -30,27 +30,40 @@ def _named(prefix: str) -> list[int]:
     return pids
 
 
-def snapshot(roles: dict[str, list[int]]) -> dict[str, float]:
-    """CPU seconds so far of each role's processes, plus 'postgres' and 'redis' found by name and
-    'bench' (this process). A process that exited counts nothing from then on."""
-    result: dict[str, float] = {}
+Snapshot = dict[str, dict[int, float]]  # role -> pid -> CPU seconds so far
+
+
+def snapshot(roles: dict[str, list[int]]) -> Snapshot:
+    """CPU seconds so far of each process of each role, plus 'postgres' and 'redis' found by name
+    and 'bench' (this process). Empty off Linux (no /proc)."""
+    if not Path("/proc/self/stat").exists():
+        return {}
+    result: Snapshot = {}
     named = {"postgres": _named("postgres"), "redis": _named("redis-server"), "bench": [os.getpid()]}
     for role, pids in {**roles, **named}.items():
-        total = 0.0
+        seconds = {}
         for pid in pids:
             try:
-                total += _cpu(pid)
+                seconds[pid] = _cpu(pid)
             except (OSError, ValueError, IndexError):
                 continue
-        result[role] = total
+        result[role] = seconds
     return result
 
 
-def per_thousand(before: dict[str, float], after: dict[str, float], operations: int) -> dict[str, float]:
-    """CPU milliseconds per 1,000 operations of each role between two snapshots."""
-    if operations <= 0:
-        return {role: float("nan") for role in after}
-    return {role: (after[role] - before.get(role, 0.0)) * 1e6 / operations for role in after}
+def per_thousand(before: Snapshot, after: Snapshot, operations: int) -> dict[str, float]:
+    """CPU milliseconds per 1,000 operations of each role between two snapshots.
+
+    Summed per process: one that started in between counts all its time, one that exited in
+    between (an autovacuum worker, say) counts nothing. Subtracting role totals instead would
+    take a process's whole life off the role when it exits, and could go below zero.
+    """
+    if operations <= 0 or not after:
+        return {role: float("nan") for role in after} or {"bench": float("nan")}
+    return {
+        role: sum(seconds - before.get(role, {}).get(pid, 0.0) for pid, seconds in pids.items()) * 1e6 / operations
+        for role, pids in after.items()
+    }
 
 
 def describe(shares: dict[str, float]) -> str:
