@@ -71,9 +71,7 @@ class Authenticator:
                 self._cache.clear()
                 await lost.wait()
                 logger.warning("the key revocation listener lost its connection; listening again")
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # noqa: BLE001 - the TTL still bounds a missed revocation
+            except Exception as error:  # noqa: BLE001 - the TTL still bounds a missed revocation; cancelling is not caught
                 logger.warning("cannot listen for key revocations (%r); retrying", error)
             finally:
                 self._cache.clear()
