@@ -1,4 +1,4 @@
-"""The audit: checks invariants I1-I7 of DESIGN.md over all accounts or one, set-based.
+"""The audit: checks invariants I1-I7 of DESIGN.md, and our I8, over all accounts or one, set-based.
 
 Each check is one SQL scan that returns the offending rows, never a query per delivery. A
 clean audit returns no violations. Notices are facts worth a look that break no invariant
@@ -26,6 +26,7 @@ from datetime import datetime
 import asyncpg
 
 from billing.database import Executor
+from billing.references import trigger_names
 
 INVARIANTS = {
     "I1": "every delivery has exactly one charge of -price, on its own account",
@@ -35,6 +36,7 @@ INVARIANTS = {
     "I5": "the ledger is append-only: its triggers exist and always fire",
     "I6": "attempt fencing: no recorded attempt beyond the delivery's, and every delivered one has a 2xx",
     "I7": "a charge never takes a balance below zero",
+    "I8": "references hold: the reference and keep-history triggers (billing.references) exist and always fire",
 }
 
 
@@ -216,6 +218,11 @@ SELECT count(*) FROM pg_trigger
 WHERE tgrelid = 'ledger_entries'::regclass AND tgenabled = 'A'
   AND tgname IN ('ledger_entries_no_update_delete', 'ledger_entries_no_truncate')
 """
+_REFERENCE_TRIGGERS = """
+SELECT t.relname AS table_name, t.trigger_name, coalesce(g.tgenabled = 'A', false) AS always
+FROM unnest($1::text[], $2::text[]) AS t(relname, trigger_name)
+LEFT JOIN pg_trigger g ON g.tgname = t.trigger_name AND g.tgrelid = t.relname::regclass
+"""
 _FENCING_CHECK = """
 SELECT d.account_id, d.id AS delivery_id, 'I6:attempt ' || max(a.attempt) || ' recorded beyond the delivery''s attempt ' || d.attempt AS problem
 FROM deliveries d JOIN delivery_attempts a ON a.delivery_id = d.id
@@ -266,6 +273,15 @@ WHERE d.state = 'dead' AND a.status <> 'active' AND ($1::uuid IS NULL OR d.accou
 """
 
 
+async def _reference_trigger_violations(connection) -> list[Violation]:
+    tables, names = zip(*trigger_names())
+    return [
+        Violation("I8", None, None, f"trigger {row['trigger_name']} on {row['table_name']} is not enabled always")
+        for row in await connection.fetch(_REFERENCE_TRIGGERS, list(tables), list(names))
+        if not row["always"]
+    ]
+
+
 def _violation(row, problem: str | None = None) -> Violation:
     invariant, _, detail = (problem or row["problem"]).partition(":")
     return Violation(invariant, row["account_id"], row["delivery_id"], detail)
@@ -274,7 +290,7 @@ def _violation(row, problem: str | None = None) -> Violation:
 async def audit(
     executor: Executor, account_id: uuid.UUID | None = None, *, since: datetime | None = None
 ) -> AuditReport:
-    """Check I1-I7 over one account or all, in one repeatable-read snapshot.
+    """Check I1-I8 over one account or all, in one repeatable-read snapshot.
 
     `since`: an incremental run (see the module docstring); the balances are always all checked.
     """
@@ -293,6 +309,7 @@ async def audit(
                 )
         if await connection.fetchval(_TRIGGER_CHECK) != 2:
             report.violations.append(Violation("I5", None, None, "the append-only triggers are missing or disabled"))
+        report.violations.extend(await _reference_trigger_violations(connection))
         for query in (_scoped(_FENCING_CHECK, since), _scoped(_ENTRY_ACCOUNT_CHECK, since), negative_charge):
             report.violations.extend(_violation(row) for row in await connection.fetch(query, *arguments))
         report.notices.extend(

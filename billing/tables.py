@@ -1,10 +1,14 @@
 """Table definitions (SQLAlchemy Core): the one description of the schema.
 
 The migrations create exactly these tables, and a test compares `alembic upgrade head` with
-them. Runtime code does not use SQLAlchemy; it sends the named statements in `billing.sql`
-(and `delivery`'s own query modules) through asyncpg. Every text column has a length CHECK,
+them. Runtime code does not use SQLAlchemy; it sends its own statements (in `billing` and
+`delivery`'s query modules) through asyncpg. Every text column has a length CHECK,
 every money column is a bigint number of credits, and every table carries `account_id`, so
 the data can be distributed by account when one server is outgrown.
+
+messages, deliveries, ledger_entries and delivery_attempts declare no foreign keys: their
+references are checked once per INSERT statement by triggers (billing.references), which also
+check that a child's account is its parent's, and the rows they point at are never deleted.
 """
 
 from __future__ import annotations
@@ -119,7 +123,7 @@ messages = sa.Table(
     "messages",
     metadata,
     sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
-    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
+    sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("event_type", sa.Text, nullable=False),
     sa.Column("payload", sa.LargeBinary),
     sa.Column("idempotency_key", sa.Text),
@@ -136,9 +140,9 @@ deliveries = sa.Table(
     "deliveries",
     metadata,
     sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
-    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
-    sa.Column("message_id", pg.UUID(as_uuid=True), sa.ForeignKey("messages.id"), nullable=False),
-    sa.Column("endpoint_id", pg.UUID(as_uuid=True), sa.ForeignKey("endpoints.id"), nullable=False),
+    sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("message_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("endpoint_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("price", sa.BigInteger, nullable=False),
     sa.Column("state", sa.Text, nullable=False, server_default="pending"),
     sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
@@ -167,7 +171,7 @@ deliveries = sa.Table(
 delivery_attempts = sa.Table(
     "delivery_attempts",
     metadata,
-    sa.Column("delivery_id", pg.UUID(as_uuid=True), sa.ForeignKey("deliveries.id"), primary_key=True),
+    sa.Column("delivery_id", pg.UUID(as_uuid=True), primary_key=True),
     sa.Column("attempt", sa.Integer, primary_key=True),
     sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
@@ -191,7 +195,7 @@ ledger_entries = sa.Table(
     metadata,
     sa.Column("id", sa.Text, primary_key=True),
     sa.Column("seq", sa.BigInteger, sa.Identity(always=True), nullable=False, unique=True),
-    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
+    sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("delivery_id", pg.UUID(as_uuid=True)),
     sa.Column("kind", sa.Text, nullable=False),
     sa.Column("amount", sa.BigInteger, nullable=False),

@@ -31,7 +31,7 @@ def audit(
     since: str = typer.Option(None, help="Incremental: check only deliveries and entries created since this"
                               " ISO 8601 time (balances are always all checked)."),
 ) -> None:
-    """Check invariants I1-I7 against the ledger. Exit code 1 on any violation."""
+    """Check invariants I1-I8 against the ledger. Exit code 1 on any violation."""
     from delivery import audit_report
     from delivery.database import open_pool
     from billing.audit import audit as run_audit

@@ -74,7 +74,7 @@ def status_class(status_code: int | None) -> str:
 # The audit cron (delivery.worker.audit_cron) sets these after each run.
 AUDIT_VIOLATIONS = Gauge(
     "hookledger_audit_violations",
-    "Invariant violations (I1-I7) found by the last periodic audit.",
+    "Invariant violations (I1-I8) found by the last periodic audit.",
     registry=REGISTRY,
 )
 AUDIT_LAST_RUN = Gauge(

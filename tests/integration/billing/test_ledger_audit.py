@@ -5,6 +5,7 @@ Every corruption here BYPASSES THE APP with raw SQL: that is the only way to bre
 
 from __future__ import annotations
 
+import asyncpg
 import pytest
 
 from billing import accounts, closeout, ids
@@ -15,6 +16,7 @@ from ledger_helpers import (
     add_endpoint,
     assert_audit_clean,
     claim,
+    execute_unchecked,
     expire_lease,
     insert_raw_delivery,
     make_account,
@@ -141,14 +143,13 @@ async def test_reclaim_without_refund_and_orphan_entry(pool):
     await add_endpoint(pool, account_id)
     delivery_id = await one_delivery(pool, account_id)
     ghost_id = ids.new_id()
-    for entry_id, target, kind, amount in [
-        (ids.reclaim_id(delivery_id), delivery_id, "reclaim", -1),
-        (ids.refund_id(ghost_id), ghost_id, "refund", 1),
-    ]:
-        await pool.execute(
-            "INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount) VALUES ($1, $2, $3, $4, $5)",
-            entry_id, account_id, target, kind, amount,
-        )
+    insert = "INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount) VALUES ($1, $2, $3, $4, $5)"
+    await pool.execute(insert, ids.reclaim_id(delivery_id), account_id, delivery_id, "reclaim", -1)
+    ghost = (ids.refund_id(ghost_id), account_id, ghost_id, "refund", 1)
+    with pytest.raises(asyncpg.ForeignKeyViolationError):
+        await pool.execute(insert, *ghost)  # the database refuses it (billing.references) ...
+    async with pool.acquire() as connection, connection.transaction():
+        await execute_unchecked(connection, "ledger_entries", insert, *ghost)  # ... unless its check is off
     report = await audit(pool)  # the two entries cancel out: no I4, only the two findings below
     assert "reclaim without a refund" in _named(report, "I3", delivery_id=delivery_id)
     assert _named(report, "I1", delivery_id=ghost_id, account_id=account_id) == [

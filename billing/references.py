@@ -1,0 +1,164 @@
+"""Referential integrity of the high-volume tables, checked once per statement instead of per row.
+
+A foreign key checks each inserted row on its own: one query through the executor per row and
+per key. The create path writes a message, a delivery per endpoint and a charge per delivery, so
+at fan-out 1 that was five such checks per message, about a third of PostgreSQL's CPU on ingest
+(`scripts/bench_ingest.py` prints that CPU; see README, Performance). Here each INSERT statement
+runs one check over all its rows (an AFTER ... FOR EACH STATEMENT trigger over the inserted rows),
+and the checks say more than the foreign keys did: a child row's account must be its parent's.
+
+  messages.account_id          names an account
+  deliveries                   its message and its endpoint belong to its own account
+  ledger_entries               an entry for a delivery names that delivery, of its own account;
+                               any other entry names an account
+  delivery_attempts            its delivery belongs to its own account
+
+(An account that a delivery or a ledger entry names exists because its message's account was
+checked, and accounts are never deleted.)
+
+A foreign key also stops a referenced row from being deleted or re-keyed while rows point at it.
+The referenced rows here are never deleted: the history is what the ledger proves. So instead of
+that check, triggers refuse DELETE and TRUNCATE on accounts, endpoints, messages and deliveries,
+and refuse an UPDATE that changes an id or a reference (an account is closed by its status, an
+endpoint by deleted_at, a message's payload is erased by setting it to NULL). The triggers are
+ENABLE ALWAYS, so unlike foreign keys they hold even under session_replication_role = replica.
+
+Violations raise SQLSTATE 23503 (foreign_key_violation, asyncpg.ForeignKeyViolationError) as the
+foreign keys did; refused deletes and key changes raise 23001 (restrict_violation).
+"""
+
+from __future__ import annotations
+
+# The tables whose foreign keys these checks replace, with the constraint names the migration drops.
+REPLACED_FOREIGN_KEYS = (
+    ("messages", "fk_messages_account_id", "account_id", "accounts"),
+    ("deliveries", "fk_deliveries_account_id", "account_id", "accounts"),
+    ("deliveries", "fk_deliveries_message_id", "message_id", "messages"),
+    ("deliveries", "fk_deliveries_endpoint_id", "endpoint_id", "endpoints"),
+    ("ledger_entries", "fk_ledger_entries_account_id", "account_id", "accounts"),
+    ("delivery_attempts", "fk_delivery_attempts_delivery_id", "delivery_id", "deliveries"),
+)
+
+# Each check is a scalar subquery per inserted row: an index probe of the parent's primary key,
+# whatever the planner thinks of the transition table's size (NOT EXISTS let it choose a hash
+# anti-join that read all of messages: slower than the foreign keys).
+_CHECKS = {
+    "messages": (
+        "(SELECT a.id FROM accounts a WHERE a.id = n.account_id) IS NULL",
+        "message % names no account (%)",
+        "n.id, n.account_id",
+    ),
+    "deliveries": (
+        "(SELECT m.account_id FROM messages m WHERE m.id = n.message_id) IS DISTINCT FROM n.account_id"
+        " OR (SELECT e.account_id FROM endpoints e WHERE e.id = n.endpoint_id) IS DISTINCT FROM n.account_id",
+        "delivery %: message % and endpoint % must exist and belong to its account %",
+        "n.id, n.message_id, n.endpoint_id, n.account_id",
+    ),
+    "ledger_entries": (
+        "CASE WHEN n.delivery_id IS NULL"
+        " THEN (SELECT a.id FROM accounts a WHERE a.id = n.account_id) IS NULL"
+        " ELSE (SELECT d.account_id FROM deliveries d WHERE d.id = n.delivery_id) IS DISTINCT FROM n.account_id END",
+        "ledger entry %: its account % must exist, and its delivery % (if any) must belong to it",
+        "n.id, n.account_id, n.delivery_id",
+    ),
+    "delivery_attempts": (
+        "(SELECT d.account_id FROM deliveries d WHERE d.id = n.delivery_id) IS DISTINCT FROM n.account_id",
+        "attempt % of delivery %: the delivery must exist and belong to its account %",
+        "n.attempt, n.delivery_id, n.account_id",
+    ),
+}
+
+# What may never change once a row exists: its id and what it points at.
+_KEYS = {
+    "accounts": ("id",),
+    "endpoints": ("id", "account_id"),
+    "messages": ("id", "account_id"),
+    "deliveries": ("id", "account_id", "message_id", "endpoint_id"),
+    "delivery_attempts": ("delivery_id", "attempt", "account_id"),
+}
+NEVER_DELETED = ("accounts", "endpoints", "messages", "deliveries")
+
+
+def _check_function(table: str) -> str:
+    condition, message, values = _CHECKS[table]
+    columns = [value.removeprefix("n.") for value in values.split(", ")]
+    assert message.count("%") == len(columns), f"{table}: the message's placeholders and values differ"
+    return f"""
+CREATE FUNCTION {table}_check_references() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    bad record;
+BEGIN
+    SELECT {values} INTO bad FROM inserted n WHERE {condition} LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION '{message}', {", ".join(f"bad.{column}" for column in columns)}
+            USING ERRCODE = 'foreign_key_violation', TABLE = '{table}';
+    END IF;
+    RETURN NULL;
+END;
+$$
+"""
+
+
+REFUSE_FUNCTION = """
+CREATE FUNCTION refuse_history_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '% on % refused: its rows are referenced and are never deleted or re-keyed', TG_OP, TG_TABLE_NAME
+        USING ERRCODE = 'restrict_violation', TABLE = TG_TABLE_NAME,
+              HINT = 'close an account by its status, an endpoint by deleted_at';
+END;
+$$
+"""
+
+
+def _triggers() -> list[tuple[str, str, str]]:
+    """(table, trigger name, CREATE statement) for every trigger, in order."""
+    statements = []
+    for table in _CHECKS:
+        statements.append((table, f"{table}_references", (
+            f"CREATE TRIGGER {table}_references AFTER INSERT ON {table} REFERENCING NEW TABLE AS inserted"
+            f" FOR EACH STATEMENT EXECUTE FUNCTION {table}_check_references()"
+        )))
+    for table, columns in _KEYS.items():
+        changed = " OR ".join(f"OLD.{column} IS DISTINCT FROM NEW.{column}" for column in columns)
+        statements.append((table, f"{table}_keys_fixed", (
+            f"CREATE TRIGGER {table}_keys_fixed BEFORE UPDATE OF {', '.join(columns)} ON {table}"
+            f" FOR EACH ROW WHEN ({changed}) EXECUTE FUNCTION refuse_history_change()"
+        )))
+    for table in NEVER_DELETED:
+        statements.append((table, f"{table}_no_delete", (
+            f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table}"
+            " FOR EACH ROW EXECUTE FUNCTION refuse_history_change()"
+        )))
+        statements.append((table, f"{table}_no_truncate", (
+            f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {table}"
+            " FOR EACH STATEMENT EXECUTE FUNCTION refuse_history_change()"
+        )))
+    return statements
+
+
+def trigger_names() -> list[tuple[str, str]]:
+    """(table, trigger) for every trigger here; the audit checks each exists and is ENABLE ALWAYS (I8)."""
+    return [(table, name) for table, name, _ in _triggers()]
+
+
+def upgrade_statements() -> list[str]:
+    """Drop the replaced foreign keys; create the functions and the triggers, each ENABLE ALWAYS."""
+    statements = [f"ALTER TABLE {table} DROP CONSTRAINT {name}" for table, name, _, _ in REPLACED_FOREIGN_KEYS]
+    statements += [_check_function(table) for table in _CHECKS]
+    statements.append(REFUSE_FUNCTION)
+    for table, name, create in _triggers():
+        statements.append(create)
+        statements.append(f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {name}")
+    return statements
+
+
+def downgrade_statements() -> list[str]:
+    """Put the foreign keys back and drop the triggers and functions."""
+    statements = [f"DROP TRIGGER {name} ON {table}" for table, name, _ in _triggers()]
+    statements += [f"DROP FUNCTION {table}_check_references()" for table in _CHECKS]
+    statements.append("DROP FUNCTION refuse_history_change()")
+    statements += [
+        f"ALTER TABLE {table} ADD CONSTRAINT {name} FOREIGN KEY ({column}) REFERENCES {parent} (id)"
+        for table, name, column, parent in REPLACED_FOREIGN_KEYS
+    ]
+    return statements

@@ -1,0 +1,184 @@
+"""The database checks references of the hot tables once per statement (billing.references).
+
+Every refusal below is a raw SQL write around the app: the app never makes one, and the
+database must refuse it whoever sends it, a superuser in replica mode included (where foreign
+keys would not have fired).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+
+from billing import ids
+from billing.audit import audit
+from billing.references import trigger_names
+from ledger_helpers import add_endpoint, assert_audit_clean, create, make_account, row_counts
+
+
+@dataclass
+class World:
+    """Two accounts, each with an endpoint and one created message (one delivery, one charge)."""
+
+    a: uuid.UUID
+    b: uuid.UUID
+    endpoint_a: uuid.UUID
+    endpoint_b: uuid.UUID
+    message_a: uuid.UUID
+    message_b: uuid.UUID
+    delivery_a: uuid.UUID
+    delivery_b: uuid.UUID
+
+
+@pytest.fixture
+async def world(pool) -> World:
+    a, b = await make_account(pool, balance=10), await make_account(pool, balance=10)
+    endpoint_a, endpoint_b = await add_endpoint(pool, a), await add_endpoint(pool, b)
+    created_a, created_b = await create(pool, a), await create(pool, b)
+    return World(a, b, endpoint_a, endpoint_b, created_a.message_id, created_b.message_id,
+                  created_a.deliveries[0].id, created_b.deliveries[0].id)
+
+
+_MESSAGE = "INSERT INTO messages (id, account_id, event_type, payload) VALUES ($1, $2, 'raw', '\\x00')"
+_DELIVERY = ("INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"
+             " VALUES ($1, $2, $3, $4, 1, 3)")
+_CHARGE = "INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount) VALUES ($1, $2, $3, 'charge', -1)"
+_REFUND = "INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount) VALUES ($1, $2, $3, 'refund', 1)"
+_TOPUP = "INSERT INTO ledger_entries (id, account_id, kind, amount) VALUES ($1, $2, 'topup', 5)"
+_ATTEMPT = ("INSERT INTO delivery_attempts (delivery_id, attempt, account_id, started_at, status_code)"
+            " VALUES ($1, 1, $2, now(), 500)")
+
+
+def _refused_inserts(w: World) -> dict[str, tuple]:
+    new, unknown = ids.new_id(), uuid.uuid4()
+    return {
+        "message of an unknown account": (_MESSAGE, new, unknown),
+        "delivery of an unknown message": (_DELIVERY, new, w.a, unknown, w.endpoint_a),
+        "delivery to an unknown endpoint": (_DELIVERY, new, w.a, w.message_a, unknown),
+        "delivery of another account's message": (_DELIVERY, new, w.a, w.message_b, w.endpoint_a),
+        "delivery to another account's endpoint": (_DELIVERY, new, w.a, w.message_a, w.endpoint_b),
+        "delivery of an unknown account": (_DELIVERY, new, unknown, w.message_a, w.endpoint_a),
+        "charge of an unknown delivery": (_CHARGE, ids.charge_id(new), w.a, new),
+        "refund on another account than its delivery's": (_REFUND, ids.refund_id(w.delivery_b), w.a, w.delivery_b),
+        "top-up of an unknown account": (_TOPUP, f"topup:{new}", unknown),
+        "attempt of an unknown delivery": (_ATTEMPT, unknown, w.a),
+        "attempt on another account than its delivery's": (_ATTEMPT, w.delivery_b, w.a),
+    }
+
+
+_CASES = list(_refused_inserts(World(*(uuid.uuid4() for _ in range(8)))))
+
+
+@pytest.mark.parametrize("replica", [False, True], ids=["origin", "replica"])
+@pytest.mark.parametrize("case", _CASES)
+async def test_a_write_with_a_broken_reference_is_refused_and_writes_nothing(pool, world, case, replica):
+    statement, *arguments = _refused_inserts(world)[case]
+    before = await row_counts(pool)
+    async with pool.acquire() as connection:
+        if replica:
+            await connection.execute("SET session_replication_role = replica")
+        try:
+            with pytest.raises(asyncpg.ForeignKeyViolationError):
+                await connection.execute(statement, *arguments)
+        finally:
+            await connection.execute("RESET session_replication_role")
+    assert await row_counts(pool) == before
+    await assert_audit_clean(pool)
+
+
+async def test_the_same_rows_with_sound_references_are_accepted(pool, world):
+    """The refusals above are about the references alone: fixed, each write goes in (and the audit
+    then sees a hand-written history, which is not what this test is about)."""
+    message, delivery = ids.new_id(), ids.new_id()
+    async with pool.acquire() as connection, connection.transaction():
+        await connection.execute(_MESSAGE, message, world.a)
+        await connection.execute(_DELIVERY, delivery, world.a, message, world.endpoint_a)
+        await connection.execute(_CHARGE, ids.charge_id(delivery), world.a, delivery)
+        await connection.execute(_TOPUP, f"topup:{ids.new_id()}", world.a)
+        await connection.execute(_ATTEMPT, world.delivery_a, world.a)
+    assert await pool.fetchval("SELECT count(*) FROM deliveries WHERE id = $1", delivery) == 1
+
+
+async def test_one_bad_row_refuses_the_whole_statement(pool, world):
+    """A multi-row insert with one broken reference among good rows writes none of them."""
+    good = [ids.new_id() for _ in range(50)]
+    bad = ids.new_id()
+    async with pool.acquire() as connection:
+        for offender in (0, 25, 50):
+            rows = good[:offender] + [bad] + good[offender:]
+            accounts = [world.a] * len(rows)
+            accounts[offender] = world.b  # the message of b, claimed by a's delivery below
+            with pytest.raises(asyncpg.ForeignKeyViolationError, match="belong to its account"):
+                async with connection.transaction():
+                    await connection.execute(
+                        "INSERT INTO messages (id, account_id, event_type, payload)"
+                        " SELECT unnest($1::uuid[]), unnest($2::uuid[]), 'raw', '\\x00'", rows, accounts)
+                    await connection.execute(
+                        "INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"
+                        " SELECT m, $2, m, $3, 1, 3 FROM unnest($1::uuid[]) AS m", rows, world.a, world.endpoint_a)
+    assert await pool.fetchval("SELECT count(*) FROM messages WHERE id = ANY($1::uuid[])", good + [bad]) == 0
+
+
+_REFUSED_CHANGES = [
+    "DELETE FROM accounts",
+    "DELETE FROM endpoints",
+    "DELETE FROM messages",
+    "DELETE FROM deliveries",
+    "TRUNCATE accounts CASCADE",
+    "TRUNCATE endpoints CASCADE",
+    "TRUNCATE messages CASCADE",
+    "TRUNCATE deliveries CASCADE",
+    "UPDATE accounts SET id = gen_random_uuid()",
+    "UPDATE endpoints SET account_id = (SELECT max(id::text)::uuid FROM accounts)",
+    "UPDATE messages SET account_id = (SELECT max(id::text)::uuid FROM accounts)",
+    "UPDATE deliveries SET endpoint_id = (SELECT max(id::text)::uuid FROM endpoints)",
+    "UPDATE deliveries SET message_id = (SELECT max(id::text)::uuid FROM messages)",
+    "UPDATE deliveries SET account_id = (SELECT max(id::text)::uuid FROM accounts)",
+    "UPDATE delivery_attempts SET account_id = gen_random_uuid()",
+]
+
+
+async def _snapshot(connection) -> dict:
+    tables = ("accounts", "endpoints", "messages", "deliveries", "delivery_attempts", "ledger_entries")
+    return {table: sorted(map(tuple, await connection.fetch(f"SELECT * FROM {table}")), key=repr) for table in tables}
+
+
+@pytest.mark.parametrize("replica", [False, True], ids=["origin", "replica"])
+@pytest.mark.parametrize("statement", _REFUSED_CHANGES)
+async def test_referenced_rows_are_never_deleted_or_rekeyed(pool, world, statement, replica):
+    await pool.execute(_ATTEMPT, world.delivery_a, world.a)
+    async with pool.acquire() as connection:
+        before = await _snapshot(connection)
+        if replica:
+            await connection.execute("SET session_replication_role = replica")
+        try:
+            with pytest.raises((asyncpg.RestrictViolationError, asyncpg.RaiseError)):
+                await connection.execute(statement)
+        finally:
+            await connection.execute("RESET session_replication_role")
+        assert await _snapshot(connection) == before
+
+
+async def test_updates_that_keep_the_keys_still_work(pool, world):
+    """The app's own updates (balances, soft deletes, erasing a payload) and a no-op key update pass."""
+    await pool.execute("UPDATE accounts SET balance = balance WHERE id = $1", world.a)
+    await pool.execute("UPDATE endpoints SET deleted_at = now() WHERE id = $1", world.endpoint_b)
+    await pool.execute("UPDATE messages SET payload = NULL WHERE id = $1", world.message_b)
+    await pool.execute("UPDATE deliveries SET account_id = account_id, message_id = message_id")
+    assert await pool.fetchval("SELECT payload FROM messages WHERE id = $1", world.message_b) is None
+
+
+@pytest.mark.parametrize("how", ["DISABLE", "ENABLE"])
+async def test_audit_reports_a_reference_trigger_that_no_longer_always_fires(pool, how):
+    """Each reference trigger disabled, or enabled without ALWAYS, is I8, naming it."""
+    await make_account(pool, balance=1)
+    await assert_audit_clean(pool)
+    for table, name in trigger_names():
+        await pool.execute(f"ALTER TABLE {table} {how} TRIGGER {name}")
+        report = await audit(pool)
+        assert [(v.invariant, v.detail) for v in report.violations] == [("I8", f"trigger {name} on {table} is not enabled always")]
+        await pool.execute(f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {name}")
+    await assert_audit_clean(pool)
