@@ -15,7 +15,7 @@ import signal
 import structlog
 from aiohttp import web
 
-from delivery import config, services
+from delivery import config, event_loop, services
 from delivery import queue as job_queue
 from delivery.api import logs
 from delivery.api.app import create_app
@@ -51,7 +51,8 @@ async def serve(settings: config.Settings) -> None:
     try:
         await runner.setup()
         await web.TCPSite(runner, settings.api.host, settings.api.port, backlog=1024).start()
-        log.info("listening", host=settings.api.host, port=settings.api.port)
+        log.info("listening", host=settings.api.host, port=settings.api.port,
+                 event_loop=event_loop.name(asyncio.get_running_loop()))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signal_number in (signal.SIGINT, signal.SIGTERM):
@@ -68,4 +69,4 @@ def api() -> None:
     """Serve the HTTP API (/v1, /openapi.json, /docs, /metrics) until SIGTERM."""
     settings = config.load()
     logs.configure(settings.api.log_level)
-    asyncio.run(serve(settings))
+    event_loop.run(serve(settings), settings.event_loop)

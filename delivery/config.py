@@ -13,7 +13,7 @@ from pathlib import Path
 
 import platformdirs
 
-from delivery import gc_tuning
+from delivery import event_loop, gc_tuning
 from delivery.engine import EngineSettings
 from delivery.retry import RetrySchedule, RetrySettings
 from delivery.sender import SenderSettings
@@ -120,6 +120,8 @@ class Settings:
     # The at-rest keyring that seals endpoint secrets (signing.parse_keyring format): the API
     # seals with it, the worker opens with it, so both read this one setting.
     secret_keyring: str | None = None
+    # The API's and the worker's event loop (delivery.event_loop): auto, uvloop or asyncio.
+    event_loop: str = "auto"
 
 
 def load(environ: Mapping[str, str] | None = None) -> Settings:
@@ -140,7 +142,15 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         worker=_worker(environ),
         secret_keyring=environ.get("HOOKLEDGER_SECRET_KEYS") or None,
         api=_api(environ),
+        event_loop=_event_loop(environ),
     )
+
+
+def _event_loop(environ: Mapping[str, str]) -> str:
+    choice = (environ.get("HOOKLEDGER_EVENT_LOOP") or "auto").strip().lower()
+    if choice not in event_loop.CHOICES:
+        raise ConfigError(f"HOOKLEDGER_EVENT_LOOP must be {', '.join(event_loop.CHOICES)}, got {choice!r}")
+    return choice
 
 
 def _flag(environ: Mapping[str, str], name: str) -> bool:

@@ -21,7 +21,7 @@ import uuid
 from arq import Worker, cron, func
 
 from billing.audit import audit
-from delivery import deletion, gc_tuning, metrics, queue as job_queue
+from delivery import deletion, event_loop, gc_tuning, metrics, queue as job_queue
 from delivery.config import Settings
 from delivery.database import open_pool
 from delivery.engine import Engine
@@ -81,7 +81,7 @@ async def _startup(ctx: dict) -> None:
     if settings.worker.metrics_port:
         metrics.serve(settings.worker.metrics_port)
     ctx["engine"] = Engine(pool, sender, job_queue.Queue(ctx["redis"]), SignerCache(keyring), settings.worker.engine)
-    logger.info("worker started")
+    logger.info("worker started on the %s event loop", event_loop.name(asyncio.get_running_loop()))
 
 
 def _tune_collector(settings: Settings) -> None:
@@ -170,7 +170,7 @@ def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = T
 
 def run(settings: Settings, redis_url: str) -> None:
     """Run a worker until SIGTERM/SIGINT (blocking)."""
-    asyncio.set_event_loop(asyncio.new_event_loop())
+    asyncio.set_event_loop(event_loop.new_event_loop(settings.event_loop))
     worker = build_worker(settings, redis_url)
     _tune_collector(settings)
     worker.run()

@@ -18,12 +18,14 @@ Every engine feature stays on: encrypted secrets and signing, fencing, the pre-s
 batched record, the SSRF guard (loopback allowed by HOOKLEDGER_DEV=1). The receiver is its own
 process (`--serve-receiver`); it counts requests, records each webhook-id's arrival time and
 verifies the signature of the first requests of every phase. Several endpoints share the one
-receiver so that the per-endpoint concurrency bound is not what limits. Beside each run's rates
+receiver so that the per-endpoint concurrency bound is not what limits. The ceiling's client, the
+workers and the naive worker run on one event loop (`--event-loop`, by default the platform's:
+uvloop where installed); the receiver, the same in every run, on asyncio's. Beside each run's rates
 it prints the CPU each process spent per 1,000 deliveries, and the share of the ceiling that the
 CPU PostgreSQL and Redis spent leaves room for.
 
     .venv/bin/python scripts/bench_delivery.py [--deliveries 20000] [--naive-deliveries 2000]
-        [--workers 1,2] [--endpoints 24] [--rate 500] [--seconds 10] [--body-bytes 512]
+        [--workers 1,2] [--endpoints 24] [--rate 500] [--seconds 10] [--body-bytes 512] [--event-loop auto]
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from aiohttp import web
 from billing import accounts, ids
 from billing.database import create_pool
 from billing.messages import MessageRequest, create_messages
-from delivery import claims, config, migrate, presend, queue as job_queue, services
+from delivery import claims, config, event_loop, migrate, presend, queue as job_queue, services
 from delivery.results import AttemptResult, record_results
 from delivery.sender import SESSION_HEADERS, Sender, SendRequest
 from delivery.signer_cache import SignerCache, endpoint_secret_context
@@ -162,7 +164,7 @@ def run_naive_worker() -> None:
     from arq import Worker, func
 
     settings = config.load()
-    asyncio.set_event_loop(asyncio.new_event_loop())
+    asyncio.set_event_loop(event_loop.new_event_loop(settings.event_loop))
     Worker(
         functions=[func(naive_deliver, name="naive_deliver", max_tries=1)],
         redis_settings=job_queue.redis_settings(settings.redis.url), queue_name=NAIVE_QUEUE,
@@ -188,7 +190,8 @@ class Bench:
 
     def environment(self) -> dict[str, str]:
         return {**os.environ, "DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url, "HOOKLEDGER_DEV": "1",
-                "HOOKLEDGER_SECRET_KEYS": format_keyring(self.keyring), "PYTHONUNBUFFERED": "1"}
+                "HOOKLEDGER_SECRET_KEYS": format_keyring(self.keyring), "PYTHONUNBUFFERED": "1",
+                "HOOKLEDGER_EVENT_LOOP": self.arguments.event_loop}
 
     def start(self, *extra: str, module: bool = False) -> subprocess.Popen:
         log = tempfile.NamedTemporaryFile(prefix="bench-delivery-", suffix=".log", delete=False)
@@ -426,7 +429,7 @@ async def orchestrate(arguments) -> None:
                                 env={**os.environ, "BENCH_SECRET": secret})
     sender_settings = config.load({**os.environ, "HOOKLEDGER_DEV": "1"}).worker.sender
     concurrency = min(sender_settings.connections_max, sender_settings.connections_per_host_max)
-    results: dict = {}
+    results: dict = {"event_loop": event_loop.name(asyncio.get_running_loop())}
     try:
         await migrate.upgrade_async(database_url)
         bench.receiver_pid = receiver.pid
@@ -469,7 +472,9 @@ async def orchestrate(arguments) -> None:
 def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: list[str]) -> None:
     ceiling = results["ceiling"]["rate"]
     naive = results.get("naive", {}).get("rate")
-    print(f"\ndelivery benchmark: body {arguments.body_bytes} B, {arguments.endpoints} endpoints on one receiver"
+    print(f"\ndelivery benchmark: body {arguments.body_bytes} B, {arguments.endpoints} endpoints on one receiver,"
+          f" the {results['event_loop']}"
+          f" event loop for the ceiling's client and the workers"
           f" ({arguments.endpoints} x {per_endpoint} per-endpoint sends = {arguments.endpoints * per_endpoint}"
           f" > {concurrency} connections per host: the per-endpoint bound does not limit)")
     print(f"{'run':<28} {'deliveries':>10} {'rate /s':>9} {'wall /s':>9} {'/ceiling':>9} {'/naive':>7}"
@@ -522,6 +527,8 @@ def main() -> None:
     parser.add_argument("--redis-db", type=int, default=15, help="a Redis database number of the bench's own")
     parser.add_argument("--serve-receiver", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--naive-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--event-loop", choices=event_loop.CHOICES, default=os.environ.get("HOOKLEDGER_EVENT_LOOP") or "auto",
+                        help="the loop of the workers, the naive worker and the ceiling's client (the receiver keeps asyncio's)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     arguments = parser.parse_args()
     if arguments.serve_receiver is not None:
@@ -529,7 +536,7 @@ def main() -> None:
     elif arguments.naive_worker:
         run_naive_worker()
     else:
-        asyncio.run(orchestrate(arguments))
+        event_loop.run(orchestrate(arguments), arguments.event_loop)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 
 In one run, on one fresh database:
   - the ceiling: a trivial aiohttp handler that reads the JSON body and answers 202 with a small
-    JSON body, in its own process;
+    JSON body, in its own process, on the same event loop as the API (`--event-loop`, by default
+    the platform's: uvloop where installed);
   - the API: `hookledger api` in its own process (group commit on), for 1,000 accounts and for
     one hot account, at fan-out 1 and fan-out 4;
   - the bare-SQL rate of the create transaction: one transaction per message through
@@ -13,6 +14,7 @@ messages/s and each rate as a share of the trivial handler's, the CPU each proce
 1,000 messages, and the share that the CPU PostgreSQL and Redis spent leaves room for.
 
 Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest.py [--seconds 5] [--concurrency 96] [--accounts 1000]
+       [--event-loop auto|uvloop|asyncio]
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from aiohttp import web
 
 from billing import messages
 from billing.database import create_pool
-from delivery import migrate, services
+from delivery import event_loop, migrate, services
 import cpu_shares  # scripts/, beside this file
 
 OPERATOR_KEY = "op_bench_" + "b" * 32
@@ -53,14 +55,14 @@ def _free_port() -> int:
 # The ceiling: the least an aiohttp handler can do for this request.
 
 
-def serve_trivial(port: int) -> None:
+def serve_trivial(port: int, choice: str) -> None:
     async def handler(request: web.Request) -> web.Response:
         await request.json()
         return web.json_response({"id": "0", "accepted": True}, status=202)
 
     app = web.Application()
     app.router.add_post("/v1/messages", handler)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=event_loop.new_event_loop(choice))
 
 
 async def _wait_ready(url: str, process: subprocess.Popen) -> None:
@@ -176,10 +178,11 @@ async def main(arguments: argparse.Namespace) -> None:
     environment = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
                    "HOOKLEDGER_OPERATOR_KEY": OPERATOR_KEY, "HOOKLEDGER_SECRET_KEYS": KEYRING,
                    "HOOKLEDGER_API_PORT": str(api_port), "HOOKLEDGER_LOG_LEVEL": "warning",
-                   "HOOKLEDGER_GROUP_COMMIT_CONCURRENCY": str(arguments.group_commit_concurrency)}
+                   "HOOKLEDGER_GROUP_COMMIT_CONCURRENCY": str(arguments.group_commit_concurrency),
+                   "HOOKLEDGER_EVENT_LOOP": arguments.event_loop}
     servers = [
         subprocess.Popen([sys.executable, "-m", "delivery", "api"], env=environment),
-        subprocess.Popen([sys.executable, __file__, "--serve-trivial", str(trivial_port)]),
+        subprocess.Popen([sys.executable, __file__, "--serve-trivial", str(trivial_port), "--event-loop", arguments.event_loop]),
     ]
     api_url, trivial_url = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{trivial_port}"
     try:
@@ -203,10 +206,13 @@ async def main(arguments: argparse.Namespace) -> None:
                                                  ceiling_statuses.get(202, 0))
         ceilings = [ceiling_rate]
         trivial_cpu = sum(trivial_shares.values())  # the handler's and the load generator's CPU per 1,000
+        loop_name = event_loop.name(loop := event_loop.new_event_loop(arguments.event_loop))
+        loop.close()
+        print(f"the API and the trivial handler run on the {loop_name} event loop (--event-loop {arguments.event_loop})")
         print(f"trivial aiohttp handler                {ceilings[0]:9.0f} msg/s")
         print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(trivial_shares)} (bench: the load generator)")
         results = []
-        report = {"benchmark": "ingest", "seconds": seconds, "concurrency": concurrency, "accounts": arguments.accounts,
+        report = {"benchmark": "ingest", "event_loop": loop_name, "seconds": seconds, "concurrency": concurrency, "accounts": arguments.accounts,
                   "group_commit_concurrency": arguments.group_commit_concurrency, "api": [], "bare_sql": [],
                   "trivial_cpu_shares": trivial_shares}
         for fan_out in (1, 4):
@@ -265,9 +271,11 @@ if __name__ == "__main__":
     parser.add_argument("--accounts", type=int, default=1000)
     parser.add_argument("--group-commit-concurrency", type=int, default=2)
     parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--event-loop", choices=event_loop.CHOICES, default=os.environ.get("HOOKLEDGER_EVENT_LOOP") or "auto",
+                        help="the loop of the API and of the trivial handler (one loop for both, so the ceiling is fair)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parsed = parser.parse_args()
     if parsed.serve_trivial:
-        serve_trivial(parsed.serve_trivial)
+        serve_trivial(parsed.serve_trivial, parsed.event_loop)
     else:
         asyncio.run(main(parsed))

@@ -1,0 +1,58 @@
+"""delivery.event_loop: which loop each HOOKLEDGER_EVENT_LOOP choice gives, and that code runs on it."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from delivery import config, event_loop
+
+
+def _loop_name(choice: str) -> str:
+    loop = event_loop.new_event_loop(choice)
+    try:
+        return event_loop.name(loop)
+    finally:
+        loop.close()
+
+
+def test_auto_and_uvloop_give_uvloop_where_it_is_installed():
+    pytest.importorskip("uvloop")
+    assert _loop_name("auto") == "uvloop"
+    assert _loop_name("uvloop") == "uvloop"
+
+
+def test_asyncio_gives_pythons_own_loop():
+    assert _loop_name("asyncio") == "asyncio"
+    assert type(event_loop.new_event_loop("asyncio")).__module__.startswith("asyncio")
+
+
+def test_without_uvloop_auto_falls_back_and_uvloop_by_name_fails(monkeypatch):
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop now raises ImportError
+    assert _loop_name("auto") == "asyncio"
+    with pytest.raises(event_loop.EventLoopUnavailable, match="uvloop cannot be imported"):
+        event_loop.new_event_loop("uvloop")
+
+
+def test_an_unknown_choice_is_refused():
+    with pytest.raises(ValueError, match="auto, uvloop, asyncio"):
+        event_loop.new_event_loop("trio")
+
+
+@pytest.mark.parametrize("choice", event_loop.CHOICES)
+def test_run_runs_the_coroutine_on_the_chosen_loop(choice):
+    async def which() -> str:
+        await asyncio.sleep(0)
+        return event_loop.name(asyncio.get_running_loop())
+
+    expected = "asyncio" if choice == "asyncio" else _loop_name(choice)
+    assert event_loop.run(which(), choice) == expected
+
+
+def test_configuration_reads_and_checks_the_choice():
+    assert config.load({}).event_loop == "auto"
+    assert config.load({"HOOKLEDGER_EVENT_LOOP": " AsyncIO "}).event_loop == "asyncio"
+    with pytest.raises(config.ConfigError, match="HOOKLEDGER_EVENT_LOOP must be auto, uvloop, asyncio, got 'trio'"):
+        config.load({"HOOKLEDGER_EVENT_LOOP": "trio"})
