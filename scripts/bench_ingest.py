@@ -206,8 +206,7 @@ async def main(arguments: argparse.Namespace) -> None:
                                                  ceiling_statuses.get(202, 0))
         ceilings = [ceiling_rate]
         trivial_cpu = sum(trivial_shares.values())  # the handler's and the load generator's CPU per 1,000
-        loop_name = event_loop.name(loop := event_loop.new_event_loop(arguments.event_loop))
-        loop.close()
+        loop_name = event_loop.chosen(arguments.event_loop)
         print(f"the API and the trivial handler run on the {loop_name} event loop (--event-loop {arguments.event_loop})")
         print(f"trivial aiohttp handler                {ceilings[0]:9.0f} msg/s")
         print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(trivial_shares)} (bench: the load generator)")

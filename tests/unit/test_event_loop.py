@@ -10,28 +10,20 @@ import pytest
 from delivery import config, event_loop
 
 
-def _loop_name(choice: str) -> str:
-    loop = event_loop.new_event_loop(choice)
-    try:
-        return event_loop.name(loop)
-    finally:
-        loop.close()
-
-
 def test_auto_and_uvloop_give_uvloop_where_it_is_installed():
     pytest.importorskip("uvloop")
-    assert _loop_name("auto") == "uvloop"
-    assert _loop_name("uvloop") == "uvloop"
+    assert event_loop.chosen("auto") == "uvloop"
+    assert event_loop.chosen("uvloop") == "uvloop"
 
 
 def test_asyncio_gives_pythons_own_loop():
-    assert _loop_name("asyncio") == "asyncio"
+    assert event_loop.chosen("asyncio") == "asyncio"
     assert type(event_loop.new_event_loop("asyncio")).__module__.startswith("asyncio")
 
 
 def test_without_uvloop_auto_falls_back_and_uvloop_by_name_fails(monkeypatch):
     monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop now raises ImportError
-    assert _loop_name("auto") == "asyncio"
+    assert event_loop.chosen("auto") == "asyncio"
     with pytest.raises(event_loop.EventLoopUnavailable, match="uvloop cannot be imported"):
         event_loop.new_event_loop("uvloop")
 
@@ -47,7 +39,7 @@ def test_run_runs_the_coroutine_on_the_chosen_loop(choice):
         await asyncio.sleep(0)
         return event_loop.name(asyncio.get_running_loop())
 
-    expected = "asyncio" if choice == "asyncio" else _loop_name(choice)
+    expected = "asyncio" if choice == "asyncio" else event_loop.chosen(choice)
     assert event_loop.run(which(), choice) == expected
 
 
