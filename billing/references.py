@@ -5,7 +5,8 @@ per key. The create path writes a message, a delivery per endpoint and a charge 
 at fan-out 1 that was five such checks per message, about a third of PostgreSQL's CPU on ingest
 (`scripts/bench_ingest.py` prints that CPU; see README, Performance). Here each INSERT statement
 runs one check over all its rows (an AFTER ... FOR EACH STATEMENT trigger over the inserted rows),
-and the checks say more than the foreign keys did: a child row's account must be its parent's.
+and the checks say more than the foreign keys did: a child row's account must be its parent's
+(which a composite foreign key could say only with one more unique index on each parent).
 
   messages.account_id          names an account
   deliveries                   its message and its endpoint belong to its own account
