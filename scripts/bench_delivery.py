@@ -494,14 +494,14 @@ def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: 
     for label, row in rows:
         if row.get("cpu_shares"):
             print(f"  {label:<28} {cpu_shares.describe(row['cpu_shares'])}")
-    ceiling_cpu = sum(results["ceiling"].get("cpu_shares", {}).values())
-    if ceiling_cpu:
+    bounds = [(label, cpu_shares.database_bound(results["ceiling"].get("cpu_shares", {}), row.get("cpu_shares", {})))
+              for label, row in rows[1:]]
+    if any(bound for _, bound in bounds):
         print("what the database alone allows: the share of the ceiling a drain could reach if the worker and the"
               " receiver cost no more than in the ceiling, with PostgreSQL's and Redis's CPU added (cores are the limit):")
-        for label, row in rows[1:]:
-            store = row.get("cpu_shares", {}).get("postgres", 0.0) + row.get("cpu_shares", {}).get("redis", 0.0)
-            if store:
-                print(f"  {label:<28} {ceiling_cpu:.0f} / ({ceiling_cpu:.0f} + {store:.0f}) = {ceiling_cpu / (ceiling_cpu + store):.0%}")
+        for label, bound in bounds:
+            if bound:
+                print(f"  {label:<28} {bound}")
     if "latency" in results:
         latency = results["latency"]
         print(f"latency at {latency['offered']:.0f}/s offered ({latency['count']} deliveries, 1 worker):"
@@ -526,7 +526,7 @@ def main() -> None:
     parser.add_argument("--redis-db", type=int, default=15, help="a Redis database number of the bench's own")
     parser.add_argument("--serve-receiver", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--naive-worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--event-loop", choices=event_loop.CHOICES, default=os.environ.get("HOOKLEDGER_EVENT_LOOP") or "auto",
+    parser.add_argument("--event-loop", choices=event_loop.CHOICES, default=config.load().event_loop,
                         help="the loop of the workers, the naive worker and the ceiling's client (the receiver keeps asyncio's)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     arguments = parser.parse_args()

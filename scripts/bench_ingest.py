@@ -37,7 +37,7 @@ from aiohttp import web
 
 from billing import messages
 from billing.database import create_pool
-from delivery import event_loop, migrate, services
+from delivery import config, event_loop, migrate, services
 import cpu_shares  # scripts/, beside this file
 
 OPERATOR_KEY = "op_bench_" + "b" * 32
@@ -205,7 +205,6 @@ async def main(arguments: argparse.Namespace) -> None:
         trivial_shares = cpu_shares.per_thousand(before, cpu_shares.snapshot({"trivial": [servers[1].pid]}),
                                                  ceiling_statuses.get(202, 0))
         ceilings = [ceiling_rate]
-        trivial_cpu = sum(trivial_shares.values())  # the handler's and the load generator's CPU per 1,000
         loop_name = event_loop.chosen(arguments.event_loop)
         print(f"the API and the trivial handler run on the {loop_name} event loop (--event-loop {arguments.event_loop})")
         print(f"trivial aiohttp handler                {ceilings[0]:9.0f} msg/s")
@@ -231,10 +230,10 @@ async def main(arguments: argparse.Namespace) -> None:
                       f"  (trivial beside it {beside:.0f}/s)  {statuses}")
                 print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(shares)} (bench: the load generator);"
                       f" {batch_mean:.1f} requests per group-commit transaction")
-                store = shares.get("postgres", 0.0) + shares.get("redis", 0.0)
-                print(f"     what the database alone allows: {trivial_cpu:.0f} / ({trivial_cpu:.0f} + {store:.0f}) ="
-                      f" {trivial_cpu / (trivial_cpu + store):.0%} of the trivial handler, if the API and the load"
-                      f" generator cost no more than beside the trivial handler")
+                bound = cpu_shares.database_bound(trivial_shares, shares)
+                if bound:
+                    print(f"     what the database alone allows: {bound} of the trivial handler, if the API and the"
+                          f" load generator cost no more than beside the trivial handler")
                 report["api"].append({"fan_out": fan_out, "accounts": label, "messages_per_second": rate,
                                       "trivial_beside": beside, "share_of_trivial": rate / beside, "cpu_shares": shares,
                                       "requests_per_transaction": batch_mean,
@@ -270,7 +269,7 @@ if __name__ == "__main__":
     parser.add_argument("--accounts", type=int, default=1000)
     parser.add_argument("--group-commit-concurrency", type=int, default=2)
     parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)
-    parser.add_argument("--event-loop", choices=event_loop.CHOICES, default=os.environ.get("HOOKLEDGER_EVENT_LOOP") or "auto",
+    parser.add_argument("--event-loop", choices=event_loop.CHOICES, default=config.load().event_loop,
                         help="the loop of the API and of the trivial handler (one loop for both, so the ceiling is fair)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parsed = parser.parse_args()

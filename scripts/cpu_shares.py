@@ -66,5 +66,19 @@ def per_thousand(before: Snapshot, after: Snapshot, operations: int) -> dict[str
     }
 
 
+DATABASE_ROLES = ("postgres", "redis")
+
+
+def database_bound(ceiling: dict[str, float], run: dict[str, float]) -> str | None:
+    """What the database alone allows: the ceiling's CPU per 1,000 over itself plus the run's
+    PostgreSQL and Redis CPU per 1,000 (cores are the limit), as "C / (C + D) = share"; None
+    without figures."""
+    ceiling_cpu = sum(ceiling.values())
+    store = sum(run.get(role, 0.0) for role in DATABASE_ROLES)
+    if not ceiling_cpu or not store:
+        return None
+    return f"{ceiling_cpu:.0f} / ({ceiling_cpu:.0f} + {store:.0f}) = {ceiling_cpu / (ceiling_cpu + store):.0%}"
+
+
 def describe(shares: dict[str, float]) -> str:
     return ", ".join(f"{role} {value:.0f}" for role, value in shares.items())
