@@ -47,25 +47,25 @@ _CHECKS = {
     "messages": (
         "(SELECT a.id FROM accounts a WHERE a.id = n.account_id) IS NULL",
         "message % names no account (%)",
-        "n.id, n.account_id",
+        ("id", "account_id"),
     ),
     "deliveries": (
         "(SELECT m.account_id FROM messages m WHERE m.id = n.message_id) IS DISTINCT FROM n.account_id"
         " OR (SELECT e.account_id FROM endpoints e WHERE e.id = n.endpoint_id) IS DISTINCT FROM n.account_id",
         "delivery %: message % and endpoint % must exist and belong to its account %",
-        "n.id, n.message_id, n.endpoint_id, n.account_id",
+        ("id", "message_id", "endpoint_id", "account_id"),
     ),
     "ledger_entries": (
         "CASE WHEN n.delivery_id IS NULL"
         " THEN (SELECT a.id FROM accounts a WHERE a.id = n.account_id) IS NULL"
         " ELSE (SELECT d.account_id FROM deliveries d WHERE d.id = n.delivery_id) IS DISTINCT FROM n.account_id END",
         "ledger entry %: its account % must exist, and its delivery % (if any) must belong to it",
-        "n.id, n.account_id, n.delivery_id",
+        ("id", "account_id", "delivery_id"),
     ),
     "delivery_attempts": (
         "(SELECT d.account_id FROM deliveries d WHERE d.id = n.delivery_id) IS DISTINCT FROM n.account_id",
         "attempt % of delivery %: the delivery must exist and belong to its account %",
-        "n.attempt, n.delivery_id, n.account_id",
+        ("attempt", "delivery_id", "account_id"),
     ),
 }
 
@@ -81,15 +81,14 @@ NEVER_DELETED = ("accounts", "endpoints", "messages", "deliveries")
 
 
 def _check_function(table: str) -> str:
-    condition, message, values = _CHECKS[table]
-    columns = [value.removeprefix("n.") for value in values.split(", ")]
-    assert message.count("%") == len(columns), f"{table}: the message's placeholders and values differ"
+    condition, message, columns = _CHECKS[table]
+    assert message.count("%") == len(columns), f"{table}: the message's placeholders and columns differ"
     return f"""
 CREATE FUNCTION {table}_check_references() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     bad record;
 BEGIN
-    SELECT {values} INTO bad FROM inserted n WHERE {condition} LIMIT 1;
+    SELECT {", ".join(f"n.{column}" for column in columns)} INTO bad FROM inserted n WHERE {condition} LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION '{message}', {", ".join(f"bad.{column}" for column in columns)}
             USING ERRCODE = 'foreign_key_violation', TABLE = '{table}';

