@@ -18,7 +18,11 @@ def test_auto_and_uvloop_give_uvloop_where_it_is_installed():
 
 def test_asyncio_gives_pythons_own_loop():
     assert event_loop.chosen("asyncio") == "asyncio"
-    assert type(event_loop.new_event_loop("asyncio")).__module__.startswith("asyncio")
+    loop = event_loop.new_event_loop("asyncio")
+    try:
+        assert type(loop).__module__.startswith("asyncio")
+    finally:
+        loop.close()
 
 
 def test_without_uvloop_auto_falls_back_and_uvloop_by_name_fails(monkeypatch):

@@ -52,30 +52,27 @@ _ATTEMPT = ("INSERT INTO delivery_attempts (delivery_id, attempt, account_id, st
             " VALUES ($1, 1, $2, now(), 500)")
 
 
-def _refused_inserts(w: World) -> dict[str, tuple]:
-    new, unknown = ids.new_id(), uuid.uuid4()
-    return {
-        "message of an unknown account": (_MESSAGE, new, unknown),
-        "delivery of an unknown message": (_DELIVERY, new, w.a, unknown, w.endpoint_a),
-        "delivery to an unknown endpoint": (_DELIVERY, new, w.a, w.message_a, unknown),
-        "delivery of another account's message": (_DELIVERY, new, w.a, w.message_b, w.endpoint_a),
-        "delivery to another account's endpoint": (_DELIVERY, new, w.a, w.message_a, w.endpoint_b),
-        "delivery of an unknown account": (_DELIVERY, new, unknown, w.message_a, w.endpoint_a),
-        "charge of an unknown delivery": (_CHARGE, ids.charge_id(new), w.a, new),
-        "refund on another account than its delivery's": (_REFUND, ids.refund_id(w.delivery_b), w.a, w.delivery_b),
-        "top-up of an unknown account": (_TOPUP, f"topup:{new}", unknown),
-        "attempt of an unknown delivery": (_ATTEMPT, unknown, w.a),
-        "attempt on another account than its delivery's": (_ATTEMPT, w.delivery_b, w.a),
-    }
-
-
-_CASES = list(_refused_inserts(World(*(uuid.uuid4() for _ in range(8)))))
+# Each case: the statement and its arguments, from the world, a fresh id and an id nothing has.
+_REFUSED_INSERTS = {
+    "message of an unknown account": lambda w, new, unknown: (_MESSAGE, new, unknown),
+    "delivery of an unknown message": lambda w, new, unknown: (_DELIVERY, new, w.a, unknown, w.endpoint_a),
+    "delivery to an unknown endpoint": lambda w, new, unknown: (_DELIVERY, new, w.a, w.message_a, unknown),
+    "delivery of another account's message": lambda w, new, unknown: (_DELIVERY, new, w.a, w.message_b, w.endpoint_a),
+    "delivery to another account's endpoint": lambda w, new, unknown: (_DELIVERY, new, w.a, w.message_a, w.endpoint_b),
+    "delivery of an unknown account": lambda w, new, unknown: (_DELIVERY, new, unknown, w.message_a, w.endpoint_a),
+    "charge of an unknown delivery": lambda w, new, unknown: (_CHARGE, ids.charge_id(new), w.a, new),
+    "refund on another account than its delivery's":
+        lambda w, new, unknown: (_REFUND, ids.refund_id(w.delivery_b), w.a, w.delivery_b),
+    "top-up of an unknown account": lambda w, new, unknown: (_TOPUP, f"topup:{new}", unknown),
+    "attempt of an unknown delivery": lambda w, new, unknown: (_ATTEMPT, unknown, w.a),
+    "attempt on another account than its delivery's": lambda w, new, unknown: (_ATTEMPT, w.delivery_b, w.a),
+}
 
 
 @pytest.mark.parametrize("replica", [False, True], ids=["origin", "replica"])
-@pytest.mark.parametrize("case", _CASES)
+@pytest.mark.parametrize("case", list(_REFUSED_INSERTS))
 async def test_a_write_with_a_broken_reference_is_refused_and_writes_nothing(pool, world, case, replica):
-    statement, *arguments = _refused_inserts(world)[case]
+    statement, *arguments = _REFUSED_INSERTS[case](world, ids.new_id(), uuid.uuid4())
     before = await row_counts(pool)
     async with pool.acquire() as connection:
         if replica:

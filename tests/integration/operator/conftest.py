@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-for _folder in (Path(__file__).parent, Path(__file__).parent.parent / "engine"):
+for _folder in (Path(__file__).parent, Path(__file__).parent.parent / "engine", Path(__file__).parent.parent / "billing"):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 

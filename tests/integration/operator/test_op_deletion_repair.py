@@ -12,6 +12,7 @@ from billing import adjustments
 from billing.audit import audit
 from delivery import deletion, repair
 from delivery.cli import app
+from ledger_helpers import execute_unchecked
 from operator_helpers import (add_endpoint, assert_audit_clean, balance_and_ledger, create_many, make_account,
                               raw_delivery, refunds_per_delivery)
 
@@ -77,13 +78,11 @@ async def test_repair_refuses_when_the_ledger_changed_and_leaves_unrepairable_ro
     endpoint_id = await add_endpoint(pool, account_id)
     foreign = await raw_delivery(pool, account_id, endpoint_id, charge=None)
     async with pool.acquire() as connection, connection.transaction():
-        # The database refuses a charge on another account than its delivery's (billing.references);
-        # its check is off for this one insert, inside this transaction.
-        await connection.execute("ALTER TABLE ledger_entries DISABLE TRIGGER ledger_entries_references")
-        await connection.execute(
+        # The database refuses a charge on another account than its delivery's (billing.references).
+        await execute_unchecked(
+            connection, "ledger_entries",
             "INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount) VALUES ($1, $2, $3, 'charge', -5)",
             f"charge:{foreign}", other, foreign)
-        await connection.execute("ALTER TABLE ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_references")
     await pool.execute("UPDATE accounts SET balance = balance - 5 WHERE id = $1", other)
     assert (await deletion.run_deletion(pool, account_id)).status == "waiting_repair"
 
