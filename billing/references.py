@@ -141,6 +141,27 @@ def trigger_names() -> list[tuple[str, str]]:
     return [(table, name) for table, name, _ in _triggers()]
 
 
+# A check's plan is made once per session and kept (PL/pgSQL caches it) until the parent's
+# statistics change. Planned while a parent looked empty (ANALYZEd before its first rows, and
+# autovacuum off or not yet round), a probe became a sequential scan of the parent, and a create
+# then cost time in proportion to every message ever written: measured, a batch of 22 creates at
+# fan-out 4 went from 7 ms to 180 ms after 6,600 messages, and kept growing. Inside the check
+# functions sequential scans are off, so every probe is an index probe whatever the statistics
+# say (the transition table has no index and is scanned either way).
+PROBE_SETTING = ("enable_seqscan", "off")
+
+
+def probe_setting_statements() -> list[str]:
+    """Pin the check functions to index probes (migration 0006)."""
+    name, value = PROBE_SETTING
+    return [f"ALTER FUNCTION {table}_check_references() SET {name} = {value}" for table in _CHECKS]
+
+
+def probe_setting_reset_statements() -> list[str]:
+    name, _ = PROBE_SETTING
+    return [f"ALTER FUNCTION {table}_check_references() RESET {name}" for table in _CHECKS]
+
+
 def upgrade_statements() -> list[str]:
     """Drop the replaced foreign keys; create the functions and the triggers, each ENABLE ALWAYS."""
     statements = [f"ALTER TABLE {table} DROP CONSTRAINT {name}" for table, name, _, _ in REPLACED_FOREIGN_KEYS]

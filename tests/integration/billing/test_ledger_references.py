@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 
-from billing import ids
+from billing import ids, messages
 from billing.audit import audit
-from billing.references import trigger_names
+from billing.references import probe_setting_reset_statements, trigger_names
 from ledger_helpers import add_endpoint, assert_audit_clean, create, make_account, row_counts
 
 
@@ -179,3 +179,43 @@ async def test_audit_reports_a_reference_trigger_that_no_longer_always_fires(poo
         assert [(v.invariant, v.detail) for v in report.violations] == [("I8", f"trigger {name} on {table} is not enabled always")]
         await pool.execute(f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {name}")
     await assert_audit_clean(pool)
+
+
+
+async def _sequential_scans_by_creates(connection, account_id: uuid.UUID, batches: int) -> dict[str, int]:
+    """Sequential scans of messages and deliveries (the parents that only the reference checks read
+    on this path) by `batches` creates of ten messages each, counted inside one transaction on
+    this one connection, so the check functions' cached plans are the ones reused."""
+    query = ("SELECT relname, seq_scan FROM pg_stat_xact_user_tables"
+             " WHERE relname IN ('messages', 'deliveries') ORDER BY relname")
+    transaction = connection.transaction()
+    await transaction.start()
+    try:
+        before = dict(await connection.fetch(query))
+        for _ in range(batches):
+            requests = [messages.MessageRequest(account_id, "invoice.paid", b"{}") for _ in range(10)]
+            results = await messages.create_messages(connection, requests, attempts_max=3)
+            assert all(isinstance(result, messages.MessageCreated) for result in results), results
+        after = dict(await connection.fetch(query))
+    finally:
+        await transaction.rollback()  # the tables are empty again for the next measurement
+    return {table: after[table] - before.get(table, 0) for table in after}
+
+
+async def test_reference_checks_probe_indexes_even_when_planned_on_empty_statistics(pool):
+    """ANALYZE while the tables are empty (a fresh install, autovacuum not yet round): the check
+    functions plan their probes once per session, and with those statistics a sequential scan of
+    the parent looks cheapest. Pinned to index probes, creates read no parent sequentially; with
+    the pin reset, the same creates scan the parents on every statement, and would slow down with
+    every message written."""
+    account = await make_account(pool, balance=1_000)
+    await add_endpoint(pool, account)
+    await pool.execute("ANALYZE")
+    async with pool.acquire() as connection:
+        assert await _sequential_scans_by_creates(connection, account, batches=20) == {"deliveries": 0, "messages": 0}
+    for statement in probe_setting_reset_statements():
+        await pool.execute(statement)
+    await pool.execute("ANALYZE")
+    async with pool.acquire() as connection:
+        unpinned = await _sequential_scans_by_creates(connection, account, batches=20)
+    assert unpinned["messages"] >= 20 and unpinned["deliveries"] >= 20, unpinned
