@@ -11,6 +11,8 @@ import os
 import time
 import uuid
 
+from asyncpg.pgproto.pgproto import UUID as _UUID  # a uuid.UUID subclass, in C
+
 
 # The 80 low bits of a UUIDv7 are random except for the version (4 bits at 76) and the
 # RFC 4122 variant (2 bits at 62).
@@ -27,11 +29,13 @@ def new_ids(count: int) -> list[uuid.UUID]:
     """`count` UUIDv7s from one clock reading and one read of the random source.
 
     A message and its deliveries take their ids together: each read of os.urandom is a system
-    call, and on the ingest path one per id showed in the API's profile.
+    call, and on the ingest path one per id showed in the API's profile. The ids are asyncpg's
+    UUID, a uuid.UUID in every respect (equal, hashed and ordered alike) that is made in 0.1 µs
+    rather than 1 µs, and that asyncpg writes without converting.
     """
     high = ((time.time_ns() // 1_000_000) << 80) | _VERSION_AND_VARIANT
     data = os.urandom(10 * count)
-    return [uuid.UUID(int=high | (int.from_bytes(data[start:start + 10], "big") & _RANDOM_BITS))
+    return [_UUID((high | (int.from_bytes(data[start:start + 10], "big") & _RANDOM_BITS)).to_bytes(16, "big"))
             for start in range(0, 10 * count, 10)]
 
 
