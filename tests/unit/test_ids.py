@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pickle
 import time
 import uuid
+
+import msgspec
 
 from billing import ids
 
@@ -35,3 +38,18 @@ def test_one_id_has_the_same_layout_and_time_orders_ids() -> None:
 
 def test_no_ids_is_an_empty_list() -> None:
     assert ids.new_ids(0) == []
+
+
+def test_ids_behave_as_uuid_objects_wherever_they_go() -> None:
+    """They are asyncpg's UUID (fast to make and to write); everywhere else they must be a uuid.UUID:
+    equal to and hashed as the same UUID parsed from text, ordered with plain ones, printed,
+    JSON-encoded by msgspec, pickled."""
+    made = ids.new_ids(3)
+    plain = [uuid.UUID(str(value)) for value in made]
+    for value, twin in zip(made, plain, strict=True):
+        assert isinstance(value, uuid.UUID) and value == twin and hash(value) == hash(twin)
+        assert {twin: 1}[value] == 1 and str(value) == str(twin) and value.bytes == twin.bytes
+        assert msgspec.json.encode(value) == msgspec.json.encode(twin) == f'"{twin}"'.encode()
+        assert pickle.loads(pickle.dumps(value)) == twin
+    assert sorted(made + plain) == sorted(plain + made)
+    assert sorted([*made, uuid.UUID(int=0)])[0] == uuid.UUID(int=0)

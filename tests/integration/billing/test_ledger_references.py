@@ -181,7 +181,6 @@ async def test_audit_reports_a_reference_trigger_that_no_longer_always_fires(poo
     await assert_audit_clean(pool)
 
 
-
 async def _sequential_scans_by_creates(connection, account_id: uuid.UUID, batches: int) -> dict[str, int]:
     """Sequential scans of messages and deliveries (the parents that only the reference checks read
     on this path) by `batches` creates of ten messages each, counted inside one transaction on
@@ -206,8 +205,8 @@ async def test_reference_checks_probe_indexes_even_when_planned_on_empty_statist
     """ANALYZE while the tables are empty (a fresh install, autovacuum not yet round): the check
     functions plan their probes once per session, and with those statistics a sequential scan of
     the parent looks cheapest. Pinned to index probes, creates read no parent sequentially; with
-    the pin reset, the same creates scan the parents on every statement, and would slow down with
-    every message written."""
+    the pin reset, the same creates scan a parent for every row they insert, and would slow down
+    with every message written."""
     account = await make_account(pool, balance=1_000)
     await add_endpoint(pool, account)
     await pool.execute("ANALYZE")
