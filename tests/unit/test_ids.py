@@ -51,5 +51,8 @@ def test_ids_behave_as_uuid_objects_wherever_they_go() -> None:
         assert {twin: 1}[value] == 1 and str(value) == str(twin) and value.bytes == twin.bytes
         assert msgspec.json.encode(value) == msgspec.json.encode(twin) == f'"{twin}"'.encode()
         assert pickle.loads(pickle.dumps(value)) == twin
-    assert sorted(made + plain) == sorted(plain + made)
+    # Mixed comparisons order exactly as the plain twins do, in both directions.
+    for i, value in enumerate(made):
+        for twin in plain:
+            assert (value < twin) == (plain[i] < twin) and (twin < value) == (twin < plain[i])
     assert sorted([*made, uuid.UUID(int=0)])[0] == uuid.UUID(int=0)
