@@ -124,7 +124,8 @@ class Engine:
                 metrics.count_deaths(item.reason, 1)
         if not outgoing:
             return report
-        sent = await asyncio.gather(*(self._send(item) for item in outgoing))
+        # Futures, not tasks: the sender runs the sends in its own runners (see Sender.submit).
+        sent = await asyncio.gather(*[self._submit(item) for item in outgoing])
         report.sent = len(sent)
         results = [self._result(item, result) for item, result in zip(outgoing, sent)]
         report.summary = await record_results(self.pool, results)
@@ -132,16 +133,18 @@ class Engine:
         await self._after_record(outgoing, sent, results, report.summary)
         return report
 
-    async def _send(self, item: Outgoing) -> SendResult:
+    def _submit(self, item: Outgoing) -> asyncio.Future[SendResult]:
         delivery_id = str(item.claimed.id)
         timestamp_seconds = int(time.time())
         signer = self.signers.signer(item.claimed.endpoint_id, item.secret, item.previous_secret)
         if signer is None:
             # Every request must carry a signed delivery id (I9): without a secret nothing is
             # sent, and the attempt fails like any other until the delivery dies, refunded.
-            return _UNSIGNED
+            unsigned: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+            unsigned.set_result(_UNSIGNED)
+            return unsigned
         headers = signer.headers(delivery_id, timestamp_seconds, item.payload)
-        return await self.sender.send(
+        return self.sender.submit(
             SendRequest(delivery_id, item.claimed.attempt, item.url, item.payload, headers,
                         item.timeout_ms, str(item.claimed.endpoint_id))
         )

@@ -5,7 +5,7 @@ Standard Webhooks headers already signed), awaits `Sender.send`, and records the
 Network problems of every kind become a failed SendResult; only programmer errors raise.
 
 This is the hot path of the throughput benchmark, so per-request work is kept small: parsed
-URLs, timeouts and endpoint gates are reused from bounded caches.
+URLs and timeouts are reused from bounded caches, and queued sends wait in send_lanes.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from delivery.errors import (
     SenderOverloadedError,
     SenderSettingsError,
 )
+from delivery.send_lanes import Lanes
 
 try:
     VERSION = importlib.metadata.version("hookledger")
@@ -52,8 +53,8 @@ CAUSE_CHAIN_LINKS_MAX = 16
 class SenderSettings:
     """Everything the sender needs to know; one frozen value built from the environment.
 
-    sends_pending_max bounds concurrent `send` calls (waiting or in flight) and so also the
-    number of endpoint gates alive at once; the worker's own concurrency must stay below it.
+    sends_pending_max bounds the sends queued or in flight at once (and so the sender's per-endpoint
+    bookkeeping); the worker's own concurrency must stay below it.
     """
 
     timeout_ms_default: int = 15_000
@@ -64,7 +65,6 @@ class SenderSettings:
     connections_per_host_max: int = 64
     sends_per_endpoint_max: int = 16
     sends_pending_max: int = 10_000
-    endpoint_gates_max: int = 10_000
     allowed_networks: tuple[str, ...] = ()
     allow_loopback: bool = False
     address_policy: ssrf.AddressPolicy = field(init=False, repr=False, compare=False)
@@ -80,14 +80,10 @@ class SenderSettings:
             ("connections_per_host_max", 1, 100_000),
             ("sends_per_endpoint_max", 1, 100_000),
             ("sends_pending_max", 1, 1_000_000),
-            ("endpoint_gates_max", 1, 1_000_000),
         ):
             value = getattr(self, name)
             if not low <= value <= high:
                 raise SenderSettingsError(f"{name} must be {low} to {high}, got {value}")
-        if self.endpoint_gates_max < self.sends_pending_max:
-            # Each pending send holds at most one gate, so this is what keeps the gate dict bounded.
-            raise SenderSettingsError("endpoint_gates_max must be at least sends_pending_max")
         try:
             policy = ssrf.AddressPolicy.from_strings(self.allowed_networks, self.allow_loopback)
         except ValueError as error:
@@ -111,6 +107,9 @@ class SendRequest(NamedTuple):
     endpoint_id: str
 
 
+_Queued = tuple  # (SendRequest, URL, asyncio.Future[SendResult])
+
+
 class SendResult(NamedTuple):
     """What happened. status_code is None when no response arrived; error then says why.
 
@@ -131,18 +130,16 @@ class SendResult(NamedTuple):
         return retry.classify(self.status_code)
 
 
-class _EndpointGate:
-    """A per-endpoint concurrency bound, and how many sends hold it or wait for it."""
-
-    __slots__ = ("semaphore", "users")
-
-    def __init__(self, sends_max: int) -> None:
-        self.semaphore = asyncio.Semaphore(sends_max)
-        self.users = 0
-
-
 class Sender:
-    """Owns one aiohttp session; create it inside the running event loop and close it when done."""
+    """Sends attempts over one pooled aiohttp session, within the per-endpoint, per-host and total bounds.
+
+    `submit` queues an attempt and returns a future of its SendResult; `send` awaits one. The
+    attempts run in runner tasks that each go on with the next send their slot allows
+    (send_lanes), so a worker with thousands of sends queued pays no task and no semaphore
+    waiter per send. A caller that gives up (cancels its future) only unqueues a send that has
+    not started; one already on the wire runs to its end or its timeout, and its result is
+    dropped. `close` cancels the runners and every send still queued.
+    """
 
     def __init__(self, settings: SenderSettings | None = None) -> None:
         self._settings = settings or SenderSettings()
@@ -150,17 +147,36 @@ class Sender:
         self._session = _create_session(self._settings)
         self._timeouts: dict[int, aiohttp.ClientTimeout] = {}
         self._parsed_urls: dict[str, URL | str] = {}
-        self._gates: dict[str, _EndpointGate] = {}  # per endpoint
-        self._host_gates: dict[tuple, _EndpointGate] = {}  # per (host, port): the connector's per-host limit
-        self._connections = asyncio.Semaphore(self._settings.connections_max)
-        self._sends_pending = 0
+        self._lanes: Lanes[_Queued] = Lanes(
+            per_endpoint=self._settings.sends_per_endpoint_max,
+            per_host=self._settings.connections_per_host_max,
+            total=self._settings.connections_max,
+        )
+        self._runners: set[asyncio.Task] = set()
+        self._closing = False
 
     async def close(self) -> None:
+        self._closing = True
+        for runner in list(self._runners):
+            runner.cancel()
+        await asyncio.gather(*self._runners, return_exceptions=True)
+        for _, _, future in self._lanes.drain():
+            future.cancel()
         await self._session.close()
 
     @property
     def closed(self) -> bool:
         return self._session.closed
+
+    @property
+    def pending(self) -> int:
+        """Sends queued or on the wire."""
+        return self._lanes.running + self._lanes.waiting
+
+    @property
+    def endpoints_pending(self) -> int:
+        """Endpoints with a send queued or on the wire (the sender forgets idle ones at once)."""
+        return self._lanes.endpoints
 
     async def __aenter__(self) -> Sender:
         return self
@@ -170,27 +186,65 @@ class Sender:
 
     async def send(self, request: SendRequest) -> SendResult:
         """Send one attempt; every network failure comes back as a failed SendResult."""
-        if self._sends_pending >= self._settings.sends_pending_max:
-            raise SenderOverloadedError(f"{self._sends_pending} sends pending")
+        return await self.submit(request)
+
+    def submit(self, request: SendRequest) -> asyncio.Future[SendResult]:
+        """Queue one attempt; the future's result is its SendResult, network failures included
+        (only a bug in the sender sets an exception).
+
+        Raises SenderOverloadedError when sends_pending_max sends are already pending.
+        """
+        if self._closing:
+            raise RuntimeError("the sender is closed")
+        pending = self._lanes.running + self._lanes.waiting
+        if pending >= self._settings.sends_pending_max:
+            raise SenderOverloadedError(f"{pending} sends pending")
+        future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
         url = self._checked_url(request.url)
         if isinstance(url, str):
-            return _failure(url, 0)
-        gate = self._gate(self._gates, request.endpoint_id, self._settings.sends_per_endpoint_max)
-        host = self._gate(self._host_gates, (url.raw_host, url.port), self._settings.connections_per_host_max)
-        gate.users += 1
-        host.users += 1
-        self._sends_pending += 1
-        try:
-            # Queue here, on our own bounds, rather than inside aiohttp's connector: time spent
-            # waiting for a connection would count against the attempt's timeout there (a send
-            # could time out without ever leaving), and each waiter there costs a timer. The
-            # endpoint's bound comes first, so a slow endpoint only ever holds its own share.
-            async with gate.semaphore, host.semaphore, self._connections:
-                return await self._attempt(request, url)
-        finally:
-            gate.users -= 1
-            host.users -= 1
-            self._sends_pending -= 1
+            future.set_result(_failure(url, 0))
+            return future
+        # Queued here, on our own bounds, rather than inside aiohttp's connector: time spent
+        # waiting for a connection would count against the attempt's timeout there (a send could
+        # time out without ever leaving). The per-host bound is the connector's, so a send that
+        # starts always finds a connection.
+        host = (url.raw_host, url.port)
+        queued = (request, url, future)
+        if self._lanes.offer(request.endpoint_id, host, queued):
+            runner = asyncio.get_running_loop().create_task(self._run(request.endpoint_id, host, queued))
+            self._runners.add(runner)
+            runner.add_done_callback(self._runners.discard)
+        return future
+
+    async def _run(self, endpoint_id: str, host: tuple, queued: _Queued) -> None:
+        """Send, then go on with whatever the freed slot allows next, until nothing is waiting."""
+        while True:
+            request, url, future = queued
+            try:
+                if not future.done():  # a caller that gave up before the send started
+                    result = await self._attempt(request, url)
+                    if not future.done():
+                        future.set_result(result)
+            except asyncio.CancelledError:
+                # The sender is closing: this send and those its slot would have taken next end
+                # here, their callers told so, and the bounds stay right.
+                if not future.done():
+                    future.cancel()
+                self._abandon(self._lanes.finish(endpoint_id, host))
+                raise
+            except Exception as error:  # a bug, not a network failure: its caller gets it; the runner goes on
+                if not future.done():
+                    future.set_exception(error)
+            following = self._lanes.finish(endpoint_id, host)
+            if following is None:
+                return
+            endpoint_id, host, queued = following
+
+    def _abandon(self, following: tuple | None) -> None:
+        while following is not None:
+            endpoint_id, host, (_, _, future) = following
+            future.cancel()
+            following = self._lanes.finish(endpoint_id, host)
 
     def _checked_url(self, raw_url: str) -> URL | str:
         """The parsed URL, or the error text when it is unparseable or its host is refused."""
@@ -210,22 +264,6 @@ class Sender:
             self._parsed_urls.clear()
         self._parsed_urls[raw_url] = checked
         return checked
-
-    def _gate(self, gates: dict, key: object, sends_max: int) -> _EndpointGate:
-        gate = gates.get(key)
-        if gate is None:
-            if len(gates) >= self._settings.endpoint_gates_max:
-                self._evict_idle_gates(gates)
-            gate = gates[key] = _EndpointGate(sends_max)
-        return gate
-
-    def _evict_idle_gates(self, gates: dict) -> None:
-        idle = [key for key, gate in gates.items() if gate.users == 0]
-        for key in idle:
-            del gates[key]
-        # Busy gates are at most sends_pending_max <= endpoint_gates_max, and this send is not
-        # counted yet, so there is room now; if not, the counting above is broken.
-        assert len(gates) < self._settings.endpoint_gates_max, "gate accounting is broken"
 
     def _timeout(self, timeout_ms: int) -> tuple[int, aiohttp.ClientTimeout]:
         settings = self._settings

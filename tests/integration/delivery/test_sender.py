@@ -77,6 +77,16 @@ def request_to(url: str, timeout_ms: int = 5000, endpoint_id: str = "ep_1") -> S
     )
 
 
+def held_until(release: asyncio.Event):
+    """A handler that answers 200 once release is set."""
+
+    async def handler(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.Response()
+
+    return handler
+
+
 def answer(status: int, text: str = "", headers: dict[str, str] | None = None):
     async def handler(request: web.Request) -> web.Response:
         return web.Response(status=status, text=text, headers=headers)
@@ -309,28 +319,24 @@ async def test_a_stalled_endpoint_does_not_delay_another() -> None:
         await healthy_receiver.server.close()
 
 
-async def test_endpoint_gates_stay_bounded(receiver: Receiver) -> None:
-    """Idle per-endpoint gates are evicted, so sending to many endpoints keeps the gate map within its bound."""
-    settings = SenderSettings(allowed_networks=("127.0.0.0/8",), endpoint_gates_max=3, sends_pending_max=3)
+async def test_idle_endpoints_are_forgotten(receiver: Receiver) -> None:
+    """The sender keeps per-endpoint bookkeeping only while an endpoint has a send queued or out."""
+    settings = SenderSettings(allowed_networks=("127.0.0.0/8",), sends_pending_max=3)
     receiver.route("/hook", answer(200))
     await receiver.start()
     async with Sender(settings) as sender:
         for number in range(10):
-            result = await sender.send(request_to(receiver.url("/hook"), endpoint_id=f"ep_{number}"))
-            assert result.success
-            assert len(sender._gates) <= 3
+            pending = sender.submit(request_to(receiver.url("/hook"), endpoint_id=f"ep_{number}"))
+            assert sender.endpoints_pending == 1 and sender.pending == 1
+            assert (await pending).success
+            assert sender.endpoints_pending == 0 and sender.pending == 0
 
 
 async def test_too_many_concurrent_sends_is_a_caller_bug(receiver: Receiver) -> None:
     """Starting more concurrent sends than sends_pending_max raises: the worker must bound its concurrency."""
-    settings = SenderSettings(allowed_networks=("127.0.0.0/8",), endpoint_gates_max=2, sends_pending_max=2)
+    settings = SenderSettings(allowed_networks=("127.0.0.0/8",), sends_pending_max=2)
     release = asyncio.Event()
-
-    async def stalled(request: web.Request) -> web.Response:
-        await release.wait()
-        return web.Response()
-
-    receiver.route("/hook", stalled)
+    receiver.route("/hook", held_until(release))
     await receiver.start()
     async with Sender(settings) as sender:
         pending = [asyncio.create_task(sender.send(request_to(receiver.url("/hook")))) for _ in range(2)]
@@ -357,3 +363,50 @@ async def test_waiting_for_a_connection_does_not_count_against_the_timeout(recei
             sender.send(request_to(receiver.url("/slow"), timeout_ms=1000, endpoint_id=f"ep_{n}")) for n in range(3)))
     assert [r.success for r in results] == [True, True, True], [r.error for r in results]
     assert all(r.latency_ms < 1000 for r in results)
+
+
+async def test_a_queued_send_whose_caller_gave_up_is_never_sent(receiver: Receiver) -> None:
+    """One send per endpoint at a time: the second waits; cancelling it before the first ends
+    means it never reaches the receiver, and the third still goes in its turn."""
+    release = asyncio.Event()
+    receiver.route("/hook", held_until(release))
+    await receiver.start()
+    settings = SenderSettings(allowed_networks=("127.0.0.0/8",), sends_per_endpoint_max=1)
+    async with Sender(settings) as sender:
+        first = sender.submit(request_to(receiver.url("/hook")))
+        second = sender.submit(request_to(receiver.url("/hook")))
+        third = sender.submit(request_to(receiver.url("/hook")))
+        while receiver.hits.get("/hook", 0) < 1:
+            await asyncio.sleep(0.01)
+        assert sender.pending == 3
+        second.cancel()
+        release.set()
+        assert (await first).success and (await third).success
+        assert receiver.hits["/hook"] == 2
+        assert sender.pending == 0 and sender.endpoints_pending == 0
+
+
+async def test_closing_cancels_every_send_on_the_wire_and_queued(receiver: Receiver) -> None:
+    """close() does not wait for a stalled receiver: the sends out and those queued behind them
+    end cancelled, and nothing is left pending."""
+
+    async def stalled(request: web.Request) -> web.Response:
+        await asyncio.sleep(30)
+        return web.Response()
+
+    receiver.route("/hook", stalled)
+    await receiver.start()
+    settings = SenderSettings(allowed_networks=("127.0.0.0/8",), connections_per_host_max=2)
+    sender = Sender(settings)
+    sends = [sender.submit(request_to(receiver.url("/hook"), endpoint_id=f"ep_{n % 3}")) for n in range(7)]
+    while receiver.hits.get("/hook", 0) < 2:
+        await asyncio.sleep(0.01)
+    assert sender.pending == 7
+    started = time.monotonic()
+    await sender.close()
+    assert time.monotonic() - started < 5
+    assert all(send.cancelled() for send in sends)
+    assert receiver.hits["/hook"] == 2
+    assert sender.pending == 0 and sender.endpoints_pending == 0 and sender.closed
+    with pytest.raises(RuntimeError):
+        sender.submit(request_to(receiver.url("/hook")))
