@@ -108,6 +108,7 @@ class ApiSettings:
     auth_cache_ttl_ms: int = 30_000
     secret_rotation_overlap_seconds: int = 86_400
     log_level: str = "info"
+    gc_gen0_threshold: int = 50_000  # delivery.gc_tuning, in `hookledger api`; 0 keeps Python's settings
 
 
 @dataclass(frozen=True)
@@ -200,16 +201,16 @@ def _worker(environ: Mapping[str, str]) -> WorkerSettings:
         shutdown_grace_seconds=_integer(environ, "HOOKLEDGER_SHUTDOWN_GRACE_SECONDS", 10, 0, 300),
         audit_interval_minutes=_integer(environ, "HOOKLEDGER_AUDIT_MINUTES", 10, 0, 60),
         metrics_port=_integer(environ, "HOOKLEDGER_WORKER_METRICS_PORT", 0, 0, 65535),
-        gc_gen0_threshold=_gc_threshold(environ),
+        gc_gen0_threshold=_gc_threshold(environ, "HOOKLEDGER_WORKER_GC_GEN0"),
         engine=engine,
         sender=sender,
     )
 
 
-def _gc_threshold(environ: Mapping[str, str]) -> int:
-    value = _integer(environ, "HOOKLEDGER_WORKER_GC_GEN0", 50_000, 0, gc_tuning.GEN0_MAX)
+def _gc_threshold(environ: Mapping[str, str], name: str) -> int:
+    value = _integer(environ, name, 50_000, 0, gc_tuning.GEN0_MAX)
     if 0 < value < gc_tuning.GEN0_MIN:
-        raise ConfigError(f"HOOKLEDGER_WORKER_GC_GEN0 must be 0 (Python's defaults) or"
+        raise ConfigError(f"{name} must be 0 (Python's defaults) or"
                           f" {gc_tuning.GEN0_MIN} to {gc_tuning.GEN0_MAX}, got {value}")
     return value
 
@@ -231,4 +232,5 @@ def _api(environ: Mapping[str, str]) -> ApiSettings:
         auth_cache_ttl_ms=_integer(environ, "HOOKLEDGER_AUTH_CACHE_TTL_MS", 30_000, 0, 600_000),
         secret_rotation_overlap_seconds=_integer(environ, "HOOKLEDGER_SECRET_ROTATION_OVERLAP_SECONDS", 86_400, 0, 604_800),
         log_level=log_level,
+        gc_gen0_threshold=_gc_threshold(environ, "HOOKLEDGER_API_GC_GEN0"),
     )

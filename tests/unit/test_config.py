@@ -41,6 +41,7 @@ def test_settings_are_read_from_the_mapping_given() -> None:
         ({"HOOKLEDGER_LOG_LEVEL": "loud"}, "HOOKLEDGER_LOG_LEVEL must be debug, info, warning or error"),
         ({"HOOKLEDGER_LEASE_MS": "30000"}, "must exceed the longest send timeout"),
         ({"HOOKLEDGER_WORKER_GC_GEN0": "100"}, "HOOKLEDGER_WORKER_GC_GEN0 must be 0"),
+        ({"HOOKLEDGER_API_GC_GEN0": "100"}, "HOOKLEDGER_API_GC_GEN0 must be 0"),
     ],
 )
 def test_a_malformed_setting_is_a_clear_config_error(environment: dict, message: str) -> None:

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from delivery import config, gc_tuning
+from delivery import cli_api, config, gc_tuning
 
 
 @pytest.fixture
@@ -63,3 +63,15 @@ def test_out_of_range_is_refused(value: int) -> None:
 def test_the_worker_setting_defaults_to_50000() -> None:
     assert config.load({}).worker.gc_gen0_threshold == 50_000
     assert config.load({"HOOKLEDGER_WORKER_GC_GEN0": "0"}).worker.gc_gen0_threshold == 0
+
+
+def test_the_api_has_its_own_setting_and_applies_it(restored_collector) -> None:
+    assert config.load({}).api.gc_gen0_threshold == 50_000
+    settings = config.load({"HOOKLEDGER_API_GC_GEN0": "20000", "HOOKLEDGER_WORKER_GC_GEN0": "0"})
+    assert (settings.api.gc_gen0_threshold, settings.worker.gc_gen0_threshold) == (20_000, 0)
+    gc.set_threshold(700, 10, 10)
+    cli_api.tune_collector(settings)
+    assert gc.get_threshold() == (20_000, *gc_tuning.OLDER_THRESHOLDS)
+    gc.set_threshold(700, 10, 10)
+    cli_api.tune_collector(config.load({"HOOKLEDGER_API_GC_GEN0": "0"}))
+    assert gc.get_threshold() == (700, 10, 10)
