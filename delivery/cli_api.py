@@ -78,6 +78,6 @@ def tune_collector(settings: config.Settings) -> None:
 
     Each request allocates a few hundred objects, and those of the requests in flight (about a
     group-commit transaction's worth) survive young collections and set off older ones: with
-    the young collection every 50,000 allocations instead of 700, the API spent 12% to 23% less
+    the young collection every 50,000 allocations instead of 700, the API spent 10% to 22% less
     CPU per message in scripts/bench_ingest.py."""
     gc_tuning.tune(settings.api.gc_gen0_threshold)
