@@ -11,6 +11,7 @@ URLs and timeouts are reused from bounded caches, and queued sends wait in send_
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import importlib.metadata
 import time
@@ -153,6 +154,9 @@ class Sender:
             total=self._settings.connections_max,
         )
         self._runners: set[asyncio.Task] = set()
+        # Sends allowed to start whose runner has not run yet; each runner takes one as it begins.
+        # A runner cancelled before its first step leaves its send here, for close() to cancel.
+        self._starting: collections.deque[tuple] = collections.deque()
         self._closing = False
 
     async def close(self) -> None:
@@ -160,6 +164,10 @@ class Sender:
         for runner in list(self._runners):
             runner.cancel()
         await asyncio.gather(*self._runners, return_exceptions=True)
+        while self._starting:
+            endpoint_id, host, (_, _, future) = self._starting.popleft()
+            future.cancel()
+            self._abandon(self._lanes.finish(endpoint_id, host))
         for _, _, future in self._lanes.drain():
             future.cancel()
         await self._session.close()
@@ -211,13 +219,15 @@ class Sender:
         host = (url.raw_host, url.port)
         queued = (request, url, future)
         if self._lanes.offer(request.endpoint_id, host, queued):
-            runner = asyncio.get_running_loop().create_task(self._run(request.endpoint_id, host, queued))
+            self._starting.append((request.endpoint_id, host, queued))
+            runner = asyncio.get_running_loop().create_task(self._run())
             self._runners.add(runner)
             runner.add_done_callback(self._runners.discard)
         return future
 
-    async def _run(self, endpoint_id: str, host: tuple, queued: _Queued) -> None:
+    async def _run(self) -> None:
         """Send, then go on with whatever the freed slot allows next, until nothing is waiting."""
+        endpoint_id, host, queued = self._starting.popleft()
         while True:
             request, url, future = queued
             try:

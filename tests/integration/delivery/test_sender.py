@@ -410,3 +410,17 @@ async def test_closing_cancels_every_send_on_the_wire_and_queued(receiver: Recei
     assert sender.pending == 0 and sender.endpoints_pending == 0 and sender.closed
     with pytest.raises(RuntimeError):
         sender.submit(request_to(receiver.url("/hook")))
+
+
+async def test_closing_before_any_runner_ran_cancels_every_send(receiver: Receiver) -> None:
+    """Sends submitted and the sender closed at once, before the event loop ran a runner: every
+    future ends cancelled, none is left pending, and nothing reaches the receiver."""
+    receiver.route("/hook", answer(200))
+    await receiver.start()
+    sender = Sender(SenderSettings(allowed_networks=("127.0.0.0/8",), connections_per_host_max=2))
+    sends = [sender.submit(request_to(receiver.url("/hook"), endpoint_id=f"ep_{n}")) for n in range(5)]
+    assert sender.pending == 5
+    await sender.close()
+    assert all(send.cancelled() for send in sends)
+    assert sender.pending == 0 and sender.endpoints_pending == 0
+    assert receiver.hits.get("/hook", 0) == 0
