@@ -8,6 +8,7 @@ delaying another.
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -424,3 +425,69 @@ async def test_closing_before_any_runner_ran_cancels_every_send(receiver: Receiv
     assert all(send.cancelled() for send in sends)
     assert sender.pending == 0 and sender.endpoints_pending == 0
     assert receiver.hits.get("/hook", 0) == 0
+
+
+@pytest.mark.parametrize("round_number", range(5))
+async def test_many_concurrent_sends_keep_every_bound_and_each_endpoints_order(round_number: int) -> None:
+    """300 sends over 6 endpoints on two receivers (two hosts), with random short stalls: at no
+    moment does an endpoint, a host or the sender have more requests open than its bound; each
+    endpoint's sends start in the order they were submitted (with up to 3 open at once, the i-th
+    to arrive is one of the first i + 3 submitted); every send succeeds."""
+
+    rng = random.Random(round_number)
+    bounds = {"endpoint": 3, "host": 4, "total": 6}
+    open_now = {"total": 0}
+    peaks: dict[str, int] = {}
+    arrivals: dict[str, list[int]] = {}
+    submitted: dict[str, list[int]] = {}
+
+    def bump(key: str, step: int) -> None:
+        open_now[key] = open_now.get(key, 0) + step
+        peaks[key] = max(peaks.get(key, 0), open_now[key])
+
+    def handler(host: str):
+        async def handle(request: web.Request) -> web.Response:
+            endpoint, number = request.headers["x-endpoint"], int(request.headers["x-number"])
+            arrivals.setdefault(endpoint, []).append(number)
+            for key in ("total", host, endpoint):
+                bump(key, 1)
+            await asyncio.sleep(rng.choice((0, 0, 0.001, 0.003)))
+            for key in ("total", host, endpoint):
+                bump(key, -1)
+            return web.Response()
+        return handle
+
+    receivers = [Receiver(), Receiver()]
+    for index, receiver in enumerate(receivers):
+        receiver.route("/hook", handler(f"host{index}"))
+        await receiver.start()
+    settings = SenderSettings(allowed_networks=("127.0.0.0/8",), sends_per_endpoint_max=bounds["endpoint"],
+                              connections_per_host_max=bounds["host"], connections_max=bounds["total"])
+    try:
+        async with Sender(settings) as sender:
+            sends = []
+            for number in range(300):
+                endpoint = f"ep_{rng.randrange(6)}"
+                receiver = receivers[int(endpoint[-1]) % 2]
+                request = request_to(receiver.url("/hook"), endpoint_id=endpoint)._replace(
+                    headers={**WEBHOOK_HEADERS, "x-endpoint": endpoint, "x-number": str(number)})
+                sends.append(sender.submit(request))
+                submitted.setdefault(endpoint, []).append(number)
+                if rng.random() < 0.1:
+                    await asyncio.sleep(0)
+            results = await asyncio.gather(*sends)
+            assert sender.pending == 0 and sender.endpoints_pending == 0
+    finally:
+        for receiver in receivers:
+            await receiver.server.close()
+    assert all(result.success for result in results)
+    assert sum(len(numbers) for numbers in arrivals.values()) == 300
+    assert peaks["total"] <= bounds["total"]
+    assert max(peaks[f"host{index}"] for index in range(2)) <= bounds["host"]
+    assert max(peaks[endpoint] for endpoint in arrivals) <= bounds["endpoint"]
+    assert peaks["total"] == bounds["total"], "the total bound was never reached: the test did not load the sender"
+    for endpoint, numbers in arrivals.items():
+        position = {number: index for index, number in enumerate(submitted[endpoint])}
+        late = [(index, number) for index, number in enumerate(numbers)
+                if position[number] > index + bounds["endpoint"] - 1]
+        assert not late, f"{endpoint}'s sends started out of order: {late[:3]}"
