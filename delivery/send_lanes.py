@@ -126,9 +126,6 @@ class Lanes(Generic[Item]):
             self.waiting -= 1
             self._start(endpoint)
             self._list(endpoint)  # to the back of its host's turn, and the host to the back of the total's
-            if host.ready and not host.listed and host.running < self._per_host:
-                host.listed = True
-                self._blocked.append(host)
             return endpoint.key, host.key, item
         return None
 

@@ -165,9 +165,7 @@ class Sender:
             runner.cancel()
         await asyncio.gather(*self._runners, return_exceptions=True)
         while self._starting:
-            endpoint_id, host, (_, _, future) = self._starting.popleft()
-            future.cancel()
-            self._abandon(self._lanes.finish(endpoint_id, host))
+            self._abandon(self._starting.popleft())
         for _, _, future in self._lanes.drain():
             future.cancel()
         await self._session.close()
@@ -204,9 +202,8 @@ class Sender:
         """
         if self._closing:
             raise RuntimeError("the sender is closed")
-        pending = self._lanes.running + self._lanes.waiting
-        if pending >= self._settings.sends_pending_max:
-            raise SenderOverloadedError(f"{pending} sends pending")
+        if self.pending >= self._settings.sends_pending_max:
+            raise SenderOverloadedError(f"{self.pending} sends pending")
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
         url = self._checked_url(request.url)
         if isinstance(url, str):
@@ -238,9 +235,7 @@ class Sender:
             except asyncio.CancelledError:
                 # The sender is closing: this send and those its slot would have taken next end
                 # here, their callers told so, and the bounds stay right.
-                if not future.done():
-                    future.cancel()
-                self._abandon(self._lanes.finish(endpoint_id, host))
+                self._abandon((endpoint_id, host, queued))
                 raise
             except Exception as error:  # a bug, not a network failure: its caller gets it; the runner goes on
                 if not future.done():
@@ -251,6 +246,7 @@ class Sender:
             endpoint_id, host, queued = following
 
     def _abandon(self, following: tuple | None) -> None:
+        """Cancel this counted-as-running send and every one its slot would take next, freeing the slots."""
         while following is not None:
             endpoint_id, host, (_, _, future) = following
             future.cancel()
