@@ -10,7 +10,7 @@ other people's load: the report says so).
     .venv/bin/python scripts/bench.py [--out bench-results] [--only ledger,delivery,...]
         [--ledger-messages 2000] [--delivery-deliveries 10000] [--naive-deliveries 1000]
         [--latency-rate 300] [--latency-seconds 8] [--ingest-seconds 3] [--ingest-accounts 200]
-        [--ops-live 20000] [--ops-ledger 200000] [--signing-seconds 1]
+        [--ops-live 20000] [--ops-ledger 200000] [--signing-seconds 1] [--sender-sends 10000]
 
 With DATABASE_URL / REDIS_URL unset, one embedded PostgreSQL and Redis are started here and
 handed to every benchmark. matplotlib (the `bench` extra) is imported only to draw the chart.
@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("signing", "ledger", "ingest", "delivery", "ops")
+BENCHMARKS = ("signing", "sender", "ledger", "ingest", "delivery", "ops")
 BENCH_SECONDS_MAX = 900  # one benchmark past this is stopped and reported as failed
 CPU_SAMPLE_SECONDS = 0.5
 
@@ -40,6 +40,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results")
     parser.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated subset of " + ",".join(BENCHMARKS))
     parser.add_argument("--signing-seconds", type=float, default=1.0)
+    parser.add_argument("--sender-sends", type=int, default=10_000)
     parser.add_argument("--ledger-messages", type=int, default=2000)
     parser.add_argument("--ledger-accounts", type=int, default=100)
     parser.add_argument("--ingest-seconds", type=float, default=3.0)
@@ -61,6 +62,7 @@ def parse() -> argparse.Namespace:
 def arguments_of(name: str, options: argparse.Namespace) -> list[str]:
     return {
         "signing": ["--seconds", str(options.signing_seconds)],
+        "sender": ["--sends", str(options.sender_sends), "--rounds", "1"],
         "ledger": ["--messages", str(options.ledger_messages), "--accounts", str(options.ledger_accounts)],
         "ingest": ["--seconds", str(options.ingest_seconds), "--accounts", str(options.ingest_accounts)],
         "delivery": ["--deliveries", str(options.delivery_deliveries), "--naive-deliveries", str(options.naive_deliveries),
@@ -260,6 +262,10 @@ def headline(report: dict) -> dict:
             rows[f"PostgreSQL CPU share during bench_{name}"] = {
                 "all_mean": cpu["all_postgres"]["mean"], "all_p90": cpu["all_postgres"]["p90"],
                 "bench_backends_mean": cpu["benchmark_backends"]["mean"], "bench_backends_p90": cpu["benchmark_backends"]["p90"]}
+    sender = report["benchmarks"].get("sender", {}).get("result")
+    if sender:
+        for row in sender["rows"]:
+            rows[f"client CPU per send, {row['way']}"] = {"us": row["best"], "times_plain": row["times_plain"]}
     signing = report["benchmarks"].get("signing", {}).get("result")
     if signing:
         for row in signing["rows"]:
