@@ -194,9 +194,18 @@ class Coalescer:
     async def close(self) -> None:
         """Refuse new creates, finish the batches in flight and the pending wake-ups, return the connections."""
         self._closed = True
-        while self._batches or self._waiting:
+        while True:
             self._start_batches()
-            await asyncio.gather(*self._batches, return_exceptions=True)
+            # A finished batch leaves self._batches only when its done callback runs, on a later
+            # turn of the loop. Wait on the unfinished ones: gathering finished tasks completes at
+            # once on Python 3.12+ (no turn of the loop), and this loop would then never end.
+            running = [task for task in self._batches if not task.done()]
+            if running:
+                await asyncio.wait(running)
+            elif self._waiting:
+                await asyncio.sleep(0)  # let the finished batches' callbacks free their slots
+            else:
+                break
         if self._wake_task is not None:
             await asyncio.gather(self._wake_task, return_exceptions=True)
         while self._connections:
