@@ -83,6 +83,11 @@ GLOBAL_UNICAST_IPV6 = _V6("2000::/3")
 
 # IPv6 forms that carry an IPv4 address inside them, and where.
 _IPV4_MAPPED = _V6("::ffff:0:0/96")
+# The two IPv6 addresses refused by name. Compared exactly: what ipaddress's is_loopback and
+# is_unspecified say of an IPv4-mapped address changed in Python 3.13 (and in some patch
+# releases before it), and the mapped forms must be judged by the IPv4 address they carry.
+_IPV6_LOOPBACK = ipaddress.IPv6Address("::1")
+_IPV6_UNSPECIFIED = ipaddress.IPv6Address("::")
 _IPV4_TRANSLATED = _V6("::ffff:0:0:0/96")
 _IPV4_COMPATIBLE = _V6("::/96")
 _NAT64_WELL_KNOWN = _V6("64:ff9b::/96")
@@ -137,9 +142,9 @@ class AddressPolicy:
         return self._ipv6_refusal(address)
 
     def _ipv6_refusal(self, address: ipaddress.IPv6Address) -> str | None:
-        if address.is_unspecified:
+        if address == _IPV6_UNSPECIFIED:
             return "unspecified"
-        if address.is_loopback:
+        if address == _IPV6_LOOPBACK:
             return "loopback"
         embedded = embedded_ipv4(address)
         if embedded is not None:
