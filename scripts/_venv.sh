@@ -1,6 +1,8 @@
 # Sourced by scripts/run and scripts/test: create or refresh .venv when pyproject.toml changed.
+# PYTHON picks the interpreter (python3 by default); HOOKLEDGER_VENV another environment
+# directory, so a second interpreter can be tested beside .venv (see .ci/run).
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="$root/.venv"
+venv="${HOOKLEDGER_VENV:-$root/.venv}"
 stamp="$venv/.installed-stamp"
 python="${PYTHON:-python3}"
 if [ ! -x "$venv/bin/python" ]; then
