@@ -12,6 +12,7 @@ from delivery import cli_api, cli_client, cli_operator, config
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="hookledger: webhooks billed per delivery.")
 console = Console()
+EXIT_CONFIG = 2  # a malformed setting or a port already taken: as for a bad argument
 
 
 @app.command()
@@ -128,4 +129,11 @@ def _timestamp(value: str, what: str):
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except config.ConfigError as error:
+        # A malformed setting or a port already taken: one line saying what to change, not a
+        # traceback, and nothing started.
+        Console(stderr=True).print(f"[red]error[/red]: {error}", highlight=False)
+        raise SystemExit(EXIT_CONFIG) from None
+

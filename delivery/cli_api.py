@@ -50,7 +50,13 @@ async def serve(settings: config.Settings) -> None:
     runner = web.AppRunner(create_app(settings, pool, job_queue.Queue(redis)), access_log=None)
     try:
         await runner.setup()
-        await web.TCPSite(runner, settings.api.host, settings.api.port, backlog=1024).start()
+        try:
+            await web.TCPSite(runner, settings.api.host, settings.api.port, backlog=1024).start()
+        except OSError as error:
+            raise config.ConfigError(
+                f"cannot listen on {settings.api.host}:{settings.api.port} ({error.strerror or error});"
+                " set HOOKLEDGER_API_HOST / HOOKLEDGER_API_PORT to a free address"
+            ) from None
         log.info("listening", host=settings.api.host, port=settings.api.port,
                  event_loop=event_loop.name(asyncio.get_running_loop()))
         stop = asyncio.Event()

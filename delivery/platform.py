@@ -35,6 +35,22 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def check_port_free(host: str, port: int) -> None:
+    """ConfigError when host:port cannot be listened on (as the API would: SO_REUSEADDR on).
+
+    Checked before anything starts: otherwise the API exits at once, and a server already on
+    that port (another `hookledger run`, say) could answer the readiness check in its place.
+    """
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise config.ConfigError(
+                f"cannot listen on {host}:{port} ({error.strerror or error}); pass --port N, or --port 0 for any free port"
+            ) from None
+
+
 def dev_secrets(data_dir: Path) -> dict[str, str]:
     """The operator key and at-rest keyring of this data directory, created on first use (mode 0600)."""
     path = data_dir / "dev-secrets.json"
@@ -100,6 +116,8 @@ class Platform:
 
 def start(settings: config.Settings, *, api_port: int | None = None) -> Platform:
     """Bring up the servers, migrate, and start the API and one worker."""
+    if api_port:
+        check_port_free(settings.api.host, api_port)
     database_url = services.database_url(settings.database)
     redis_url = services.redis_url(settings.redis)
     migrate.upgrade(database_url)

@@ -1,0 +1,70 @@
+"""A command that cannot run as configured says why in one line and exits 2, starting nothing.
+
+Run as real processes (`python -m delivery ...`), as a user runs them: what is checked is what
+reaches the terminal and the exit code, not a traceback's last line.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from signing import Keyring, format_keyring, generate_at_rest_key
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _hookledger(*arguments: str, environment: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "delivery", *arguments], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def taken_port():
+    """A port something else listens on, as another server on a developer's machine would."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield listener.getsockname()[1]
+
+
+def _one_error_line(completed: subprocess.CompletedProcess) -> str:
+    assert completed.returncode == 2, completed.stdout + completed.stderr
+    assert "Traceback" not in completed.stderr and "╭" not in completed.stderr, completed.stderr
+    text = " ".join(completed.stderr.split())  # rich wraps at the terminal's width
+    assert text.startswith("error: "), completed.stderr
+    return text
+
+
+def test_a_malformed_setting_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    environment = {**os.environ, "HOOKLEDGER_API_PORT": "eighty", "HOOKLEDGER_DATA_DIR": str(tmp_path / "data")}
+    for command in ("api", "worker"):
+        text = _one_error_line(_hookledger(command, environment=environment))
+        assert "HOOKLEDGER_API_PORT must be an integer, got 'eighty'" in text
+
+
+def test_the_api_on_a_taken_port_names_the_address_and_the_setting(
+    taken_port: int, database_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    environment = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
+                   "HOOKLEDGER_API_PORT": str(taken_port), "HOOKLEDGER_OPERATOR_KEY": "op_" + "k" * 32,
+                   "HOOKLEDGER_SECRET_KEYS": format_keyring(Keyring({"k1": generate_at_rest_key()}, "k1")),
+                   "HOOKLEDGER_DATA_DIR": str(tmp_path / "data")}
+    text = _one_error_line(_hookledger("api", environment=environment))
+    assert f"cannot listen on 127.0.0.1:{taken_port}" in text and "HOOKLEDGER_API_PORT" in text
+
+
+def test_run_on_a_taken_port_starts_nothing(taken_port: int, tmp_path: Path) -> None:
+    """Checked before the servers start: no data directory, no embedded PostgreSQL or Redis."""
+    data_dir = tmp_path / "data"
+    environment = {**os.environ, "HOOKLEDGER_DATA_DIR": str(data_dir)}
+    for name in ("DATABASE_URL", "REDIS_URL"):
+        environment.pop(name, None)
+    text = _one_error_line(_hookledger("run", "--demo-only", "--port", str(taken_port), environment=environment))
+    assert f"cannot listen on 127.0.0.1:{taken_port}" in text and "--port 0" in text
+    assert not data_dir.exists()
