@@ -136,4 +136,3 @@ def main() -> None:
         # traceback, and nothing started.
         Console(stderr=True).print(f"[red]error[/red]: {error}", highlight=False)
         raise SystemExit(EXIT_CONFIG) from None
-

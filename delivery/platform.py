@@ -41,14 +41,18 @@ def check_port_free(host: str, port: int) -> None:
     Checked before anything starts: otherwise the API exits at once, and a server already on
     that port (another `hookledger run`, say) could answer the readiness check in its place.
     """
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            raise config.ConfigError(
-                f"cannot listen on {host}:{port} ({error.strerror or error}); pass --port N, or --port 0 for any free port"
-            ) from None
+    try:
+        # The first address the host resolves to (an IPv6 host needs an IPv6 socket).
+        family, kind, protocol, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as error:
+        raise config.ConfigError(
+            f"cannot listen on {host}:{port} ({error.strerror or error}); pass --port N (--port 0: any free"
+            " port), or set HOOKLEDGER_API_HOST"
+        ) from None
 
 
 def dev_secrets(data_dir: Path) -> dict[str, str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from delivery import config, platform
 from signing import Keyring, format_keyring, generate_at_rest_key
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -68,3 +69,18 @@ def test_run_on_a_taken_port_starts_nothing(taken_port: int, tmp_path: Path) -> 
     text = _one_error_line(_hookledger("run", "--demo-only", "--port", str(taken_port), environment=environment))
     assert f"cannot listen on 127.0.0.1:{taken_port}" in text and "--port 0" in text
     assert not data_dir.exists()
+
+
+def test_the_port_check_follows_the_host_s_address_family() -> None:
+    """An IPv6 API host is probed with an IPv6 socket: free is accepted, taken is refused."""
+    try:
+        listener = socket.socket(socket.AF_INET6)
+        listener.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with listener:
+        listener.listen()
+        taken = listener.getsockname()[1]
+        with pytest.raises(config.ConfigError, match=f"cannot listen on ::1:{taken}"):
+            platform.check_port_free("::1", taken)
+    platform.check_port_free("::1", taken)  # closed now: free again
