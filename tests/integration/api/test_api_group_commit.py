@@ -13,7 +13,7 @@ from billing import accounts, messages
 from billing.audit import audit
 from billing.errors import InsufficientBalance
 from delivery import metrics
-from delivery.api.group_commit import BatchFailed, Coalescer, KeyInProgress, Overloaded
+from delivery.api.group_commit import BatchFailed, Coalescer, KeyInProgress, Overloaded, ShuttingDown
 
 
 async def test_many_concurrent_creates_where_one_account_lacks_balance(api):
@@ -106,6 +106,29 @@ async def test_a_full_queue_answers_overloaded(pool):
     assert [type(result) for result in results][:2] == [messages.MessageCreated] * 2
     assert isinstance(results[2], Overloaded)
     await coalescer.close()
+
+
+@pytest.mark.parametrize("round_number", range(5))
+async def test_close_writes_every_queued_request_and_resolves_its_future(pool, round_number):
+    """close() with one transaction of one request allowed and seven more queued: it returns only
+    after every queued request is committed, each caller has its own result, and a submit after
+    close() is refused."""
+    account_id = await _account_with_endpoint(pool, 100)
+    coalescer = Coalescer(pool, attempts_max=3, batch_max=1, concurrency=1)
+    callers = [asyncio.create_task(coalescer.submit(messages.MessageRequest(account_id, "t", str(n).encode())))
+               for n in range(8)]
+    await asyncio.sleep(0)  # every caller queued
+    assert coalescer.waiting == 7
+    for _ in range(round_number):  # then close at different moments of the first batch
+        await asyncio.sleep(0)
+    await asyncio.wait_for(coalescer.close(), 20)
+    assert coalescer.waiting == 0
+    assert await pool.fetchval("SELECT count(*) FROM messages WHERE account_id = $1", account_id) == 8
+    results = await asyncio.gather(*callers)
+    assert all(isinstance(result, messages.MessageCreated) for result in results)
+    assert len({result.message_id for result in results}) == 8
+    with pytest.raises(ShuttingDown):
+        await coalescer.submit(messages.MessageRequest(account_id, "t", b"late"))
 
 
 async def test_overload_is_503_with_retry_after(api, pool, queue):
