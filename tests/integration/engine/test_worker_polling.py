@@ -1,0 +1,43 @@
+"""The worker's poll skips the jobs it is running already, and only those (DeliveryWorker.start_jobs)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from arq.constants import in_progress_key_prefix, job_key_prefix
+from arq.jobs import serialize_job
+from arq.utils import timestamp_ms
+
+from delivery import queue as job_queue
+from engine_helpers import running_worker, wait_for
+
+
+async def _enqueue_with_id(redis, job_id: str) -> None:
+    """A deliver job under a chosen id, written as delivery.queue writes one."""
+    now_ms = timestamp_ms()
+    job = serialize_job("deliver", ([str(uuid.uuid4())],), {}, None, now_ms, serializer=job_queue.serialize)
+    await redis.psetex(job_key_prefix + job_id, 60_000, job)
+    await redis.zadd(job_queue.QUEUE_NAME, {job_id: now_ms})
+
+
+async def test_a_job_running_here_is_not_started_again_and_a_finished_one_is(settings, pool, arq_queue):
+    redis = arq_queue.redis
+    async with running_worker(settings, pool) as worker:
+        await wait_for(lambda: asyncio.sleep(0, "engine" in worker.ctx))
+        job_id = uuid.uuid4().hex
+        release = asyncio.Event()
+        worker.tasks[job_id] = asyncio.create_task(release.wait())  # this worker "runs" the job
+        await _enqueue_with_id(redis, job_id)
+        await asyncio.sleep(20 * 0.05)  # twenty polls
+        # Skipped before any Redis round trip: arq would have taken it (no in-progress key exists
+        # for it), set its in-progress key and run it.
+        assert not await redis.exists(in_progress_key_prefix + job_id)
+        assert await redis.zscore(job_queue.QUEUE_NAME, job_id) is not None
+
+        release.set()  # the task is done; the id is in the queue again, so it must run
+        await wait_for(lambda: _left_queue(redis, job_id))
+
+
+async def _left_queue(redis, job_id: str) -> bool:
+    return await redis.zscore(job_queue.QUEUE_NAME, job_id) is None
