@@ -28,7 +28,7 @@ ATTEMPTS = Counter(
 DELIVERY_LATENCY = Histogram(
     "hookledger_delivery_latency_seconds",
     "Seconds from a delivery's creation to its successful send (retries included).",
-    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400),
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400),
     registry=REGISTRY,
 )
 QUEUE_DEPTH = Gauge(

@@ -1,8 +1,9 @@
-"""The worker's poll skips the jobs it is running already, and only those (DeliveryWorker.start_jobs)."""
+"""The worker's poll: its period comes from the settings, and it skips the jobs it is running already."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 
 from arq.constants import in_progress_key_prefix, job_key_prefix
@@ -10,6 +11,7 @@ from arq.jobs import serialize_job
 from arq.utils import timestamp_ms
 
 from delivery import queue as job_queue
+from delivery.worker import build_worker
 from engine_helpers import running_worker, wait_for
 
 
@@ -29,7 +31,7 @@ async def test_a_job_running_here_is_not_started_again_and_a_finished_one_is(set
         release = asyncio.Event()
         worker.tasks[job_id] = asyncio.create_task(release.wait())  # this worker "runs" the job
         await _enqueue_with_id(redis, job_id)
-        await asyncio.sleep(20 * 0.05)  # twenty polls
+        await asyncio.sleep(50 * worker.poll_delay_s)  # fifty polls
         # Skipped before any Redis round trip: arq would have taken it (no in-progress key exists
         # for it), set its in-progress key and run it.
         assert not await redis.exists(in_progress_key_prefix + job_id)
@@ -41,3 +43,10 @@ async def test_a_job_running_here_is_not_started_again_and_a_finished_one_is(set
 
 async def _left_queue(redis, job_id: str) -> bool:
     return await redis.zscore(job_queue.QUEUE_NAME, job_id) is None
+
+
+def test_the_poll_period_is_the_setting(settings) -> None:
+    """HOOKLEDGER_WORKER_POLL_MS is what arq waits between reads of the queue (10 ms unless set)."""
+    assert build_worker(settings, settings.redis.url, handle_signals=False).poll_delay_s == settings.worker.poll_ms / 1000
+    slower = dataclasses.replace(settings, worker=dataclasses.replace(settings.worker, poll_ms=250))
+    assert build_worker(slower, settings.redis.url, handle_signals=False).poll_delay_s == 0.25
