@@ -41,6 +41,28 @@ async def test_a_job_running_here_is_not_started_again_and_a_finished_one_is(set
         await wait_for(lambda: _left_queue(redis, job_id))
 
 
+
+async def test_a_job_running_in_another_worker_costs_no_watch_per_poll(settings, pool, arq_queue):
+    """Its in-progress key is found by one pipelined EXISTS; arq's WATCH, EXISTS, ZSCORE are not spent on it."""
+    redis = arq_queue.redis
+    async with running_worker(settings, pool) as worker:
+        await wait_for(lambda: asyncio.sleep(0, "engine" in worker.ctx))
+        job_id = uuid.uuid4().hex
+        await redis.psetex(in_progress_key_prefix + job_id, 60_000, b"1")  # another worker runs it
+        await _enqueue_with_id(redis, job_id)
+        watches_before = await _watch_calls(redis)
+        await asyncio.sleep(50 * worker.poll_delay_s)  # fifty polls
+        # arq alone would WATCH it on every poll (50 or more); the sweep cron may add one or two.
+        assert await _watch_calls(redis) - watches_before < 10
+        assert await redis.zscore(job_queue.QUEUE_NAME, job_id) is not None
+
+        await redis.delete(in_progress_key_prefix + job_id)  # that worker died and its key expired
+        await wait_for(lambda: _left_queue(redis, job_id))  # so this one runs the job
+
+
+async def _watch_calls(redis) -> int:
+    return (await redis.info("commandstats")).get("cmdstat_watch", {}).get("calls", 0)
+
 async def _left_queue(redis, job_id: str) -> bool:
     return await redis.zscore(job_queue.QUEUE_NAME, job_id) is None
 
