@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 SWEEP_TIMEOUT_SECONDS = 600
 DELETION_TIMEOUT_SECONDS = 3600
 AUDIT_TIMEOUT_SECONDS = 1800
+QUEUE_READ_MAX = 1000  # job ids read from the queue's head per poll: room for 50 workers' running jobs
+RUNNING_ELSEWHERE_RECHECK_SECONDS = 1.0
 
 
 async def deliver(ctx: dict, delivery_ids: list[str]) -> int:
@@ -103,7 +105,12 @@ async def _shutdown(ctx: dict) -> None:
 
 
 class DeliveryWorker(Worker):
-    """arq's worker, told to stop claiming the moment a shutdown signal arrives."""
+    """arq's worker, told to stop claiming the moment a shutdown signal arrives, and polling its
+    queue without re-checking the jobs that are running."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._running_elsewhere: dict[bytes, float] = {}  # job id -> when to ask Redis about it again
 
     def _stop_claiming(self) -> None:
         engine = self.ctx.get("engine")
@@ -122,21 +129,36 @@ class DeliveryWorker(Worker):
         """arq's start_jobs, minus the jobs already running, here or in another worker.
 
         A job stays in the queue until it finishes, and every poll that finds a free slot reads
-        the queue from its head. arq then spent three Redis round trips (WATCH, EXISTS, ZSCORE) on
-        each running job only to skip it: with two workers polling every 10 ms that was thousands
-        of round trips a second. Our own running jobs are known without asking; the others' are
-        found with one pipelined EXISTS of their in-progress keys. arq still checks, under WATCH,
+        the queue from its head (QUEUE_READ_MAX ids, not arq's 100: with six workers of 20 jobs
+        each, 100 running jobs hid every new one). arq would spend three round trips (WATCH,
+        EXISTS, ZSCORE) on each running job only to skip it. Our own running jobs are known
+        without asking; the others' are found with one pipelined EXISTS of their in-progress
+        keys and then not asked about again for RUNNING_ELSEWHERE_RECHECK_SECONDS (a job whose
+        worker died keeps its key for the job timeout anyway). arq still checks, under WATCH,
         each job that is left, so a job taken in between is not started twice. A job whose task
         here is done is not skipped: its id may be queued again.
         """
-        running = self.tasks
-        candidates = [job_id for job_id in job_ids if (task := running.get(job_id.decode())) is None or task.done()]
+        running, elsewhere = self.tasks, self._running_elsewhere
+        now = self.loop.time()
+        candidates = [
+            job_id for job_id in job_ids
+            if ((task := running.get(job_id.decode())) is None or task.done()) and elsewhere.get(job_id, 0.0) <= now
+        ]
         if candidates:
             async with self.pool.pipeline(transaction=False) as pipe:
                 for job_id in candidates:
                     pipe.exists(in_progress_key_prefix + job_id.decode())
                 in_progress = await pipe.execute()
-            candidates = [job_id for job_id, taken in zip(candidates, in_progress) if not taken]
+            recheck_at = now + RUNNING_ELSEWHERE_RECHECK_SECONDS
+            free = []
+            for job_id, taken in zip(candidates, in_progress):
+                if taken:
+                    elsewhere[job_id] = recheck_at
+                else:
+                    free.append(job_id)
+            candidates = free
+            if len(elsewhere) > 2 * QUEUE_READ_MAX:
+                self._running_elsewhere = {job_id: until for job_id, until in elsewhere.items() if until > now}
         await super().start_jobs(candidates)
 
     async def close(self) -> None:
@@ -184,6 +206,7 @@ def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = T
         max_tries=1,
         retry_jobs=False,
         poll_delay=worker_settings.poll_ms / 1000,
+        queue_read_limit=QUEUE_READ_MAX,
         handle_signals=handle_signals,
         job_completion_wait=worker_settings.shutdown_grace_seconds,
         health_check_interval=30,

@@ -14,6 +14,8 @@ from delivery import queue as job_queue
 from delivery.worker import build_worker
 from engine_helpers import running_worker, wait_for
 
+RUNNING_ELSEWHERE = 300  # 15 workers' worth of running jobs at the default of 20 each
+
 
 async def _enqueue_with_id(redis, job_id: str) -> None:
     """A deliver job under a chosen id, written as delivery.queue writes one."""
@@ -59,6 +61,27 @@ async def test_a_job_running_in_another_worker_costs_no_watch_per_poll(settings,
         await redis.delete(in_progress_key_prefix + job_id)  # that worker died and its key expired
         await wait_for(lambda: _left_queue(redis, job_id))  # so this one runs the job
 
+
+
+async def test_a_new_job_behind_many_running_elsewhere_still_starts(settings, pool, arq_queue):
+    """Many workers' running jobs at the head of the queue do not hide a new job from a worker with free slots.
+
+    arq reads at most queue_read_limit ids from the head each poll (100 by default), and a job stays
+    in the queue while it runs: six workers of 20 jobs each filled that window, and the next
+    delivery waited until one of their (possibly 15-second) sends finished.
+    """
+    redis = arq_queue.redis
+    async with running_worker(settings, pool) as worker:
+        await wait_for(lambda: asyncio.sleep(0, "engine" in worker.ctx))
+        elsewhere = [uuid.uuid4().hex for _ in range(RUNNING_ELSEWHERE)]
+        for job_id in elsewhere:
+            await redis.psetex(in_progress_key_prefix + job_id, 60_000, b"1")
+            await _enqueue_with_id(redis, job_id)
+        await asyncio.sleep(0.002)  # the new job's score is later than every running one's
+        new_job = uuid.uuid4().hex
+        await _enqueue_with_id(redis, new_job)
+        await wait_for(lambda: _left_queue(redis, new_job), timeout_seconds=5)
+        assert all([await redis.zscore(job_queue.QUEUE_NAME, job_id) is not None for job_id in elsewhere])
 
 async def _watch_calls(redis) -> int:
     return (await redis.info("commandstats")).get("cmdstat_watch", {}).get("calls", 0)
