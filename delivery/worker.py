@@ -35,6 +35,7 @@ DELETION_TIMEOUT_SECONDS = 3600
 AUDIT_TIMEOUT_SECONDS = 1800
 QUEUE_READ_MAX = 1000  # job ids read from the queue's head per poll: room for 50 workers' running jobs
 RUNNING_ELSEWHERE_RECHECK_SECONDS = 1.0
+EXISTS_CHUNK = 64  # in-progress keys asked about per round trip while looking for startable jobs
 
 
 async def deliver(ctx: dict, delivery_ids: list[str]) -> int:
@@ -144,22 +145,26 @@ class DeliveryWorker(Worker):
             job_id for job_id in job_ids
             if ((task := running.get(job_id.decode())) is None or task.done()) and elsewhere.get(job_id, 0.0) <= now
         ]
-        if candidates:
+        # Ask about a chunk at a time, and stop once there are enough free jobs for the free slots:
+        # behind a backlog of waiting jobs, one slot must not cost an EXISTS for each of them.
+        slots = self.max_jobs - self.job_counter
+        free: list[bytes] = []
+        for start in range(0, len(candidates), EXISTS_CHUNK):
+            if len(free) >= slots:
+                break
+            chunk = candidates[start:start + EXISTS_CHUNK]
             async with self.pool.pipeline(transaction=False) as pipe:
-                for job_id in candidates:
+                for job_id in chunk:
                     pipe.exists(in_progress_key_prefix + job_id.decode())
                 in_progress = await pipe.execute()
-            recheck_at = now + RUNNING_ELSEWHERE_RECHECK_SECONDS
-            free = []
-            for job_id, taken in zip(candidates, in_progress):
+            for job_id, taken in zip(chunk, in_progress):
                 if taken:
-                    elsewhere[job_id] = recheck_at
+                    elsewhere[job_id] = now + RUNNING_ELSEWHERE_RECHECK_SECONDS
                 else:
                     free.append(job_id)
-            candidates = free
-            if len(elsewhere) > 2 * QUEUE_READ_MAX:
-                self._running_elsewhere = {job_id: until for job_id, until in elsewhere.items() if until > now}
-        await super().start_jobs(candidates)
+        if len(elsewhere) > 2 * QUEUE_READ_MAX:
+            self._running_elsewhere = {job_id: until for job_id, until in elsewhere.items() if until > now}
+        await super().start_jobs(free)
 
     async def close(self) -> None:
         """arq's close, except that a job cancelled while arq was finishing it cannot abort the shutdown.

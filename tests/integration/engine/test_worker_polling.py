@@ -11,16 +11,16 @@ from arq.jobs import serialize_job
 from arq.utils import timestamp_ms
 
 from delivery import queue as job_queue
-from delivery.worker import build_worker
+from delivery.worker import EXISTS_CHUNK, build_worker
 from engine_helpers import running_worker, wait_for
 
 RUNNING_ELSEWHERE = 300  # 15 workers' worth of running jobs at the default of 20 each
 
 
-async def _enqueue_with_id(redis, job_id: str) -> None:
-    """A deliver job under a chosen id, written as delivery.queue writes one."""
+async def _enqueue_with_id(redis, job_id: str, function: str = "deliver") -> None:
+    """A job under a chosen id, written as delivery.queue writes one."""
     now_ms = timestamp_ms()
-    job = serialize_job("deliver", ([str(uuid.uuid4())],), {}, None, now_ms, serializer=job_queue.serialize)
+    job = serialize_job(function, ([str(uuid.uuid4())],), {}, None, now_ms, serializer=job_queue.serialize)
     await redis.psetex(job_key_prefix + job_id, 60_000, job)
     await redis.zadd(job_queue.QUEUE_NAME, {job_id: now_ms})
 
@@ -52,10 +52,10 @@ async def test_a_job_running_in_another_worker_costs_no_watch_per_poll(settings,
         job_id = uuid.uuid4().hex
         await redis.psetex(in_progress_key_prefix + job_id, 60_000, b"1")  # another worker runs it
         await _enqueue_with_id(redis, job_id)
-        watches_before = await _watch_calls(redis)
+        watches_before = await _calls(redis, "watch")
         await asyncio.sleep(50 * worker.poll_delay_s)  # fifty polls
         # arq alone would WATCH it on every poll (50 or more); the sweep cron may add one or two.
-        assert await _watch_calls(redis) - watches_before < 10
+        assert await _calls(redis, "watch") - watches_before < 10
         assert await redis.zscore(job_queue.QUEUE_NAME, job_id) is not None
 
         await redis.delete(in_progress_key_prefix + job_id)  # that worker died and its key expired
@@ -83,8 +83,28 @@ async def test_a_new_job_behind_many_running_elsewhere_still_starts(settings, po
         await wait_for(lambda: _left_queue(redis, new_job), timeout_seconds=5)
         assert all([await redis.zscore(job_queue.QUEUE_NAME, job_id) is not None for job_id in elsewhere])
 
-async def _watch_calls(redis) -> int:
-    return (await redis.info("commandstats")).get("cmdstat_watch", {}).get("calls", 0)
+
+async def test_one_free_slot_behind_a_backlog_asks_about_one_chunk_not_every_job(settings, arq_queue):
+    """With one slot free and 300 jobs waiting, the pre-check asks Redis about the first chunk only."""
+    redis = arq_queue.redis
+    worker = build_worker(settings, settings.redis.url, handle_signals=False)
+    worker._pool = redis  # as arq's main() would set it; the worker is not running
+    waiting = [uuid.uuid4().hex for _ in range(300)]
+    for job_id in waiting:
+        await _enqueue_with_id(redis, job_id, function="not_a_function")  # arq fails it at once: nothing runs
+    worker.job_counter = worker.max_jobs - 1
+    for _ in range(worker.job_counter):
+        await worker.sem.acquire()
+    exists_before = await _calls(redis, "exists")
+    await worker.start_jobs([job_id.encode() for job_id in waiting])
+    # One chunk of the pre-check, then arq's own EXISTS for the one job it started.
+    assert await _calls(redis, "exists") - exists_before == EXISTS_CHUNK + 1
+    assert list(worker.tasks) == [waiting[0]]
+    await asyncio.gather(*worker.tasks.values())
+
+
+async def _calls(redis, command: str) -> int:
+    return (await redis.info("commandstats")).get(f"cmdstat_{command}", {}).get("calls", 0)
 
 async def _left_queue(redis, job_id: str) -> bool:
     return await redis.zscore(job_queue.QUEUE_NAME, job_id) is None
