@@ -133,9 +133,10 @@ class DeliveryWorker(Worker):
         the queue from its head (QUEUE_READ_MAX ids, not arq's 100: with six workers of 20 jobs
         each, 100 running jobs hid every new one). arq would spend three round trips (WATCH,
         EXISTS, ZSCORE) on each running job only to skip it. Our own running jobs are known
-        without asking; the others' are found with one pipelined EXISTS of their in-progress
-        keys and then not asked about again for RUNNING_ELSEWHERE_RECHECK_SECONDS (a job whose
-        worker died keeps its key for the job timeout anyway). arq still checks, under WATCH,
+        without asking; the others' are found by pipelined EXISTS of their in-progress keys,
+        EXISTS_CHUNK at a time and only until the free slots are covered, and then not asked
+        about again for RUNNING_ELSEWHERE_RECHECK_SECONDS (a job whose worker died keeps its key
+        for the job timeout anyway). arq still checks, under WATCH,
         each job that is left, so a job taken in between is not started twice. A job whose task
         here is done is not skipped: its id may be queued again.
         """

@@ -1,4 +1,6 @@
-"""The worker's poll: its period comes from the settings, and it skips the jobs it is running already."""
+"""The worker's poll (DeliveryWorker.start_jobs): its period is a setting, running jobs (here or in
+another worker) neither hide new ones nor cost arq's three round trips each, and a backlog costs
+one chunk of EXISTS per free slot, not one per waiting job."""
 
 from __future__ import annotations
 
@@ -43,7 +45,6 @@ async def test_a_job_running_here_is_not_started_again_and_a_finished_one_is(set
         await wait_for(lambda: _left_queue(redis, job_id))
 
 
-
 async def test_a_job_running_in_another_worker_costs_no_watch_per_poll(settings, pool, arq_queue):
     """Its in-progress key is found by one pipelined EXISTS; arq's WATCH, EXISTS, ZSCORE are not spent on it."""
     redis = arq_queue.redis
@@ -60,7 +61,6 @@ async def test_a_job_running_in_another_worker_costs_no_watch_per_poll(settings,
 
         await redis.delete(in_progress_key_prefix + job_id)  # that worker died and its key expired
         await wait_for(lambda: _left_queue(redis, job_id))  # so this one runs the job
-
 
 
 async def test_a_new_job_behind_many_running_elsewhere_still_starts(settings, pool, arq_queue):
@@ -105,6 +105,7 @@ async def test_one_free_slot_behind_a_backlog_asks_about_one_chunk_not_every_job
 
 async def _calls(redis, command: str) -> int:
     return (await redis.info("commandstats")).get(f"cmdstat_{command}", {}).get("calls", 0)
+
 
 async def _left_queue(redis, job_id: str) -> bool:
     return await redis.zscore(job_queue.QUEUE_NAME, job_id) is None
