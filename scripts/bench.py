@@ -235,8 +235,9 @@ def headline(report: dict) -> dict:
                     "rate": value["rate"], "ceiling": value.get("ceiling", ceiling),
                     "of_ceiling": value["rate"] / value.get("ceiling", ceiling),
                     "baseline": naive, "times_baseline": value["rate"] / naive if naive else None}
-        if "latency" in delivery:
-            rows["delivery latency"] = {name: delivery["latency"][name] for name in ("offered", "p50_ms", "p99_ms", "max_ms")}
+        for key, label in (("latency", "delivery latency"), ("latency_api", "delivery latency through the API")):
+            if key in delivery:
+                rows[label] = {name: delivery[key][name] for name in ("offered", "p50_ms", "p99_ms", "max_ms")}
     ingest = report["benchmarks"].get("ingest", {}).get("result")
     if ingest:
         trivial = ingest["trivial_handler_per_second"]
@@ -343,9 +344,15 @@ def _latency_panel(axis, report) -> None:
     if not latency:
         axis.set_title("latency: not run")
         return
-    _bars(axis, ["p50", "p99", "max"], [latency["p50_ms"], latency["p99_ms"], latency["max_ms"]],
-          ["#2a7ab0", "#2a7ab0", "#999999"],
-          f"delivery latency, create commit -> receiver, {latency['offered']:.0f}/s offered, 1 worker", "ms")
+    labels, values, colors = ["p50", "p99", "max"], [latency["p50_ms"], latency["p99_ms"], latency["max_ms"]], ["#2a7ab0", "#2a7ab0", "#999999"]
+    title = f"delivery latency, {latency['offered']:.0f}/s offered, 1 worker: create commit -> receiver"
+    through_api = delivery.get("latency_api")
+    if through_api:
+        labels += ["API p50", "API p99", "API max"]
+        values += [through_api["p50_ms"], through_api["p99_ms"], through_api["max_ms"]]
+        colors += ["#d08c2a", "#d08c2a", "#999999"]
+        title += "; API: 202 -> receiver"
+    _bars(axis, labels, values, colors, title, "ms")
 
 
 def _ledger_panel(axis, report) -> None:

@@ -10,7 +10,9 @@ the end) and a dedicated Redis database number (flushed before and after):
    does after commit), then `python -m delivery worker` started (1, then 2 processes); rate from
    the first to the last arrival at the receiver, and from worker start.
 3. latency: deliveries offered at --rate per second for --seconds while one worker runs; p50/p99
-   from the create's commit to arrival at the receiver.
+   from the create's commit to arrival at the receiver. Then the same load sent as
+   POST /v1/messages to a real `hookledger api` process: p50/p99 from each 202 to arrival (what an
+   app sees: the API's group commit and its wake-up of the worker included).
 4. naive: one arq job per delivery, one transaction per step (claim, load, record each its own),
    a new ClientSession per send (`--naive-worker`, a subprocess), on a smaller N.
 
@@ -53,10 +55,12 @@ from billing import accounts, ids
 from billing.database import create_pool
 from billing.messages import MessageRequest, create_messages
 from delivery import claims, config, event_loop, migrate, presend, queue as job_queue, services
+from delivery.api import api_keys
 from delivery.results import AttemptResult, record_results
 from delivery.sender import SESSION_HEADERS, Sender, SendRequest
 from delivery.signer_cache import SignerCache, endpoint_secret_context
 import cpu_shares  # scripts/, beside this file
+from bench_ingest import free_port, wait_ready  # scripts/, beside this file
 from signing import Keyring, encrypt_secret, format_keyring, generate_at_rest_key, generate_secret, parse_keyring, verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,11 +197,13 @@ class Bench:
                 "HOOKLEDGER_SECRET_KEYS": format_keyring(self.keyring), "PYTHONUNBUFFERED": "1",
                 "HOOKLEDGER_EVENT_LOOP": self.arguments.event_loop}
 
-    def start(self, *extra: str, module: bool = False) -> subprocess.Popen:
+    def start(self, *extra: str, command: str | None = None, environment: dict[str, str] | None = None) -> subprocess.Popen:
+        """`python -m delivery <command>` (worker, api), or this script with extra arguments."""
         log = tempfile.NamedTemporaryFile(prefix="bench-delivery-", suffix=".log", delete=False)
         self.logs.append(log.name)
-        command = [sys.executable, "-m", "delivery", "worker"] if module else [sys.executable, __file__, *extra]
-        return subprocess.Popen(command, cwd=ROOT, env=self.environment(), stdout=log, stderr=subprocess.STDOUT)
+        argv = [sys.executable, "-m", "delivery", command] if command else [sys.executable, __file__, *extra]
+        return subprocess.Popen(argv, cwd=ROOT, env={**self.environment(), **(environment or {})}, stdout=log,
+                                stderr=subprocess.STDOUT)
 
     async def setup(self, receiver_port: int) -> None:
         self.pool = await create_pool(self.database_url, size_min=2, size_max=8)
@@ -299,7 +305,7 @@ class Bench:
         await self.steady_state()
         await self.queue.wake(delivery_ids)  # what the API does right after the commit
         started = time.time()
-        processes = [self.start(module=True) for _ in range(workers)]
+        processes = [self.start(command="worker") for _ in range(workers)]
         try:
             stats = await self.wait_for_arrivals(count, processes=processes)
         finally:
@@ -308,7 +314,7 @@ class Bench:
                 "cpu_ms_per_1000": stats.get("cpu_ms_per_1000", float("nan")), "cpu_shares": stats.get("cpu_shares", {})}
 
     async def latency(self, rate: float, seconds: float) -> dict:
-        process = self.start(module=True)
+        process = self.start(command="worker")
         try:
             await self.reset_receiver(VERIFIED_PER_PHASE)
             warm = await self.create(50)
@@ -335,6 +341,52 @@ class Bench:
             _stop([process])
         latencies = sorted((arrivals[key] - value) * 1000 for key, value in committed.items() if key in arrivals)
         return {"offered": offered, "count": len(committed), "arrived": len(latencies),
+                "p50_ms": _percentile(latencies, 0.50), "p99_ms": _percentile(latencies, 0.99),
+                "max_ms": latencies[-1] if latencies else float("nan"), "verified": stats["verified"],
+                "invalid": stats["invalid"]}
+
+    async def latency_through_api(self, rate: float, seconds: float) -> dict:
+        """The latency run's load sent as POST /v1/messages to a real API process, one worker behind it."""
+        port = free_port()
+        key = (await api_keys.create_key(self.pool, self.account_id)).key
+        api = self.start(command="api", environment={"HOOKLEDGER_API_PORT": str(port), "HOOKLEDGER_LOG_LEVEL": "warning",
+                                                     "HOOKLEDGER_OPERATOR_KEY": "op_bench_" + "d" * 32})
+        worker = self.start(command="worker")
+        url, headers = f"http://127.0.0.1:{port}/v1/messages", {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        accepted: dict[str, float] = {}
+        refused: list[int] = []
+
+        async def post(number: int) -> None:
+            body = b'{"event_type":"bench.%d","payload":%s}' % (number % self.arguments.endpoints, self.body)
+            async with self.http.post(url, data=body, headers=headers) as response:
+                if response.status != 202:
+                    refused.append(response.status)
+                    return
+                now = time.time()
+                accepted.update((delivery["id"], now) for delivery in (await response.json())["deliveries"])
+
+        try:
+            await wait_ready(f"http://127.0.0.1:{port}/readyz", api)
+            await self.reset_receiver(VERIFIED_PER_PHASE)
+            await asyncio.gather(*(post(number) for number in range(50)))  # warm up the API and the worker
+            await self.wait_for_arrivals(len(accepted), 60)
+            await self.reset_receiver(VERIFIED_PER_PHASE)
+            accepted.clear()
+            posts: list[asyncio.Task] = []
+            started = time.monotonic()
+            while (elapsed := time.monotonic() - started) < seconds:
+                for _ in range(int(elapsed * rate) - len(posts)):
+                    posts.append(asyncio.create_task(post(len(posts))))
+                await asyncio.sleep(0.002)
+            offered = len(posts) / (time.monotonic() - started)
+            await asyncio.gather(*posts)
+            stats = await self.wait_for_arrivals(len(accepted), 120)
+            async with self.http.get(f"{self.receiver}/arrivals") as response:
+                arrivals = await response.json()
+        finally:
+            _stop([worker, api])
+        latencies = sorted((arrivals[key] - value) * 1000 for key, value in accepted.items() if key in arrivals)
+        return {"offered": offered, "count": len(accepted), "arrived": len(latencies), "refused": len(refused),
                 "p50_ms": _percentile(latencies, 0.50), "p99_ms": _percentile(latencies, 0.99),
                 "max_ms": latencies[-1] if latencies else float("nan"), "verified": stats["verified"],
                 "invalid": stats["invalid"]}
@@ -450,6 +502,8 @@ async def orchestrate(arguments) -> None:
         if arguments.seconds > 0:
             results["latency"] = await bench.latency(arguments.rate, arguments.seconds)
             print(f"latency: {results['latency']}", flush=True)
+            results["latency_api"] = await bench.latency_through_api(arguments.rate, arguments.seconds)
+            print(f"latency through the API: {results['latency_api']}", flush=True)
         if arguments.naive_deliveries > 0:
             results["naive"] = await bench.naive(arguments.naive_deliveries)
             print(f"naive: {results['naive']}", flush=True)
@@ -507,6 +561,12 @@ def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: 
         print(f"latency at {latency['offered']:.0f}/s offered ({latency['count']} deliveries, 1 worker):"
               f" p50 {latency['p50_ms']:.0f} ms, p99 {latency['p99_ms']:.0f} ms, max {latency['max_ms']:.0f} ms,"
               f" arrived {latency['arrived']}, signatures ok {latency['verified']} bad {latency['invalid']}")
+    if "latency_api" in results:
+        latency = results["latency_api"]
+        print(f"latency through the API at {latency['offered']:.0f}/s offered ({latency['count']} deliveries, one API"
+              f" process, 1 worker; from each 202 to arrival): p50 {latency['p50_ms']:.0f} ms, p99 {latency['p99_ms']:.0f} ms,"
+              f" max {latency['max_ms']:.0f} ms, arrived {latency['arrived']}, refused {latency['refused']},"
+              f" signatures ok {latency['verified']} bad {latency['invalid']}")
     print("rate: first to last arrival at the receiver; wall: worker start to last arrival; cpu: CPU time of the"
           " client (ceiling) or the worker processes per 1000 deliveries, less sensitive to a shared machine.")
     print("ceiling measured before and after each drain: " + ", ".join(f"{rate:.0f}" for rate in results["ceiling"]["each"])

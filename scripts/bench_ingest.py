@@ -46,7 +46,7 @@ KEYRING = "k1:" + "B" * 43 + "="
 BODIES = {fan_out: f'{{"event_type":"fanout{fan_out}","payload":{{"n":1,"text":"hello"}}}}'.encode() for fan_out in (1, 4)}
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -65,7 +65,7 @@ def serve_trivial(port: int, choice: str) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=event_loop.new_event_loop(choice))
 
 
-async def _wait_ready(url: str, process: subprocess.Popen) -> None:
+async def wait_ready(url: str, process: subprocess.Popen) -> None:
     async with aiohttp.ClientSession() as session:
         for _ in range(300):
             if process.poll() is not None:
@@ -174,7 +174,7 @@ async def main(arguments: argparse.Namespace) -> None:
     await admin.execute(f"CREATE DATABASE {name}")
     database_url = services.with_database(server_url, name)
     await migrate.upgrade_async(database_url)
-    api_port, trivial_port = _free_port(), _free_port()
+    api_port, trivial_port = free_port(), free_port()
     environment = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
                    "HOOKLEDGER_OPERATOR_KEY": OPERATOR_KEY, "HOOKLEDGER_SECRET_KEYS": KEYRING,
                    "HOOKLEDGER_API_PORT": str(api_port), "HOOKLEDGER_LOG_LEVEL": "warning",
@@ -186,8 +186,8 @@ async def main(arguments: argparse.Namespace) -> None:
     ]
     api_url, trivial_url = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{trivial_port}"
     try:
-        await _wait_ready(f"{api_url}/readyz", servers[0])
-        await _wait_ready(f"{trivial_url}/v1/messages", servers[1])
+        await wait_ready(f"{api_url}/readyz", servers[0])
+        await wait_ready(f"{trivial_url}/v1/messages", servers[1])
         keys, account_ids = await _setup_accounts(api_url, arguments.accounts + 1)
         many_keys, hot_key = keys[:-1], keys[-1:]
         many_ids, hot_id = account_ids[:-1], account_ids[-1:]
