@@ -26,8 +26,9 @@ import asyncpg
 from delivery import claims, metrics, presend, retry
 from delivery.endpoint_health import EndpointHealth
 from delivery.presend import Outgoing
-from delivery.queue import Queue
+from delivery.queue import IDS_PER_JOB_MAX, Queue
 from delivery.results import AttemptResult, RecordSummary, expire_leases, record_results
+from delivery.send_budget import SendBudget
 from delivery.sender import Sender, SendRequest, SendResult
 from delivery.signer_cache import SignerCache
 
@@ -80,31 +81,55 @@ class Engine:
         self.rng = rng or random.Random()
         self.health = EndpointHealth(pool, settings.retry.auto_disable)
         self.accepting = True  # cleared on shutdown: claim nothing new
+        # Every claim first reserves room in the sender for its whole batch (delivery.send_budget).
+        self.budget = SendBudget(sender.sends_pending_max)
+        largest_claim = max(IDS_PER_JOB_MAX, settings.batch_size)
+        if self.budget.total < largest_claim:
+            raise ValueError(f"the sender takes {self.budget.total} pending sends, less than one claim ({largest_claim})")
 
     async def deliver_ids(self, delivery_ids: list[uuid.UUID]) -> BatchReport:
         """The fast path after a create: claim exactly these deliveries if they are due."""
         if not self.accepting:
             return BatchReport()
-        loaded = await claims.claim_ids_for_send(self.pool, delivery_ids, lease_ms=self.settings.lease_ms)
-        return await self.process_loaded(loaded)
+        return await self._claim_and_process(
+            len(delivery_ids),
+            lambda: claims.claim_ids_for_send(self.pool, delivery_ids, lease_ms=self.settings.lease_ms),
+        )
+
+    async def _claim_and_process(self, count: int, claim) -> BatchReport:
+        """Reserve room for `count` sends, claim (at most that many), then check, send and record them.
+
+        The room is taken before anything is leased, and what the claim did not fill is handed back
+        at once; the rest is held until the batch is recorded.
+        """
+        held = await self.budget.take(count)
+        try:
+            if not self.accepting:  # shutdown began while this batch waited for room
+                return BatchReport()
+            loaded = await claim()
+            self.budget.give(held - len(loaded))
+            held = len(loaded)
+            return await self.process_loaded(loaded)
+        finally:
+            self.budget.give(held)
 
     async def sweep(self) -> int:
         """Find what Redis may have lost: expired leases, exhausted deliveries, due deliveries."""
         await expire_leases(self.pool, batch_size=claims.CLAIM_BATCH_MAX, delay_seconds=self._lease_expiry_delay)
         exhausted = await claims.settle_exhausted(self.pool, batch_size=claims.CLAIM_BATCH_MAX)
         metrics.count_deaths("attempts_exhausted", exhausted)
-        budget = [self.settings.sweep_batches_max]
+        batches_left = [self.settings.sweep_batches_max]
 
         async def lane() -> int:
             processed = 0
-            while self.accepting and budget[0] > 0:
-                budget[0] -= 1
-                loaded = await claims.claim_due_for_send(
+            while self.accepting and batches_left[0] > 0:
+                batches_left[0] -= 1
+                claimed = (await self._claim_and_process(self.settings.batch_size, lambda: claims.claim_due_for_send(
                     self.pool, batch_size=self.settings.batch_size, lease_ms=self.settings.lease_ms
-                )
-                if not loaded:
+                ))).claimed
+                if not claimed:
                     break
-                processed += (await self.process_loaded(loaded)).claimed
+                processed += claimed
             return processed
 
         # Several lanes, so one batch's slowest send does not hold up the next batch's claim.

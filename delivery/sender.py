@@ -55,7 +55,7 @@ class SenderSettings:
     """Everything the sender needs to know; one frozen value built from the environment.
 
     sends_pending_max bounds the sends queued or in flight at once (and so the sender's per-endpoint
-    bookkeeping); the worker's own concurrency must stay below it.
+    bookkeeping); the engine reserves room under it before each claim (delivery.send_budget).
     """
 
     timeout_ms_default: int = 15_000
@@ -173,6 +173,11 @@ class Sender:
     @property
     def closed(self) -> bool:
         return self._session.closed
+
+    @property
+    def sends_pending_max(self) -> int:
+        """How many sends may be queued or on the wire at once (submit refuses more)."""
+        return self._settings.sends_pending_max
 
     @property
     def pending(self) -> int:
