@@ -334,13 +334,17 @@ class Bench:
                 await asyncio.sleep(0.01)
             offered = len(committed) / (time.monotonic() - started)
             await asyncio.gather(*wakes)
-            stats = await self.wait_for_arrivals(len(committed), 120)
-            async with self.http.get(f"{self.receiver}/arrivals") as response:
-                arrivals = await response.json()
+            return await self._latencies(committed, offered)
         finally:
             _stop([process])
-        latencies = sorted((arrivals[key] - value) * 1000 for key, value in committed.items() if key in arrivals)
-        return {"offered": offered, "count": len(committed), "arrived": len(latencies),
+
+    async def _latencies(self, sent: dict[str, float], offered: float) -> dict:
+        """Wait until every delivery in `sent` (id -> time.time() it counts from) arrived; p50/p99/max to arrival."""
+        stats = await self.wait_for_arrivals(len(sent), 120)
+        async with self.http.get(f"{self.receiver}/arrivals") as response:
+            arrivals = await response.json()
+        latencies = sorted((arrivals[key] - value) * 1000 for key, value in sent.items() if key in arrivals)
+        return {"offered": offered, "count": len(sent), "arrived": len(latencies),
                 "p50_ms": _percentile(latencies, 0.50), "p99_ms": _percentile(latencies, 0.99),
                 "max_ms": latencies[-1] if latencies else float("nan"), "verified": stats["verified"],
                 "invalid": stats["invalid"]}
@@ -380,16 +384,9 @@ class Bench:
                 await asyncio.sleep(0.002)
             offered = len(posts) / (time.monotonic() - started)
             await asyncio.gather(*posts)
-            stats = await self.wait_for_arrivals(len(accepted), 120)
-            async with self.http.get(f"{self.receiver}/arrivals") as response:
-                arrivals = await response.json()
+            return {**await self._latencies(accepted, offered), "refused": len(refused)}
         finally:
             _stop([worker, api])
-        latencies = sorted((arrivals[key] - value) * 1000 for key, value in accepted.items() if key in arrivals)
-        return {"offered": offered, "count": len(accepted), "arrived": len(latencies), "refused": len(refused),
-                "p50_ms": _percentile(latencies, 0.50), "p99_ms": _percentile(latencies, 0.99),
-                "max_ms": latencies[-1] if latencies else float("nan"), "verified": stats["verified"],
-                "invalid": stats["invalid"]}
 
     async def naive(self, count: int) -> dict:
         await self.reset_receiver(VERIFIED_PER_PHASE)
