@@ -203,8 +203,8 @@ class Engine:
         try:
             for delay, ids in by_delay.items():
                 await self.queue.defer_by(ids, timedelta(seconds=delay))
-        except Exception:  # noqa: BLE001 - Redis is a hint; the sweeper finds what is lost.
-            logger.warning("could not enqueue retries; the sweeper will find them", exc_info=True)
+        except Exception as error:  # noqa: BLE001 - Redis is a hint; the sweeper finds what is lost.
+            logger.warning("could not enqueue retries (%r); the sweeper will find them", error)
 
     def _next_delay(self, failed_attempt: int, retry_after_seconds: float | None = None) -> float:
         """The backoff before the next attempt. Past the schedule's end (an attempt limit set

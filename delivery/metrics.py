@@ -82,6 +82,12 @@ AUDIT_LAST_RUN = Gauge(
     "Unix time at which the last periodic audit finished.",
     registry=REGISTRY,
 )
+# The worker (delivery.redis_outage) sets this as its polls reach Redis or fail to.
+REDIS_REACHABLE = Gauge(
+    "hookledger_worker_redis_reachable",
+    "1 while the worker's last poll reached Redis; 0 while it delivers from PostgreSQL alone.",
+    registry=REGISTRY,
+)
 
 
 def count_deaths(reason: str, count: int) -> None:

@@ -19,6 +19,8 @@ import signal
 
 from arq import Worker, cron, func
 from arq.constants import in_progress_key_prefix
+from arq.utils import timestamp_ms
+from redis.exceptions import ResponseError, WatchError
 
 from billing.audit import audit
 from billing.ids import parse_id
@@ -26,6 +28,7 @@ from delivery import deletion, event_loop, gc_tuning, metrics, queue as job_queu
 from delivery.config import Settings
 from delivery.database import open_pool
 from delivery.engine import Engine
+from delivery.redis_outage import REDIS_ERRORS, RETRY_SECONDS, SWEEP_TASK_NAME, RedisOutage
 from delivery.sender import Sender
 from delivery.signer_cache import SignerCache
 
@@ -106,12 +109,13 @@ async def _shutdown(ctx: dict) -> None:
 
 
 class DeliveryWorker(Worker):
-    """arq's worker, told to stop claiming the moment a shutdown signal arrives, and polling its
-    queue without re-checking the jobs that are running."""
+    """arq's worker, told to stop claiming the moment a shutdown signal arrives, polling its queue
+    without re-checking the jobs that are running, and riding out a Redis outage."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._running_elsewhere: dict[bytes, float] = {}  # job id -> when to ask Redis about it again
+        self._redis_outage: RedisOutage | None = None
 
     def _stop_claiming(self) -> None:
         engine = self.ctx.get("engine")
@@ -126,8 +130,44 @@ class DeliveryWorker(Worker):
         self._stop_claiming()
         super().handle_sig(signum)
 
+    async def _poll_iteration(self) -> None:
+        """arq's poll, except that Redis being unreachable does not end the worker (see
+        delivery.redis_outage): the poll is retried every RETRY_SECONDS, and meanwhile the worker
+        sweeps from PostgreSQL. Jobs that ended on a Redis error (arq could not record their end)
+        are reaped here, so that arq's own reaping does not raise them out of the loop."""
+        for job_id, task in list(self.tasks.items()):
+            if task.done() and not task.cancelled() and isinstance(task.exception(), REDIS_ERRORS):
+                del self.tasks[job_id]
+                logger.warning("job %s ended on a Redis error (%r); its deliveries are in PostgreSQL",
+                               job_id, task.exception())
+        outage = self._outage()
+        try:
+            if outage is not None and outage.down:
+                # Recovery is decided by a PING: a poll can touch no Redis at all (every slot busy,
+                # or shutting down), which would say nothing.
+                await self.pool.ping()
+                outage.answered(self.loop.time())
+                # The crons' missed runs would each be enqueued now, one per poll. Instead the sweep
+                # runs at once (run_at_startup) and the others wait for their next time.
+                for cron_job in self.cron_jobs:
+                    cron_job.next_run = None
+            await super()._poll_iteration()
+        except REDIS_ERRORS as error:
+            if outage is not None:
+                sweep = outage.failed(error, self.loop.time())
+                if sweep is not None:
+                    self.tasks[SWEEP_TASK_NAME] = sweep
+            await asyncio.sleep(RETRY_SECONDS)
+
+    def _outage(self) -> RedisOutage | None:
+        engine: Engine | None = self.ctx.get("engine")
+        if self._redis_outage is None and engine is not None:
+            self._redis_outage = RedisOutage(engine.sweep, self.ctx["settings"].worker.sweep_interval_seconds)
+        return self._redis_outage
+
     async def start_jobs(self, job_ids: list[bytes]) -> None:
-        """arq's start_jobs, minus the jobs already running, here or in another worker.
+        """arq's start_jobs, minus the jobs already running, here or in another worker, and without
+        losing a slot when Redis fails halfway.
 
         A job stays in the queue until it finishes, and every poll that finds a free slot reads
         the queue from its head (QUEUE_READ_MAX ids, not arq's 100: with six workers of 20 jobs
@@ -136,9 +176,9 @@ class DeliveryWorker(Worker):
         without asking; the others' are found by pipelined EXISTS of their in-progress keys,
         EXISTS_CHUNK at a time and only until the free slots are covered, and then not asked
         about again for RUNNING_ELSEWHERE_RECHECK_SECONDS (a job whose worker died keeps its key
-        for the job timeout anyway). arq still checks, under WATCH,
-        each job that is left, so a job taken in between is not started twice. A job whose task
-        here is done is not skipped: its id may be queued again.
+        for the job timeout anyway). Each job that is left is then checked and marked in
+        progress under WATCH, as arq does, so a job taken in between is not started twice. A job
+        whose task here is done is not skipped: its id may be queued again.
         """
         running, elsewhere = self.tasks, self._running_elsewhere
         now = self.loop.time()
@@ -165,15 +205,48 @@ class DeliveryWorker(Worker):
                     free.append(job_id)
         if len(elsewhere) > 2 * QUEUE_READ_MAX:
             self._running_elsewhere = {job_id: until for job_id, until in elsewhere.items() if until > now}
-        await super().start_jobs(free)
+        for job_id in free:
+            await self.sem.acquire()
+            if self.job_counter >= self.max_jobs:
+                self.sem.release()
+                return
+            self.job_counter += 1
+            started = False
+            try:
+                started = await self._mark_in_progress(job_id.decode())
+            finally:
+                if not started:  # taken elsewhere, or Redis failed: the slot is free again
+                    self.job_counter -= 1
+                    self.sem.release()
+
+    async def _mark_in_progress(self, job_id: str) -> bool:
+        """arq's check-and-mark of one job (WATCH its in-progress key, then set it in MULTI), and its
+        task. False when another worker took it or it is no longer due."""
+        in_progress_key = in_progress_key_prefix + job_id
+        async with self.pool.pipeline(transaction=True) as pipe:
+            await pipe.watch(in_progress_key)
+            ongoing = await pipe.exists(in_progress_key)
+            score = await pipe.zscore(self.queue_name, job_id)
+            if ongoing or not score or score > timestamp_ms():
+                return False
+            pipe.multi()
+            pipe.psetex(in_progress_key, int(self.in_progress_timeout_s * 1000), b"1")
+            try:
+                await pipe.execute()
+            except (ResponseError, WatchError):
+                return False
+        task = self.loop.create_task(self.run_job(job_id, int(score)))
+        task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+        self.tasks[job_id] = task
+        return True
 
     async def close(self) -> None:
         """arq's close, except that a job cancelled while arq was finishing it cannot abort the shutdown.
 
         arq gathers its job tasks without return_exceptions, so a job task that ended cancelled (the
         signal lands while arq awaits finish_job) raised out of close() and skipped on_shutdown: the
-        sender and the pool were never closed. Wait for every task, keep their outcomes, then let arq
-        finish with nothing left to gather.
+        sender and the pool were never closed. Wait for every task and keep their outcomes. Then
+        finish as arq does, except that Redis being down does not skip on_shutdown either.
         """
         if not self._handle_signals:
             self.handle_sig(signal.SIGUSR1)
@@ -182,10 +255,20 @@ class DeliveryWorker(Worker):
             if isinstance(outcome, Exception):
                 logger.warning("a job ended with %r during shutdown", outcome)
         self.tasks.clear()
-        await super().close()  # signals again when it owns no handlers: a second log line, nothing more
+        if self._pool is None:
+            return
+        try:
+            await self.pool.delete(self.health_check_key)
+        except REDIS_ERRORS as error:  # Redis down must not skip closing the sender and the pool
+            logger.warning("could not remove the health key from Redis: %r", error)
+        if self.on_shutdown:
+            await self.on_shutdown(self.ctx)
+        await self.pool.close(close_connection_pool=True)
+        self._pool = None
 
 
-def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = True, pool=None) -> DeliveryWorker:
+def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = True, pool=None,
+                 redis_pool=None) -> DeliveryWorker:
     worker_settings = settings.worker
     lease_seconds = worker_settings.engine.lease_ms / 1000
     ctx = {"settings": settings}
@@ -200,6 +283,7 @@ def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = T
             *_audit_cron(worker_settings.audit_interval_minutes),
         ],
         redis_settings=job_queue.redis_settings(redis_url),
+        redis_pool=redis_pool,
         queue_name=job_queue.QUEUE_NAME,
         job_serializer=job_queue.serialize,
         job_deserializer=job_queue.deserialize,
@@ -221,7 +305,10 @@ def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = T
 
 def run(settings: Settings, redis_url: str) -> None:
     """Run a worker until SIGTERM/SIGINT (blocking)."""
-    asyncio.set_event_loop(event_loop.new_event_loop(settings.event_loop))
-    worker = build_worker(settings, redis_url)
+    loop = event_loop.new_event_loop(settings.event_loop)
+    asyncio.set_event_loop(loop)
+    # Connected here, so that a Redis that is not there at start is one clear error
+    # (ServerUnreachableError); once running, the worker rides out Redis outages.
+    worker = build_worker(settings, redis_url, redis_pool=loop.run_until_complete(job_queue.connect(redis_url)))
     _tune_collector(settings)
     worker.run()

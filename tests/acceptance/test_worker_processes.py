@@ -1,4 +1,4 @@
-"""Worker processes under fire: SIGKILL mid-send, SIGTERM, Redis losing every key, PostgreSQL restarting.
+"""Worker processes under fire: SIGKILL mid-send, SIGTERM, Redis losing every key or going away, PostgreSQL restarting.
 
 Each worker here is a real `python -m delivery worker` process; receivers are real HTTP servers
 in the test process; PostgreSQL and Redis are real.
@@ -44,14 +44,29 @@ def stop(process: subprocess.Popen) -> None:
         process.wait(10)
 
 
-def worker_log(process: subprocess.Popen) -> str:
-    return Path(process.log_path).read_text()[-3000:]  # type: ignore[attr-defined]
+def worker_log(process: subprocess.Popen, *, whole: bool = False) -> str:
+    text = Path(process.log_path).read_text()  # type: ignore[attr-defined]
+    return text if whole else text[-3000:]
 
 
 async def _create(pool, account_id, count: int, attempts_max: int = 3) -> list:
     results = await create_messages(
         pool, [MessageRequest(account_id, "e", b'{"n": %d}' % n) for n in range(count)], attempts_max=attempts_max)
     return [d.id for created in results for d in created.deliveries]
+
+
+async def _failing_each_first_try(pool, keyring, receiver_factory):
+    """A receiver that answers 500 to the first request of each webhook-id and 200 after, and an
+    account with one endpoint there."""
+
+    def fail_first_try(number):
+        ids = [request["id"] for request in receiver.received]
+        return 500 if ids.count(ids[-1]) == 1 else 200
+
+    receiver = await receiver_factory(fail_first_try)
+    account_id = await add_account(pool, balance=10_000)
+    await add_endpoint(pool, account_id, receiver, keyring)
+    return receiver, account_id
 
 
 async def test_sigkill_mid_send_loses_nothing(pool, database_url, redis_url, keyring, receiver_factory):
@@ -124,13 +139,7 @@ async def test_sigterm_finishes_the_send_in_flight_and_records_it(pool, database
 async def test_flushall_loses_no_delivery(pool, database_url, redis_url, keyring, receiver_factory):
     """Redis loses every key twice (queued wake-ups, deferred retries): every delivery still finishes."""
 
-    def fail_first_try(number):
-        ids = [request["id"] for request in receiver.received]
-        return 500 if ids.count(ids[-1]) == 1 else 200
-
-    receiver = await receiver_factory(fail_first_try)
-    account_id = await add_account(pool, balance=10_000)
-    await add_endpoint(pool, account_id, receiver, keyring)
+    _, account_id = await _failing_each_first_try(pool, keyring, receiver_factory)
     environment = fast_environment(database_url, redis_url, keyring, HOOKLEDGER_RETRY_SCHEDULE="0,1,1")
     client = redis_asyncio.Redis.from_url(redis_url)
     delivery_ids = await _create(pool, account_id, 60)
@@ -181,3 +190,45 @@ async def test_postgresql_restart_mid_run_the_worker_reconnects(redis_url, keyri
     finally:
         stop(worker)
         await pool.close()
+
+
+
+async def test_redis_outage_the_worker_delivers_from_postgresql_and_reconnects(pool, database_url, keyring,
+                                                                              receiver_factory, private_redis):
+    """Redis goes away mid-run: the worker stays up and keeps delivering from PostgreSQL alone, first
+    attempts and retries; when Redis is back it goes on through Redis; SIGTERM during an outage
+    still ends it cleanly. arq's own loop ended the worker at the first Redis error."""
+
+    _, account_id = await _failing_each_first_try(pool, keyring, receiver_factory)
+    environment = fast_environment(database_url, private_redis.url, keyring, HOOKLEDGER_RETRY_SCHEDULE="0,0.5,0.5")
+    worker = start_worker(environment)
+    try:
+        before = await _create(pool, account_id, 5)
+        await wait_for(lambda: all_finished(pool, before), timeout_seconds=30)
+
+        private_redis.stop()
+        during = await _create(pool, account_id, 10)
+        await wait_for(lambda: all_finished(pool, during), timeout_seconds=30)
+        assert worker.poll() is None, worker_log(worker)
+
+        private_redis.start()
+        await wait_for(lambda: asyncio.sleep(0, "Redis answers again" in worker_log(worker, whole=True)), timeout_seconds=10)
+        after = await _create(pool, account_id, 5)
+        await wait_for(lambda: all_finished(pool, after), timeout_seconds=30)
+
+        private_redis.stop()
+        await wait_for(lambda: asyncio.sleep(0, worker_log(worker, whole=True).count("Redis is unreachable") == 2),
+                       timeout_seconds=10)
+        worker.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        while worker.poll() is None and time.monotonic() - started < 20:
+            await asyncio.sleep(0.1)
+        assert worker.poll() == 0, worker_log(worker)
+    finally:
+        stop(worker)
+    found = await states(pool, before + during + after)
+    assert all(row["state"] == "delivered" for row in found.values()), found
+    assert all(row["attempt"] == 2 for row in found.values())  # each failed once and was retried
+    log = worker_log(worker, whole=True)
+    assert "Traceback" not in log, log
+    assert (await audit(pool)).clean

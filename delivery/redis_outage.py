@@ -1,0 +1,82 @@
+"""What a worker does while Redis cannot be reached: it stays up, and delivers from PostgreSQL alone.
+
+arq's worker loop ends at the first Redis error, so one Redis restart used to stop every worker
+at once. Redis only holds hints (see delivery.queue): the deliveries themselves are all in
+PostgreSQL. While Redis is down the worker runs the engine's sweep in-process once every sweep
+interval (the same fenced claims as the sweep cron, so workers doing it at once are safe), and
+keeps asking Redis every RETRY_SECONDS. When Redis answers again, arq's loop goes on as before,
+and the sweep cron finds whatever wake-ups and retries were lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import redis.exceptions
+
+from delivery import metrics
+
+logger = logging.getLogger(__name__)
+
+REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ConnectionError, OSError,
+                asyncio.TimeoutError)
+RETRY_SECONDS = 0.5  # between attempts to reach Redis while it is down
+SWEEP_TASK_NAME = "hookledger:sweep-while-redis-is-down"
+
+
+class RedisOutage:
+    """Tracks whether Redis is reachable, and sweeps in-process while it is not.
+
+    `failed` and `answered` are called from the worker's poll loop with the event loop's time.
+    The sweep runs as a task that `start_sweep` hands to the caller, so the worker can keep it
+    with its jobs: shutdown then waits for it, or cancels it, as it does for them.
+    """
+
+    def __init__(self, sweep: Callable[[], Awaitable[int]], sweep_interval_seconds: float) -> None:
+        self._sweep = sweep
+        self._interval = sweep_interval_seconds
+        self.down_since: float | None = None
+        self._next_sweep_at = 0.0
+        self._sweep_task: asyncio.Task | None = None
+        self.sweeps = 0
+        metrics.REDIS_REACHABLE.set(1)
+
+    @property
+    def down(self) -> bool:
+        return self.down_since is not None
+
+    def failed(self, error: BaseException, now: float) -> asyncio.Task | None:
+        """Redis did not answer. Returns a new sweep task when one is due, else None."""
+        if self.down_since is None:
+            self.down_since = now
+            self._next_sweep_at = now
+            metrics.REDIS_REACHABLE.set(0)
+            logger.error("Redis is unreachable (%r): delivering from PostgreSQL alone, sweeping every %g s, "
+                         "until it answers", error, self._interval)
+        if now < self._next_sweep_at or (self._sweep_task is not None and not self._sweep_task.done()):
+            return None
+        self._next_sweep_at = now + self._interval
+        self._sweep_task = asyncio.get_running_loop().create_task(self._sweep_logged(), name=SWEEP_TASK_NAME)
+        return self._sweep_task
+
+    def answered(self, now: float) -> None:
+        """Redis answered a whole poll."""
+        if self.down_since is None:
+            return
+        logger.warning("Redis answers again after %.1f s without it; %d sweeps ran meanwhile",
+                       now - self.down_since, self.sweeps)
+        self.down_since = None
+        metrics.REDIS_REACHABLE.set(1)
+
+    async def _sweep_logged(self) -> int:
+        try:
+            processed = await self._sweep()
+        except Exception:  # noqa: BLE001 - PostgreSQL may be down too; the next interval tries again.
+            logger.exception("a sweep while Redis is down failed")
+            return 0
+        self.sweeps += 1
+        if processed:
+            logger.info("swept %d deliveries while Redis is down", processed)
+        return processed

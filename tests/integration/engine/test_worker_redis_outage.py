@@ -1,0 +1,103 @@
+"""The worker and a Redis that goes away (DeliveryWorker._poll_iteration, start_jobs, close).
+
+Each test runs its own redis-server, stopped and started again for real; PostgreSQL is the shared
+one. The subprocess version, with SIGTERM during an outage, is in tests/acceptance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from billing.messages import MessageRequest, create_messages
+from delivery import config, metrics, queue as job_queue
+from delivery.worker import SWEEP_TASK_NAME
+from engine_helpers import add_account, add_endpoint, all_finished, fast_environment, running_worker, states, wait_for
+
+
+async def _create(pool, account_id, count: int) -> list:
+    results = await create_messages(pool, [MessageRequest(account_id, "e", b'{"n": %d}' % n) for n in range(count)],
+                                    attempts_max=3)
+    return [d.id for created in results for d in created.deliveries]
+
+
+async def _account_with_endpoint(pool, keyring, receiver_factory):
+    account_id = await add_account(pool, balance=10_000)
+    await add_endpoint(pool, account_id, await receiver_factory(), keyring)
+    return account_id
+
+
+def _settings(database_url, private_redis, keyring, **overrides):
+    # A sweep interval longer than the test: what is delivered while Redis is up came through a wake-up.
+    return config.load(fast_environment(database_url, private_redis.url, keyring,
+                                        **{"HOOKLEDGER_SWEEP_SECONDS": "60", **overrides}))
+
+
+async def test_a_redis_failure_while_starting_a_job_gives_its_slot_back(pool, database_url, keyring, receiver_factory,
+                                                                        private_redis):
+    """arq takes a slot, then marks the job in progress in Redis; if Redis fails in between, the slot
+    was never given back. With one slot, the worker then never started a job again."""
+    account_id = await _account_with_endpoint(pool, keyring, receiver_factory)
+    settings = _settings(database_url, private_redis, keyring, HOOKLEDGER_WORKER_JOBS="1")
+    async with running_worker(settings, pool) as worker:
+        await wait_for(lambda: asyncio.sleep(0, "engine" in worker.ctx))
+        await wait_for(lambda: asyncio.sleep(0, worker.job_counter == 0))  # the startup sweep is done
+        mark, failures = worker._mark_in_progress, []
+
+        async def redis_dies_first(job_id: str) -> bool:
+            if not failures:
+                private_redis.stop()  # a real outage, at the worst moment: the slot is taken
+                try:
+                    return await mark(job_id)
+                except Exception as error:
+                    failures.append(error)
+                    raise
+            return await mark(job_id)
+
+        worker._mark_in_progress = redis_dies_first
+        redis = await job_queue.connect(private_redis.url)
+        try:
+            first = await _create(pool, account_id, 1)
+            await job_queue.Queue(redis).wake(first)
+            await wait_for(lambda: asyncio.sleep(0, bool(failures)))
+            assert worker.job_counter == 0 and worker.sem._value == settings.worker.jobs_max + 1
+            await wait_for(lambda: all_finished(pool, first))  # swept while Redis is down
+            private_redis.start()
+            await wait_for(lambda: asyncio.sleep(0, not worker._redis_outage.down))
+            second = await _create(pool, account_id, 3)
+            await job_queue.Queue(redis).wake(second)
+            await wait_for(lambda: all_finished(pool, second), timeout_seconds=10)
+        finally:
+            await redis.aclose()
+    assert len(failures) == 1
+    found = await states(pool, first + second)
+    assert all(row["state"] == "delivered" for row in found.values())
+
+
+async def test_while_redis_is_down_the_worker_sweeps_once_per_interval(pool, database_url, keyring, receiver_factory,
+                                                                       private_redis):
+    """One in-process sweep at once, then one per sweep interval, never two at a time; the gauge says
+    Redis is down; once Redis answers a PING, the sweeps stop and the sweep cron runs at once."""
+    account_id = await _account_with_endpoint(pool, keyring, receiver_factory)
+    settings = _settings(database_url, private_redis, keyring, HOOKLEDGER_SWEEP_SECONDS="1")
+    async with running_worker(settings, pool) as worker:
+        await wait_for(lambda: asyncio.sleep(0, "engine" in worker.ctx))
+        private_redis.stop()
+        created = await _create(pool, account_id, 4)
+        await wait_for(lambda: all_finished(pool, created))
+        outage = worker._redis_outage
+        assert outage.down and metrics.REDIS_REACHABLE._value.get() == 0
+        sweeps = outage.sweeps
+        await asyncio.sleep(2.2)
+        assert 2 <= outage.sweeps - sweeps <= 3  # at 1 s, not at every 0.5 s retry
+        private_redis.start()
+        await wait_for(lambda: asyncio.sleep(0, not outage.down))
+        assert metrics.REDIS_REACHABLE._value.get() == 1
+        after = outage.sweeps
+        await asyncio.sleep(1.5)
+        assert outage.sweeps == after
+        assert SWEEP_TASK_NAME not in worker.tasks or worker.tasks[SWEEP_TASK_NAME].done()
+        later = await _create(pool, account_id, 2)
+        await job_queue.Queue(worker.pool).wake(later)
+        await wait_for(lambda: all_finished(pool, later))
+    found = await states(pool, created + later)
+    assert all(row["state"] == "delivered" for row in found.values())
