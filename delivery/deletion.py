@@ -37,6 +37,7 @@ import asyncpg
 
 from billing import closeout
 from delivery import metrics
+from delivery.redis_outage import REDIS_ERRORS
 from billing.errors import AccountNotFound, BulkSettleMismatch
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,13 @@ async def start_account_deletion(pool: asyncpg.Pool, queue_redis, account_id: uu
     state = await open_deletion(pool, account_id)
     if state.status != "done" and queue_redis is not None:
         # A fresh job id per request: arq silently drops a job id it has seen (arq #137, #432).
-        job = await queue_redis.enqueue_job(JOB_NAME, str(account_id), _job_id=f"{JOB_NAME}:{uuid.uuid4().hex}")
+        try:
+            job = await queue_redis.enqueue_job(JOB_NAME, str(account_id), _job_id=f"{JOB_NAME}:{uuid.uuid4().hex}")
+        except REDIS_ERRORS as error:
+            # The deletion is recorded: the sweep resumes it once it has waited STALE_AFTER_SECONDS.
+            logger.warning("could not enqueue the deletion of account %s (%r); the sweep will resume it",
+                           account_id, error)
+            return state.id
         if job is None:
             raise RuntimeError(f"arq refused the deletion job for account {account_id}")
     return state.id

@@ -1,0 +1,49 @@
+"""The API while Redis is down: what it accepts is committed and answered as usual (the wake-ups are
+hints, and the worker sweeps from PostgreSQL); /readyz says Redis is unreachable; once Redis is back,
+new messages wake the workers through it again."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from delivery import queue as job_queue
+from delivery.api.app import create_app
+
+
+async def test_messages_and_deletions_are_accepted_while_redis_is_down(api, pool, private_redis):
+    """(Wake-ups failing against a Redis that never answers are in test_api_messages; this one stops
+    and starts a real server, and covers the account deletion, whose job could not be enqueued.)"""
+    settings = api.settings
+    redis = await job_queue.connect(private_redis.url)
+    try:
+        async with TestClient(TestServer(create_app(settings, pool, job_queue.Queue(redis)), host="127.0.0.1")) as client:
+            api = type(api)(client, pool, settings)  # the harness, on the app whose Redis is private_redis
+            _, headers = await api.account(balance=100)
+            await api.endpoint(headers)
+            doomed, _ = await api.account(balance=10)
+
+            private_redis.stop()
+            response = await api.send(headers)
+            assert response.status == 202, await response.text()
+            message_id = (await response.json())["id"]
+            assert await pool.fetchval("SELECT count(*) FROM deliveries WHERE message_id = $1 AND state = 'pending'",
+                                       message_id) == 1
+            response = await client.delete(f"/v1/accounts/{doomed}", headers=api.operator)
+            assert response.status == 202, await response.text()
+            assert (await response.json())["status"] == "running"
+            ready = await client.get("/readyz")
+            assert ready.status == 503 and (await ready.json())["redis"] is False
+
+            private_redis.start()
+            ready = await client.get("/readyz")
+            assert ready.status == 200, await ready.text()
+            assert (await api.send(headers)).status == 202
+            for _ in range(100):  # the wake-up goes out after the commit, off the request's path
+                if await redis.zcard(job_queue.QUEUE_NAME):
+                    break
+                await asyncio.sleep(0.02)
+            assert await redis.zcard(job_queue.QUEUE_NAME) == 1
+    finally:
+        await redis.aclose()
