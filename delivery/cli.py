@@ -9,10 +9,12 @@ import typer
 from rich.console import Console
 
 from delivery import cli_api, cli_client, cli_operator, config
+from delivery.errors import ServerUnreachableError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="hookledger: webhooks billed per delivery.")
 console = Console()
 EXIT_CONFIG = 2  # a malformed setting or a port already taken: as for a bad argument
+EXIT_UNAVAILABLE = 3  # PostgreSQL or Redis did not answer at start (as the client commands use 3)
 
 
 @app.command()
@@ -136,3 +138,6 @@ def main() -> None:
         # traceback, and nothing started.
         Console(stderr=True).print(f"[red]error[/red]: {error}", highlight=False)
         raise SystemExit(EXIT_CONFIG) from None
+    except ServerUnreachableError as error:
+        Console(stderr=True).print(f"[red]error[/red]: {error}", highlight=False)
+        raise SystemExit(EXIT_UNAVAILABLE) from None

@@ -7,10 +7,15 @@ import asyncpg
 from billing.database import create_pool
 from delivery import migrate, services
 from delivery.config import Settings
+from delivery.errors import ServerUnreachableError
 
 
 async def open_pool(settings: Settings, *, run_migrations: bool = False) -> asyncpg.Pool:
     url = services.database_url(settings.database)
-    if run_migrations:
-        await migrate.upgrade_async(url)
-    return await create_pool(url, size_min=settings.database.pool_size_min, size_max=settings.database.pool_size_max)
+    try:
+        if run_migrations:
+            await migrate.upgrade_async(url)
+        return await create_pool(url, size_min=settings.database.pool_size_min,
+                                 size_max=settings.database.pool_size_max)
+    except (OSError, asyncpg.CannotConnectNowError) as error:
+        raise ServerUnreachableError(f"PostgreSQL at {services.server_address(url)} (DATABASE_URL): {error}") from error

@@ -59,3 +59,12 @@ class AddressRefusedError(DeliveryError, OSError):
         self.address = address
         self.category = category
         super().__init__(f"{address} is {category}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Starting a process: delivery/database.py, delivery/queue.py.
+# ---------------------------------------------------------------------------------------------
+
+
+class ServerUnreachableError(DeliveryError):
+    """A server the platform needs did not answer at start; is it running, and is its URL right?"""

@@ -17,6 +17,9 @@ from arq.connections import ArqRedis, RedisSettings, create_pool
 from arq.constants import job_key_prefix
 from arq.jobs import serialize_job
 from arq.utils import timestamp_ms
+from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
+
+from delivery.errors import ServerUnreachableError
 
 QUEUE_NAME = "hookledger:deliveries"
 IDS_PER_JOB_MAX = 500
@@ -39,10 +42,16 @@ def redis_settings(redis_url: str) -> RedisSettings:
 
 
 async def connect(redis_url: str) -> ArqRedis:
-    return await create_pool(
-        redis_settings(redis_url), job_serializer=serialize, job_deserializer=deserialize,
-        default_queue_name=QUEUE_NAME,
-    )
+    """A connection pool, once Redis answers a PING (arq tries conn_retries times, a second apart)."""
+    try:
+        return await create_pool(
+            redis_settings(redis_url), job_serializer=serialize, job_deserializer=deserialize,
+            default_queue_name=QUEUE_NAME,
+        )
+    except (RedisConnectionError, RedisTimeoutError, OSError) as error:
+        from delivery.services import server_address  # services imports config, which imports us
+
+        raise ServerUnreachableError(f"Redis at {server_address(redis_url)} (REDIS_URL): {error}") from error
 
 
 class Queue:

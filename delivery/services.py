@@ -67,6 +67,17 @@ def with_database(url: str, database: str) -> str:
     return urlunsplit(parts._replace(path="/" + database))
 
 
+def server_address(url: str) -> str:
+    """Where a URL points, without its user or password: host:port, or the socket path."""
+    from urllib.parse import parse_qs, urlsplit
+
+    parts = urlsplit(url)
+    if parts.hostname:
+        return f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname
+    socket_path = parts.path if parts.scheme == "unix" else (parse_qs(parts.query).get("host") or [""])[0]
+    return socket_path or url.split("://", 1)[0] + " (default address)"
+
+
 def restart_embedded_postgres(data_dir: Path) -> None:
     """Restart an embedded PostgreSQL in place (fast shutdown): every connection is dropped.
 

@@ -1,4 +1,5 @@
-"""A command that cannot run as configured says why in one line and exits 2, starting nothing.
+"""A command that cannot run as configured says why in one line and exits 2 (3 when a server does not
+answer), starting nothing.
 
 Run as real processes (`python -m delivery ...`), as a user runs them: what is checked is what
 reaches the terminal and the exit code, not a traceback's last line.
@@ -84,3 +85,35 @@ def test_the_port_check_follows_the_host_s_address_family() -> None:
         with pytest.raises(config.ConfigError, match=f"cannot listen on ::1:{taken}"):
             platform.check_port_free("::1", taken)
     platform.check_port_free("::1", taken)  # closed now: free again
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]  # nothing listens once the socket is closed
+
+
+def _unreachable(completed: subprocess.CompletedProcess) -> str:
+    assert completed.returncode == 3, completed.stdout + completed.stderr
+    assert "Traceback" not in completed.stderr and "╭" not in completed.stderr, completed.stderr
+    text = " ".join(completed.stderr.split())
+    assert "error: A server the platform needs did not answer at start" in text, completed.stderr
+    return text
+
+
+def test_a_server_that_does_not_answer_at_start_is_named_with_its_setting_and_exit_3(
+    database_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Once running, the worker rides out a Redis outage; at start it says which server is missing.
+    The address is shown without the URL's password."""
+    base = {**os.environ, "HOOKLEDGER_DEV": "1", "HOOKLEDGER_DATA_DIR": str(tmp_path / "data"),
+            "HOOKLEDGER_SECRET_KEYS": format_keyring(Keyring({"k1": generate_at_rest_key()}, "k1"))}
+    port = _closed_port()
+    no_postgresql = {**base, "DATABASE_URL": f"postgresql://postgres:hunter2@127.0.0.1:{port}/test",
+                     "REDIS_URL": redis_url}
+    for command in ("api", "worker"):
+        text = _unreachable(_hookledger(command, environment=no_postgresql))
+        assert f"PostgreSQL at 127.0.0.1:{port} (DATABASE_URL)" in text and "hunter2" not in text
+    no_redis = {**base, "DATABASE_URL": database_url, "REDIS_URL": f"redis://:hunter2@127.0.0.1:{port}/0"}
+    text = _unreachable(_hookledger("worker", environment=no_redis))  # after arq's five retries, a second apart
+    assert f"Redis at 127.0.0.1:{port} (REDIS_URL)" in text and "hunter2" not in text
