@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 WAKE_IDS_PENDING_MAX = 100_000  # delivery ids waiting for a wake-up; past this they are left to the sweeper
 WAKE_INTERVAL_SECONDS = 0.01  # at most ~100 wake-up calls a second; each carries every id that waited
+WAKE_RETRY_SECONDS = 1.0  # between wake-up calls while they fail (Redis down)
 
 
 class Overloaded(Exception):
@@ -83,6 +85,8 @@ class Coalescer:
         # Wake-ups are group-committed too: one Redis call in flight, later ids wait and go together.
         self._wake_ids: list[uuid.UUID] = []
         self._wake_task: asyncio.Task | None = None
+        self._wake_down_since: float | None = None  # since when wake-ups fail or are backed up
+        self._wake_left = 0  # deliveries left to the sweeper since then
         self._closed = False
 
     @property
@@ -171,23 +175,39 @@ class Coalescer:
     def _wake_later(self, delivery_ids: list[uuid.UUID]) -> None:
         """Wake workers after commit, off the hot path. Lost wake-ups cost a sweep interval, never a delivery."""
         if len(self._wake_ids) + len(delivery_ids) > WAKE_IDS_PENDING_MAX:
-            logger.warning("wake-ups backed up; %d deliveries left to the sweeper", len(delivery_ids))
+            self._wake_left += len(delivery_ids)
+            if self._wake_down_since is None:
+                self._wake_down_since = time.monotonic()
+                logger.warning("wake-ups backed up; new deliveries are left to the sweeper until they drain")
             return
         self._wake_ids.extend(delivery_ids)
         if self._wake_task is None:
             self._wake_task = asyncio.create_task(self._wake_pending())
 
     async def _wake_pending(self) -> None:
+        """Send the waiting ids, one call at a time. While Redis fails, one warning, then one try per
+        WAKE_RETRY_SECONDS (the ids of a failed try are left to the sweeper), and one line when it
+        answers again: not a warning per call, a hundred a second under load."""
         try:
             while self._wake_ids:
                 delivery_ids, self._wake_ids = self._wake_ids, []
+                pause = WAKE_INTERVAL_SECONDS
                 try:
                     await self._wake(delivery_ids)
                 except Exception as error:  # Redis down must not fail a committed create.
-                    logger.warning("could not wake workers for %d deliveries (the sweeper will): %r",
-                                   len(delivery_ids), error)
+                    self._wake_left += len(delivery_ids)
+                    pause = WAKE_RETRY_SECONDS
+                    if self._wake_down_since is None:
+                        self._wake_down_since = time.monotonic()
+                        logger.warning("could not wake workers (%r); new deliveries are left to the sweeper, "
+                                       "trying again every %g s", error, WAKE_RETRY_SECONDS)
+                else:
+                    if self._wake_down_since is not None:
+                        logger.warning("waking workers again after %.1f s; %d deliveries were left to the sweeper",
+                                       time.monotonic() - self._wake_down_since, self._wake_left)
+                        self._wake_down_since, self._wake_left = None, 0
                 if not self._closed:
-                    await asyncio.sleep(WAKE_INTERVAL_SECONDS)
+                    await asyncio.sleep(pause)
         finally:
             self._wake_task = None
 
