@@ -46,7 +46,7 @@ def with_dev_defaults(settings: config.Settings) -> config.Settings:
 async def serve(settings: config.Settings) -> None:
     settings = with_dev_defaults(settings)
     pool = await open_pool(settings, run_migrations=True)
-    redis = await job_queue.connect(services.redis_url(settings.redis))
+    redis = await job_queue.connect(services.redis_url(settings.redis), wait_seconds=settings.redis.start_wait_seconds)
     runner = web.AppRunner(create_app(settings, pool, job_queue.Queue(redis)), access_log=None)
     try:
         await runner.setup()

@@ -33,20 +33,24 @@ def deserialize(data: bytes) -> object:
     return json.loads(data)
 
 
-def redis_settings(redis_url: str) -> RedisSettings:
+def redis_settings(redis_url: str, *, wait_seconds: int = 5) -> RedisSettings:
     settings = RedisSettings.from_dsn(redis_url)
     settings.conn_timeout = 2
-    settings.conn_retries = 5
+    settings.conn_retries = wait_seconds
     settings.conn_retry_delay = 1
     return settings
 
 
-async def connect(redis_url: str) -> ArqRedis:
-    """A connection pool, once Redis answers a PING (arq tries conn_retries times, a second apart)."""
+async def connect(redis_url: str, *, wait_seconds: int = 5) -> ArqRedis:
+    """A connection pool, once Redis answers a PING: tried again every second for wait_seconds.
+
+    A process that starts while Redis restarts waits for it (HOOKLEDGER_REDIS_START_WAIT_SECONDS);
+    one whose REDIS_URL is wrong still stops with ServerUnreachableError.
+    """
     try:
         return await create_pool(
-            redis_settings(redis_url), job_serializer=serialize, job_deserializer=deserialize,
-            default_queue_name=QUEUE_NAME,
+            redis_settings(redis_url, wait_seconds=wait_seconds), job_serializer=serialize,
+            job_deserializer=deserialize, default_queue_name=QUEUE_NAME,
         )
     except (RedisConnectionError, RedisTimeoutError, OSError) as error:
         from delivery.services import server_address  # services imports config, which imports us

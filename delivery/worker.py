@@ -307,8 +307,9 @@ def run(settings: Settings, redis_url: str) -> None:
     """Run a worker until SIGTERM/SIGINT (blocking)."""
     loop = event_loop.new_event_loop(settings.event_loop)
     asyncio.set_event_loop(loop)
-    # Connected here, so that a Redis that is not there at start is one clear error
-    # (ServerUnreachableError); once running, the worker rides out Redis outages.
-    worker = build_worker(settings, redis_url, redis_pool=loop.run_until_complete(job_queue.connect(redis_url)))
+    # Connected here: a Redis that does not answer within HOOKLEDGER_REDIS_START_WAIT_SECONDS is one
+    # clear error (ServerUnreachableError). Once running, the worker rides out Redis outages.
+    worker = build_worker(settings, redis_url, redis_pool=loop.run_until_complete(
+        job_queue.connect(redis_url, wait_seconds=settings.redis.start_wait_seconds)))
     _tune_collector(settings)
     worker.run()

@@ -16,6 +16,7 @@ def test_defaults_without_any_setting() -> None:
     assert settings.worker.sender.timeout_ms_default == 15_000
     assert settings.worker.engine.lease_ms == 90_000
     assert settings.worker.poll_ms == 10
+    assert settings.redis.start_wait_seconds == 30
     assert settings.secret_keyring is None and settings.api.operator_key is None
 
 
@@ -42,6 +43,7 @@ def test_settings_are_read_from_the_mapping_given() -> None:
         ({"HOOKLEDGER_LOG_LEVEL": "loud"}, "HOOKLEDGER_LOG_LEVEL must be debug, info, warning or error"),
         ({"HOOKLEDGER_LEASE_MS": "30000"}, "must exceed the longest send timeout"),
         ({"HOOKLEDGER_WORKER_POLL_MS": "0"}, "HOOKLEDGER_WORKER_POLL_MS must be between 1 and 1000"),
+        ({"HOOKLEDGER_REDIS_START_WAIT_SECONDS": "-1"}, "HOOKLEDGER_REDIS_START_WAIT_SECONDS must be between 0 and 3600"),
         ({"HOOKLEDGER_WORKER_GC_GEN0": "100"}, "HOOKLEDGER_WORKER_GC_GEN0 must be 0"),
         ({"HOOKLEDGER_API_GC_GEN0": "100"}, "HOOKLEDGER_API_GC_GEN0 must be 0"),
     ],

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,33 @@ def test_a_server_that_does_not_answer_at_start_is_named_with_its_setting_and_ex
     for command in ("api", "worker"):
         text = _unreachable(_hookledger(command, environment=no_postgresql))
         assert f"PostgreSQL at 127.0.0.1:{port} (DATABASE_URL)" in text and "hunter2" not in text
-    no_redis = {**base, "DATABASE_URL": database_url, "REDIS_URL": f"redis://:hunter2@127.0.0.1:{port}/0"}
-    text = _unreachable(_hookledger("worker", environment=no_redis))  # after arq's five retries, a second apart
-    assert f"Redis at 127.0.0.1:{port} (REDIS_URL)" in text and "hunter2" not in text
+    no_redis = {**base, "DATABASE_URL": database_url, "REDIS_URL": f"redis://:hunter2@127.0.0.1:{port}/0",
+                "HOOKLEDGER_REDIS_START_WAIT_SECONDS": "1"}
+    for command in ("api", "worker"):
+        text = _unreachable(_hookledger(command, environment=no_redis))
+        assert f"Redis at 127.0.0.1:{port} (REDIS_URL)" in text and "hunter2" not in text
+
+
+def test_a_worker_started_while_redis_restarts_waits_for_it(database_url: str, private_redis, tmp_path: Path) -> None:
+    """Within HOOKLEDGER_REDIS_START_WAIT_SECONDS a worker waits for Redis instead of exiting: a
+    worker replaced during a Redis restart comes up once Redis is back."""
+    private_redis.stop()
+    environment = {**os.environ, "HOOKLEDGER_DEV": "1", "HOOKLEDGER_DATA_DIR": str(tmp_path / "data"),
+                   "DATABASE_URL": database_url, "REDIS_URL": private_redis.url,
+                   "HOOKLEDGER_SECRET_KEYS": format_keyring(Keyring({"k1": generate_at_rest_key()}, "k1"))}
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "delivery", "worker"], cwd=ROOT, env=environment,
+                                  stdout=log, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(2.5)
+        assert worker.poll() is None, log_path.read_text()
+        private_redis.start()
+        deadline = time.monotonic() + 20
+        while "worker started" not in log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        text = log_path.read_text()
+        assert "worker started" in text and "retries remaining" in text, text  # it said it was waiting
+    finally:
+        worker.terminate()
+        worker.wait(20)
