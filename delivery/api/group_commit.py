@@ -131,7 +131,7 @@ class Coalescer:
         metrics.GROUP_COMMIT_BATCH.observe(len(batch))
         connection = None
         try:
-            connection = self._connections.pop() if self._connections else await self._pool.acquire()
+            connection = await self._kept_connection() or await self._pool.acquire()
             requests = [request for request, _, _ in batch]
             results = await create_messages(connection, requests, attempts_max=self._attempts_max)
         except BaseException as error:
@@ -160,6 +160,21 @@ class Coalescer:
             metrics.MESSAGES_CREATED.inc(fresh)
         if created and self._wake is not None:
             self._wake_later(created)
+
+    async def _kept_connection(self) -> asyncpg.Connection | None:
+        """A connection a finished batch kept, unless the server ended it meanwhile (a restart, an
+        idle timeout): asyncpg then hands it back to the pool and detaches it, and a batch on it
+        would fail every request in it."""
+        while self._connections:
+            connection = self._connections.pop()
+            try:
+                closed = connection.is_closed()
+            except asyncpg.InterfaceError:  # detached: already "released back to the pool"
+                continue
+            if not closed:
+                return connection
+            await self._release(connection)
+        return None
 
     def _release_keys(self, batch: list[_Item]) -> None:
         for _, _, key in batch:

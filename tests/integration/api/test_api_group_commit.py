@@ -201,3 +201,29 @@ async def test_a_cancelled_caller_leaves_its_request_and_key_in_flight_until_the
         if not blocker.is_closed():
             await blocker.close()  # releases the lock first if a check above failed, so close() can finish
         await coalescer.close()
+
+
+async def test_a_kept_connection_the_server_closed_is_not_reused(pool, database_url):
+    """Each batch keeps its connection for the next one. When the server ends those connections while
+    they wait (a PostgreSQL restart, an idle timeout, pg_terminate_backend), asyncpg hands them back
+    to the pool and detaches them; the next batch took one anyway and failed every request in it."""
+    account = await _account_with_endpoint(pool, 100)
+    coalescer = Coalescer(pool, attempts_max=3, concurrency=2)
+    try:
+        first = await asyncio.gather(*(coalescer.submit(messages.MessageRequest(account, "t", b"1"))
+                                       for _ in range(4)))
+        assert all(isinstance(result, messages.MessageCreated) for result in first)
+        killer = await asyncpg.connect(database_url)
+        try:
+            ended = await killer.fetchval(
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()) AS t")
+        finally:
+            await killer.close()
+        assert ended >= 1
+        await asyncio.sleep(0.3)  # asyncpg reads the server's goodbye
+        after = await asyncio.gather(*(coalescer.submit(messages.MessageRequest(account, "t", b"2"))
+                                       for _ in range(4)), return_exceptions=True)
+        assert all(isinstance(result, messages.MessageCreated) for result in after), after
+    finally:
+        await coalescer.close()
