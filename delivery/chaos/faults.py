@@ -20,10 +20,13 @@ from delivery.chaos.receivers import ReceiverFarm
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("sigkill_worker", "sigterm_worker", "flush_redis", "restart_postgres", "restart_api", "receiver_outage")
+KINDS = ("sigkill_worker", "sigterm_worker", "flush_redis", "restart_postgres", "restart_api", "receiver_outage",
+         "redis_outage")
 JITTER_SHARE = 0.3  # of the gap between two faults
 OUTAGE_SHARE = 0.15  # of the window the `down` receiver stays down each time (at least OUTAGE_SECONDS_MIN)
 OUTAGE_SECONDS_MIN = 6.0
+REDIS_OUTAGE_SHARE = 0.05  # of the window Redis stays stopped each time (3 to 20 s)
+REDIS_OUTAGE_SECONDS = (3.0, 20.0)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class Injector:
     skipped: Counter = field(default_factory=Counter)
     log: list[dict] = field(default_factory=list)
     _outages: list[asyncio.Task] = field(default_factory=list)
+    _redis_outages: list[asyncio.Task] = field(default_factory=list)
 
     async def run(self, faults: list[Fault], started: float) -> None:
         for fault in faults:
@@ -67,8 +71,8 @@ class Injector:
             if delay > 0:
                 await asyncio.sleep(delay)
             await self.inject(fault.kind, time.monotonic() - started)
-        if self._outages:
-            await asyncio.gather(*self._outages)
+        if self._outages or self._redis_outages:
+            await asyncio.gather(*self._outages, *self._redis_outages)
 
     async def inject(self, kind: str, elapsed: float) -> None:
         detail = await getattr(self, "_" + kind)()
@@ -89,7 +93,27 @@ class Injector:
         return f"{victim.name} terminated, replacement started"
 
     async def _flush_redis(self) -> str:
+        if self.servers.redis_down:
+            return "skipped: Redis is stopped"
         return await self.servers.flush_redis()
+
+    async def _redis_outage(self) -> str:
+        """Stop Redis and start it again (empty) later: the workers keep delivering from PostgreSQL,
+        the APIs keep accepting, and processes started meanwhile wait for it."""
+        if self.servers.redis_process is None:
+            return "skipped: Redis is not the run's own server"
+        if self.servers.redis_down:
+            return "skipped: Redis is still stopped"
+        low, high = REDIS_OUTAGE_SECONDS
+        seconds = max(low, min(self.window_seconds * REDIS_OUTAGE_SHARE, high))
+        await self.servers.stop_redis()
+
+        async def back_later() -> None:
+            await asyncio.sleep(seconds)
+            await self.servers.start_redis()
+
+        self._redis_outages.append(asyncio.create_task(back_later()))
+        return f"Redis stopped for {seconds:.0f} s"
 
     async def _restart_postgres(self) -> str:
         if self.servers.pg_data_dir is None:

@@ -1,8 +1,8 @@
 """The short chaos run (scripts/chaos.py --short) passes: every invariant holds under injected faults.
 
 It runs as a subprocess with DATABASE_URL and REDIS_URL removed, so it starts an embedded
-PostgreSQL and Redis of its own: that is what lets it restart PostgreSQL and FLUSHALL Redis
-without touching the servers the rest of the suite (or anyone else) uses.
+PostgreSQL and Redis of its own: that is what lets it restart PostgreSQL, FLUSHALL Redis and stop
+it for a while without touching the servers the rest of the suite (or anyone else) uses.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ RUN_SECONDS_MAX = 150  # the run takes about a minute here; a hang fails instead
 
 
 def test_short_chaos_run_passes(tmp_path: Path) -> None:
-    """Two APIs and two workers, SIGKILL/SIGTERM of workers, FLUSHALL, PostgreSQL and API restarts and a
-    receiver outage while about 2,000 deliveries go out: exit 0, every check holds, every fault kind ran."""
+    """Two APIs and two workers, SIGKILL/SIGTERM of workers, FLUSHALL, PostgreSQL and API restarts, a
+    receiver outage and Redis outages while about 2,000 deliveries go out: exit 0, every check holds,
+    every fault kind ran."""
     environment = {name: value for name, value in os.environ.items() if name not in ("DATABASE_URL", "REDIS_URL")}
     summary_path = tmp_path / "chaos-summary.json"
     completed = subprocess.run(
@@ -33,6 +34,7 @@ def test_short_chaos_run_passes(tmp_path: Path) -> None:
     summary = json.loads(summary_path.read_text())
     assert summary["passed"] and all(check["passed"] for check in summary["checks"])
     assert set(summary["faults"]["injected"]) == {"sigkill_worker", "sigterm_worker", "flush_redis",
-                                                  "restart_postgres", "restart_api", "receiver_outage"}
+                                                  "restart_postgres", "restart_api", "receiver_outage",
+                                                  "redis_outage"}
     assert summary["load"]["deliveries_accepted"] >= 1_500
     assert summary["load"]["accounts_deleted"] >= 2
