@@ -7,6 +7,7 @@ import re
 import secrets
 import time
 
+import asyncpg
 import structlog
 from aiohttp import web
 
@@ -22,6 +23,9 @@ _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _REQUEST_ID_PREFIX = secrets.token_hex(8)
 _request_numbers = itertools.count(1)
 _request_counters: dict[tuple[str, int], object] = {}  # (route, status) -> its child of API_REQUESTS
+# PostgreSQL not there (restarting, refusing connections, or gone mid-query): a 503 to retry, not a 500.
+DATABASE_UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError,
+                        asyncpg.CrashShutdownError, asyncpg.TooManyConnectionsError, ConnectionError)
 
 
 def _new_request_id() -> str:
@@ -75,6 +79,10 @@ async def errors_as_problems(request: web.Request, handler) -> web.StreamRespons
         headers = {k: v for k, v in error.headers.items() if k.lower() in ("allow", "retry-after")}
         detail = error.reason if error.status != 404 else "no such route"
         return problems.response(Problem(error.status, detail, _slug(error.status), headers=headers))
+    except DATABASE_UNAVAILABLE as error:
+        log.warning("database unavailable", method=request.method, path=request.path, error=repr(error))
+        return problems.response(Problem(503, "the database is unavailable; retry shortly", "database-unavailable",
+                                         headers={"Retry-After": "1"}))
     except Exception:
         log.exception("unhandled error", method=request.method, path=request.path)
         return problems.response(Problem(500, "an unexpected error occurred; it was logged", "internal"))

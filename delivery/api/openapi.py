@@ -151,7 +151,7 @@ def _operation(op: Operation) -> dict:
     errors = set(op.errors)
     if op.auth is not None:
         result["security"] = [{"bearer": []}]
-        errors |= {401, 403}
+        errors |= {401, 403, 503}  # 503: the database is unavailable (every authenticated route reads it)
     for status in sorted(errors):
         result["responses"][str(status)] = {
             "description": _DESCRIPTIONS[status],

@@ -21,6 +21,7 @@ from aiohttp import web
 from billing.errors import BillingError
 from delivery.api import problems
 from delivery.api.context import CONTEXT, ApiContext
+from delivery.api.middleware import DATABASE_UNAVAILABLE
 from delivery.api.problems import Problem
 from delivery.dashboard import csrf
 from delivery.dashboard import session as sessions
@@ -123,6 +124,10 @@ async def errors_as_pages(request: web.Request, handler) -> web.StreamResponse:
             raise
         detail = "there is no such page" if error.status == 404 else (error.text or error.reason)
         return _error_page(request, Problem(error.status, detail))
+    except DATABASE_UNAVAILABLE as error:
+        log.warning("database unavailable", method=request.method, path=request.path, error=repr(error))
+        return _error_page(request, Problem(503, "the database is unavailable; try again in a moment",
+                                            "database-unavailable", headers={"Retry-After": "1"}))
     except Exception:
         log.exception("unhandled dashboard error", method=request.method, path=request.path)
         return _error_page(request, Problem(500, "an unexpected error occurred; it was logged", "internal"))
@@ -130,7 +135,10 @@ async def errors_as_pages(request: web.Request, handler) -> web.StreamResponse:
 
 def _error_page(request: web.Request, problem: Problem) -> web.Response:
     title = problems._TITLES.get(problem.status, "Error")
-    return render(request, "error.html", {"problem": problem, "title": title}, status=problem.status)
+    response = render(request, "error.html", {"problem": problem, "title": title}, status=problem.status)
+    if problem.headers:
+        response.headers.update(problem.headers)
+    return response
 
 
 @web.middleware

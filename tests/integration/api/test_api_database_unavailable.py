@@ -1,0 +1,46 @@
+"""PostgreSQL unreachable: every route that needs it answers 503 problem+json with Retry-After (a
+retry is the right move), not an unhandled 500 with a traceback in the log."""
+
+from __future__ import annotations
+
+import socket
+
+import asyncpg
+from aiohttp.test_utils import TestClient, TestServer
+
+from delivery.api.app import create_app
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def test_routes_answer_503_while_the_database_is_unreachable(api, queue, caplog):
+    # A pool that has not connected yet (min_size 0), to a port where nothing listens.
+    dead = await asyncpg.create_pool(f"postgresql://postgres@127.0.0.1:{_closed_port()}/test", min_size=0, max_size=2)
+    try:
+        async with TestClient(TestServer(create_app(api.settings, dead, queue), host="127.0.0.1")) as client:
+            calls = [
+                ("GET", "/v1/deliveries", {"Authorization": "Bearer hl_live_whatever_key_0123456789"}, None),
+                ("POST", "/v1/messages", {"Authorization": "Bearer hl_live_whatever_key_0123456789"},
+                 {"event_type": "t", "payload": 1}),
+                ("GET", "/v1/dead-deliveries", api.operator, None),
+                ("POST", "/v1/accounts", api.operator, {"name": "x", "price_per_delivery": 1}),
+            ]
+            for method, path, headers, body in calls:
+                response = await client.request(method, path, headers=headers, json=body)
+                assert response.status == 503, (path, response.status, await response.text())
+                assert response.headers["Content-Type"].startswith("application/problem+json")
+                assert response.headers["Retry-After"] == "1"
+                problem = await response.json()
+                assert problem["type"].endswith("database-unavailable") and problem["status"] == 503
+            page = await client.get("/dashboard/", cookies={"hookledger_session": "s" * 43})
+            assert page.status == 503 and page.headers["Retry-After"] == "1"
+            assert "the database is unavailable" in await page.text()
+            ready = await client.get("/readyz")
+            assert ready.status == 503 and (await ready.json())["postgres"] is False
+    finally:
+        await dead.close()
+    assert "unhandled" not in caplog.text
