@@ -9,6 +9,11 @@ from delivery import migrate, services
 from delivery.config import Settings
 from delivery.errors import ServerUnreachableError
 
+# PostgreSQL not there: restarting, refusing connections, gone mid-query, or out of connections.
+# What the API answers with a 503 and the worker's jobs log in one line; the work is retried.
+UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError,
+               asyncpg.CrashShutdownError, asyncpg.TooManyConnectionsError, ConnectionError)
+
 
 async def open_pool(settings: Settings, *, run_migrations: bool = False) -> asyncpg.Pool:
     url = services.database_url(settings.database)

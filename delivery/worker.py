@@ -24,7 +24,7 @@ from redis.exceptions import ResponseError, WatchError
 
 from billing.audit import audit
 from billing.ids import parse_id
-from delivery import deletion, event_loop, gc_tuning, metrics, queue as job_queue
+from delivery import database, deletion, event_loop, gc_tuning, metrics, queue as job_queue
 from delivery.config import Settings
 from delivery.database import open_pool
 from delivery.engine import Engine
@@ -44,13 +44,27 @@ EXISTS_CHUNK = 64  # in-progress keys asked about per round trip while looking f
 async def deliver(ctx: dict, delivery_ids: list[str]) -> int:
     """Claim and send these deliveries if they are due. Returns how many were claimed."""
     ids = [parse_id(value) for value in delivery_ids[: job_queue.IDS_PER_JOB_MAX]]
-    report = await ctx["engine"].deliver_ids(ids)
+    try:
+        report = await ctx["engine"].deliver_ids(ids)
+    except database.UNAVAILABLE as error:
+        _database_unavailable("a deliver job", error)
+        return 0
     return report.claimed
+
+
+def _database_unavailable(job: str, error: BaseException) -> None:
+    """One line, not arq's traceback per job, while PostgreSQL restarts: nothing is lost (a claimed
+    delivery's lease expires and it is tried again; the sweep finds the rest)."""
+    logger.warning("%s stopped: PostgreSQL is unavailable (%r); the sweep picks its deliveries up", job, error)
 
 
 async def sweep(ctx: dict) -> int:
     """Deliveries whose jobs were lost (and leases that expired), then deletions whose jobs were lost."""
-    processed = await ctx["engine"].sweep()
+    try:
+        processed = await ctx["engine"].sweep()
+    except database.UNAVAILABLE as error:
+        _database_unavailable("the sweep", error)
+        return 0
     resumed = await deletion.resume_stale(ctx["pool"], ctx["redis"])
     if resumed:
         logger.warning("re-enqueued %d account deletions whose jobs were lost", len(resumed))

@@ -7,12 +7,11 @@ import re
 import secrets
 import time
 
-import asyncpg
 import structlog
 from aiohttp import web
 
 from billing.errors import BillingError
-from delivery import metrics
+from delivery import database, metrics
 from delivery.api import problems
 from delivery.api.problems import Problem
 
@@ -23,9 +22,7 @@ _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _REQUEST_ID_PREFIX = secrets.token_hex(8)
 _request_numbers = itertools.count(1)
 _request_counters: dict[tuple[str, int], object] = {}  # (route, status) -> its child of API_REQUESTS
-# PostgreSQL not there (restarting, refusing connections, or gone mid-query): a 503 to retry, not a 500.
-DATABASE_UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError,
-                        asyncpg.CrashShutdownError, asyncpg.TooManyConnectionsError, ConnectionError)
+DATABASE_UNAVAILABLE = database.UNAVAILABLE  # a 503 to retry, not a 500
 
 
 def _new_request_id() -> str:

@@ -1,15 +1,25 @@
-"""The worker and a Redis that goes away (DeliveryWorker._poll_iteration, start_jobs, close).
+"""The worker and a Redis (or a PostgreSQL) that goes away: DeliveryWorker's poll, start_jobs and
+close, and its jobs.
 
-Each test runs its own redis-server, stopped and started again for real; PostgreSQL is the shared
-one. The subprocess version, with SIGTERM during an outage, is in tests/acceptance.
+The Redis tests run a redis-server of their own, stopped and started again for real, beside the
+shared PostgreSQL; the PostgreSQL one points the engine at a port where nothing listens. The
+subprocess version, with SIGTERM during a Redis outage, is in tests/acceptance.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import uuid
+
+import asyncpg
 
 from billing.messages import MessageRequest, create_messages
 from delivery import config, metrics, queue as job_queue
+from delivery import worker as worker_module
+from delivery.engine import Engine
+from delivery.sender import Sender
+from delivery.signer_cache import SignerCache
 from delivery.worker import SWEEP_TASK_NAME
 from engine_helpers import add_account, add_endpoint, all_finished, fast_environment, running_worker, states, wait_for
 
@@ -101,3 +111,22 @@ async def test_while_redis_is_down_the_worker_sweeps_once_per_interval(pool, dat
         await wait_for(lambda: all_finished(pool, later))
     found = await states(pool, created + later)
     assert all(row["state"] == "delivered" for row in found.values())
+
+
+async def test_jobs_log_one_line_while_postgresql_is_unreachable(settings, caplog):
+    """A deliver job or the sweep that finds PostgreSQL gone logs one warning and returns 0, instead of
+    arq's traceback per failed job while a restart lasts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dead = await asyncpg.create_pool(f"postgresql://postgres@127.0.0.1:{port}/test", min_size=0, max_size=2)
+    sender = Sender(settings.worker.sender)
+    try:
+        ctx = {"engine": Engine(dead, sender, None, SignerCache(None), settings.worker.engine), "pool": dead}
+        assert await worker_module.deliver(ctx, [str(uuid.uuid4())]) == 0
+        assert await worker_module.sweep(ctx) == 0
+    finally:
+        await sender.close()
+        await dead.close()
+    lines = [record.getMessage() for record in caplog.records if record.name == "delivery.worker"]
+    assert len(lines) == 2 and all("PostgreSQL is unavailable" in line for line in lines), lines
