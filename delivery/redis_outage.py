@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import redis.exceptions
 
-from delivery import metrics
+from delivery import database, metrics
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,10 @@ class RedisOutage:
     async def _sweep_logged(self) -> int:
         try:
             processed = await self._sweep()
-        except Exception:  # noqa: BLE001 - PostgreSQL may be down too; the next interval tries again.
+        except database.UNAVAILABLE as error:  # PostgreSQL is down too; the next interval tries again
+            logger.warning("a sweep while Redis is down stopped: PostgreSQL is unavailable (%r)", error)
+            return 0
+        except Exception:  # noqa: BLE001 - logged; the next interval tries again
             logger.exception("a sweep while Redis is down failed")
             return 0
         self.sweeps += 1

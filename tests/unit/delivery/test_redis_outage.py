@@ -50,7 +50,7 @@ async def test_never_two_sweeps_at_once() -> None:
 
 
 async def test_a_failing_sweep_is_logged_and_the_next_interval_tries_again(caplog) -> None:
-    outcomes = [RuntimeError("PostgreSQL is down too"), 7]
+    outcomes = [RuntimeError("a bug"), ConnectionRefusedError("PostgreSQL is down too"), 7]
 
     async def sweep() -> int:
         outcome = outcomes.pop(0)
@@ -61,6 +61,9 @@ async def test_a_failing_sweep_is_logged_and_the_next_interval_tries_again(caplo
     outage = RedisOutage(sweep, sweep_interval_seconds=1)
     assert await outage.failed(ERROR, now=0.0) == 0
     assert "a sweep while Redis is down failed" in caplog.text and outage.sweeps == 0
-    assert await outage.failed(ERROR, now=1.0) == 7
+    caplog.clear()
+    assert await outage.failed(ERROR, now=1.0) == 0  # one line, no traceback
+    assert "PostgreSQL is unavailable" in caplog.text and "Traceback" not in caplog.text
+    assert await outage.failed(ERROR, now=2.0) == 7
     assert outage.sweeps == 1
-    outage.answered(now=2.0)
+    outage.answered(now=3.0)
