@@ -76,6 +76,7 @@ class Engine:
         self.pool = pool
         self.sender = sender
         self.queue = queue
+        self.queue_reachable = True  # False while the worker finds Redis down: retries are not enqueued
         self.signers = signers
         self.settings = settings
         self.rng = rng or random.Random()
@@ -193,8 +194,8 @@ class Engine:
         await self._wake_retries(results, set(summary.retrying))
 
     async def _wake_retries(self, results: list[AttemptResult], retrying: set[uuid.UUID]) -> None:
-        if self.queue is None or not retrying:
-            return
+        if self.queue is None or not retrying or not self.queue_reachable:
+            return  # without Redis, the sweep finds each retry when it is due
         # Group by whole seconds so one job wakes many deliveries due together.
         by_delay: dict[int, list[uuid.UUID]] = defaultdict(list)
         for result in results:

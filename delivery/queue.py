@@ -8,12 +8,15 @@ serialized as JSON, never pickle.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import time
 import uuid
 from collections.abc import Iterable
 from datetime import timedelta
 
-from arq.connections import ArqRedis, RedisSettings, create_pool
+from arq.connections import ArqRedis, RedisSettings
 from arq.constants import job_key_prefix
 from arq.jobs import serialize_job
 from arq.utils import timestamp_ms
@@ -23,6 +26,9 @@ from delivery.errors import ServerUnreachableError
 
 QUEUE_NAME = "hookledger:deliveries"
 IDS_PER_JOB_MAX = 500
+CONNECT_TIMEOUT_SECONDS = 2
+COMMAND_TIMEOUT_SECONDS = 5  # no command of ours or arq's blocks; 5 s without an answer is an outage
+logger = logging.getLogger(__name__)
 
 
 def serialize(value: object) -> bytes:
@@ -33,29 +39,39 @@ def deserialize(data: bytes) -> object:
     return json.loads(data)
 
 
-def redis_settings(redis_url: str, *, wait_seconds: int = 5) -> RedisSettings:
+def redis_settings(redis_url: str) -> RedisSettings:
+    """For arq's own pools (the benchmark's naive baseline); ours come from connect()."""
     settings = RedisSettings.from_dsn(redis_url)
-    settings.conn_timeout = 2
-    settings.conn_retries = wait_seconds
-    settings.conn_retry_delay = 1
+    settings.conn_timeout = CONNECT_TIMEOUT_SECONDS
     return settings
 
 
 async def connect(redis_url: str, *, wait_seconds: int = 5) -> ArqRedis:
-    """A connection pool, once Redis answers a PING: tried again every second for wait_seconds.
+    """A connection pool, once Redis answers a PING: asked again every second for wait_seconds.
 
     A process that starts while Redis restarts waits for it (HOOKLEDGER_REDIS_START_WAIT_SECONDS);
-    one whose REDIS_URL is wrong still stops with ServerUnreachableError.
+    one whose REDIS_URL is wrong stops with ServerUnreachableError. Unlike arq's create_pool, every
+    command has a timeout: a Redis that stops answering (paused, or cut off without a reset) is
+    then an error the worker rides out (delivery.redis_outage), not a poll that waits forever.
     """
-    try:
-        return await create_pool(
-            redis_settings(redis_url, wait_seconds=wait_seconds), job_serializer=serialize,
-            job_deserializer=deserialize, default_queue_name=QUEUE_NAME,
-        )
-    except (RedisConnectionError, RedisTimeoutError, OSError) as error:
-        from delivery.services import server_address  # services imports config, which imports us
+    redis = ArqRedis.from_url(redis_url, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                              socket_timeout=COMMAND_TIMEOUT_SECONDS)
+    redis.job_serializer, redis.job_deserializer, redis.default_queue_name = serialize, deserialize, QUEUE_NAME
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            await redis.ping()
+            return redis
+        except (RedisConnectionError, RedisTimeoutError, OSError) as error:
+            from delivery.services import server_address  # services imports config, which imports us
 
-        raise ServerUnreachableError(f"Redis at {server_address(redis_url)} (REDIS_URL): {error}") from error
+            left = deadline - time.monotonic()
+            if left <= 0:
+                await redis.aclose()
+                raise ServerUnreachableError(f"Redis at {server_address(redis_url)} (REDIS_URL): {error}") from error
+            logger.warning("Redis at %s does not answer (%s); asking again for %.0f s",
+                           server_address(redis_url), error, left)
+            await asyncio.sleep(min(1.0, left))
 
 
 class Queue:

@@ -85,9 +85,22 @@ class RedisProcess:
 
     def stop(self) -> None:
         if self.running:
+            self.resume()
             self._process.kill()
             self._process.wait(10)
         self.socket_path.unlink(missing_ok=True)
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open and nothing answers, as when a
+        network path to Redis silently drops packets."""
+        import signal
+
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        import signal
+
+        self._process.send_signal(signal.SIGCONT)
 
     def _answers(self) -> bool:
         import socket

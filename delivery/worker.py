@@ -161,6 +161,7 @@ class DeliveryWorker(Worker):
                 # or shutting down), which would say nothing.
                 await self.pool.ping()
                 outage.answered(self.loop.time())
+                self.ctx["engine"].queue_reachable = True
                 # The crons' missed runs would each be enqueued now, one per poll. Instead the sweep
                 # runs at once (run_at_startup) and the others wait for their next time.
                 for cron_job in self.cron_jobs:
@@ -168,6 +169,7 @@ class DeliveryWorker(Worker):
             await super()._poll_iteration()
         except REDIS_ERRORS as error:
             if outage is not None:
+                self.ctx["engine"].queue_reachable = False  # a retry's wake-up would wait out a timeout
                 sweep = outage.failed(error, self.loop.time())
                 if sweep is not None:
                     self.tasks[SWEEP_TASK_NAME] = sweep

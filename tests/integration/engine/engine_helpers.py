@@ -124,7 +124,8 @@ async def add_endpoint(pool, account_id: uuid.UUID, receiver: Receiver, keyring:
 @contextlib.asynccontextmanager
 async def running_worker(settings: config.Settings, pool):
     """A real arq worker in this event loop, on the real Redis, sharing the test's pool."""
-    worker = build_worker(settings, settings.redis.url, handle_signals=False, pool=pool)
+    worker = build_worker(settings, settings.redis.url, handle_signals=False, pool=pool,
+                          redis_pool=await job_queue.connect(settings.redis.url))
     task = asyncio.create_task(worker.async_run())
     try:
         yield worker

@@ -130,3 +130,25 @@ async def test_jobs_log_one_line_while_postgresql_is_unreachable(settings, caplo
         await dead.close()
     lines = [record.getMessage() for record in caplog.records if record.name == "delivery.worker"]
     assert len(lines) == 2 and all("PostgreSQL is unavailable" in line for line in lines), lines
+
+
+async def test_a_redis_that_stops_answering_is_an_outage_not_a_hang(pool, database_url, keyring, receiver_factory,
+                                                                    private_redis):
+    """Redis frozen (SIGSTOP: connections open, no answers, as behind a path that drops packets). arq's
+    pool has no command timeout, so the worker's poll waited for as long as that lasted; ours times out
+    after COMMAND_TIMEOUT_SECONDS and the worker delivers from PostgreSQL meanwhile."""
+    account_id = await _account_with_endpoint(pool, keyring, receiver_factory)
+    settings = _settings(database_url, private_redis, keyring, HOOKLEDGER_SWEEP_SECONDS="1")
+    async with running_worker(settings, pool) as worker:
+        await wait_for(lambda: asyncio.sleep(0, "engine" in worker.ctx))
+        private_redis.pause()
+        try:
+            created = await _create(pool, account_id, 3)
+            await wait_for(lambda: all_finished(pool, created), timeout_seconds=job_queue.COMMAND_TIMEOUT_SECONDS + 10)
+            assert worker._redis_outage.down and not worker.ctx["engine"].queue_reachable
+        finally:
+            private_redis.resume()
+        await wait_for(lambda: asyncio.sleep(0, not worker._redis_outage.down), timeout_seconds=15)
+        assert worker.ctx["engine"].queue_reachable
+    found = await states(pool, created)
+    assert all(row["state"] == "delivered" for row in found.values())
