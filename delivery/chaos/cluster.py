@@ -53,6 +53,17 @@ class Servers:
     def redis_down(self) -> bool:
         return self.redis_process is not None and not self.redis_process.running
 
+    redis_frozen: bool = False
+
+    def freeze_redis(self) -> None:
+        assert self.redis_process is not None, "this run may not freeze Redis"
+        self.redis_process.pause()
+        self.redis_frozen = True
+
+    def thaw_redis(self) -> None:
+        self.redis_process.resume()
+        self.redis_frozen = False
+
     async def stop_redis(self) -> None:
         assert self.redis_process is not None, "this run may not stop Redis"
         await asyncio.to_thread(self.redis_process.stop)

@@ -93,27 +93,35 @@ class Injector:
         return f"{victim.name} terminated, replacement started"
 
     async def _flush_redis(self) -> str:
-        if self.servers.redis_down:
-            return "skipped: Redis is stopped"
+        if self.servers.redis_down or self.servers.redis_frozen:
+            return "skipped: Redis is out"
         return await self.servers.flush_redis()
 
     async def _redis_outage(self) -> str:
-        """Stop Redis and start it again (empty) later: the workers keep delivering from PostgreSQL,
-        the APIs keep accepting, and processes started meanwhile wait for it."""
+        """Stop Redis and start it again (empty) later, or freeze it (SIGSTOP: connections stay open,
+        nothing answers) and thaw it: the workers keep delivering from PostgreSQL, the APIs keep
+        accepting, and processes started meanwhile wait for it."""
         if self.servers.redis_process is None:
             return "skipped: Redis is not the run's own server"
-        if self.servers.redis_down:
-            return "skipped: Redis is still stopped"
+        if self.servers.redis_down or self.servers.redis_frozen:
+            return "skipped: Redis is still out"
         low, high = REDIS_OUTAGE_SECONDS
         seconds = max(low, min(self.window_seconds * REDIS_OUTAGE_SHARE, high))
-        await self.servers.stop_redis()
+        freeze = self.rng.random() < 0.5
+        if freeze:
+            self.servers.freeze_redis()
+        else:
+            await self.servers.stop_redis()
 
         async def back_later() -> None:
             await asyncio.sleep(seconds)
-            await self.servers.start_redis()
+            if freeze:
+                self.servers.thaw_redis()
+            else:
+                await self.servers.start_redis()
 
         self._redis_outages.append(asyncio.create_task(back_later()))
-        return f"Redis stopped for {seconds:.0f} s"
+        return f"Redis {'frozen' if freeze else 'stopped'} for {seconds:.0f} s"
 
     async def _restart_postgres(self) -> str:
         if self.servers.pg_data_dir is None:
