@@ -2,9 +2,9 @@
 
 arq's worker loop ends at the first Redis error, so one Redis restart used to stop every worker
 at once. Redis only holds hints (see delivery.queue): the deliveries themselves are all in
-PostgreSQL. While Redis is down the worker runs the engine's sweep in-process once every sweep
-interval (the same fenced claims as the sweep cron, so workers doing it at once are safe), and
-keeps asking Redis every RETRY_SECONDS. When Redis answers again, arq's loop goes on as before,
+PostgreSQL. While Redis is down the worker runs the engine's sweep in-process: again at once
+while sweeps find work, else once per sweep interval (the same fenced claims as the sweep cron,
+so workers doing it at once are safe); and it keeps asking Redis every RETRY_SECONDS. When Redis answers again, arq's loop goes on as before,
 and the sweep cron finds whatever wake-ups and retries were lost.
 """
 
@@ -81,5 +81,8 @@ class RedisOutage:
             return 0
         self.sweeps += 1
         if processed:
+            # More may be due (a sweep stops after sweep_batches_max batches): sweep again at the
+            # next poll rather than an interval later, or a busy platform would fall behind.
+            self._next_sweep_at = 0.0
             logger.info("an outage sweep (Redis unreachable) processed %d deliveries", processed)
         return processed
