@@ -83,8 +83,8 @@ async def test_a_redis_failure_while_starting_a_job_gives_its_slot_back(pool, da
     assert all(row["state"] == "delivered" for row in found.values())
 
 
-async def test_while_redis_is_down_and_nothing_is_due_the_worker_sweeps_once_per_interval(pool, database_url, keyring, receiver_factory,
-                                                                       private_redis):
+async def test_while_redis_is_down_and_nothing_is_due_the_worker_sweeps_once_per_interval(
+        pool, database_url, keyring, receiver_factory, private_redis):
     """One in-process sweep at once, and once nothing more is due one per sweep interval, never two at
     a time; the gauge says Redis is down; once Redis answers a PING, the sweeps stop."""
     account_id = await _account_with_endpoint(pool, keyring, receiver_factory)
