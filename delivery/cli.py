@@ -133,11 +133,8 @@ def _timestamp(value: str, what: str):
 def main() -> None:
     try:
         app()
-    except config.ConfigError as error:
-        # A malformed setting or a port already taken: one line saying what to change, not a
-        # traceback, and nothing started.
+    except (config.ConfigError, ServerUnreachableError) as error:
+        # A malformed setting, a port already taken, a server that does not answer: one line
+        # saying what to change, not a traceback, and nothing started.
         Console(stderr=True).print(f"[red]error[/red]: {error}", highlight=False)
-        raise SystemExit(EXIT_CONFIG) from None
-    except ServerUnreachableError as error:
-        Console(stderr=True).print(f"[red]error[/red]: {error}", highlight=False)
-        raise SystemExit(EXIT_UNAVAILABLE) from None
+        raise SystemExit(EXIT_UNAVAILABLE if isinstance(error, ServerUnreachableError) else EXIT_CONFIG) from None

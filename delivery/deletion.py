@@ -37,7 +37,7 @@ import asyncpg
 
 from billing import closeout
 from delivery import metrics
-from delivery.redis_outage import REDIS_ERRORS
+from delivery.queue import REDIS_ERRORS
 from billing.errors import AccountNotFound, BulkSettleMismatch
 
 logger = logging.getLogger(__name__)

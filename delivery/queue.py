@@ -28,6 +28,9 @@ QUEUE_NAME = "hookledger:deliveries"
 IDS_PER_JOB_MAX = 500
 CONNECT_TIMEOUT_SECONDS = 2
 COMMAND_TIMEOUT_SECONDS = 5  # no command of ours or arq's blocks; 5 s without an answer is an outage
+# What a call to Redis raises when Redis is not there (refused, reset, timed out): an outage to ride
+# out, never a reason to fail work that PostgreSQL already holds.
+REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError, asyncio.TimeoutError)
 logger = logging.getLogger(__name__)
 
 
@@ -62,7 +65,7 @@ async def connect(redis_url: str, *, wait_seconds: int = 5) -> ArqRedis:
         try:
             await redis.ping()
             return redis
-        except (RedisConnectionError, RedisTimeoutError, OSError) as error:
+        except REDIS_ERRORS as error:
             from delivery.services import server_address  # services imports config, which imports us
 
             left = deadline - time.monotonic()

@@ -4,8 +4,9 @@ arq's worker loop ends at the first Redis error, so one Redis restart used to st
 at once. Redis only holds hints (see delivery.queue): the deliveries themselves are all in
 PostgreSQL. While Redis is down the worker runs the engine's sweep in-process: again at once
 while sweeps find work, else once per sweep interval (the same fenced claims as the sweep cron,
-so workers doing it at once are safe); and it keeps asking Redis every RETRY_SECONDS. When Redis answers again, arq's loop goes on as before,
-and the sweep cron finds whatever wake-ups and retries were lost.
+so workers doing it at once are safe); and it keeps asking Redis every RETRY_SECONDS. When Redis
+answers again, arq's loop goes on as before, and the sweep cron finds whatever wake-ups and
+retries were lost.
 """
 
 from __future__ import annotations
@@ -14,14 +15,10 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-import redis.exceptions
-
 from delivery import database, metrics
 
 logger = logging.getLogger(__name__)
 
-REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ConnectionError, OSError,
-                asyncio.TimeoutError)
 RETRY_SECONDS = 0.5  # between attempts to reach Redis while it is down
 SWEEP_TASK_NAME = "hookledger:sweep-while-redis-is-down"
 
@@ -30,8 +27,8 @@ class RedisOutage:
     """Tracks whether Redis is reachable, and sweeps in-process while it is not.
 
     `failed` and `answered` are called from the worker's poll loop with the event loop's time.
-    The sweep runs as a task that `start_sweep` hands to the caller, so the worker can keep it
-    with its jobs: shutdown then waits for it, or cancels it, as it does for them.
+    The sweep runs as a task that `failed` hands to the caller, so the worker can keep it with its
+    jobs: shutdown then waits for it, or cancels it, as it does for them.
     """
 
     def __init__(self, sweep: Callable[[], Awaitable[int]], sweep_interval_seconds: float) -> None:
@@ -53,8 +50,8 @@ class RedisOutage:
             self.down_since = now
             self._next_sweep_at = now
             metrics.REDIS_REACHABLE.set(0)
-            logger.error("Redis is unreachable (%r): delivering from PostgreSQL alone, sweeping every %g s, "
-                         "until it answers", error, self._interval)
+            logger.error("Redis is unreachable (%r): delivering from PostgreSQL alone (sweeping in-process, at least "
+                         "every %g s) until it answers", error, self._interval)
         if now < self._next_sweep_at or (self._sweep_task is not None and not self._sweep_task.done()):
             return None
         self._next_sweep_at = now + self._interval
@@ -62,7 +59,7 @@ class RedisOutage:
         return self._sweep_task
 
     def answered(self, now: float) -> None:
-        """Redis answered a whole poll."""
+        """Redis answered (a PING, while it was down)."""
         if self.down_since is None:
             return
         logger.warning("Redis answers again after %.1f s without it; %d sweeps ran meanwhile",

@@ -28,7 +28,8 @@ from delivery import database, deletion, event_loop, gc_tuning, metrics, queue a
 from delivery.config import Settings
 from delivery.database import open_pool
 from delivery.engine import Engine
-from delivery.redis_outage import REDIS_ERRORS, RETRY_SECONDS, SWEEP_TASK_NAME, RedisOutage
+from delivery.queue import REDIS_ERRORS
+from delivery.redis_outage import RETRY_SECONDS, SWEEP_TASK_NAME, RedisOutage
 from delivery.sender import Sender
 from delivery.signer_cache import SignerCache
 

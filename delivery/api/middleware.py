@@ -22,7 +22,6 @@ _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _REQUEST_ID_PREFIX = secrets.token_hex(8)
 _request_numbers = itertools.count(1)
 _request_counters: dict[tuple[str, int], object] = {}  # (route, status) -> its child of API_REQUESTS
-DATABASE_UNAVAILABLE = database.UNAVAILABLE  # a 503 to retry, not a 500
 
 
 def _new_request_id() -> str:
@@ -76,7 +75,7 @@ async def errors_as_problems(request: web.Request, handler) -> web.StreamRespons
         headers = {k: v for k, v in error.headers.items() if k.lower() in ("allow", "retry-after")}
         detail = error.reason if error.status != 404 else "no such route"
         return problems.response(Problem(error.status, detail, _slug(error.status), headers=headers))
-    except DATABASE_UNAVAILABLE as error:
+    except database.UNAVAILABLE as error:  # a 503 to retry, not a 500
         log.warning("database unavailable", method=request.method, path=request.path, error=repr(error))
         return problems.response(Problem(503, "the database is unavailable; retry shortly", "database-unavailable",
                                          headers={"Retry-After": "1"}))

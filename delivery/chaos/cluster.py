@@ -48,12 +48,11 @@ class Servers:
     database_name: str | None = None
     notes: list[str] = field(default_factory=list)
     redis_process: services.RedisProcess | None = None  # set: the run may stop and start Redis
+    redis_frozen: bool = False  # SIGSTOPped by the run (the process is still running)
 
     @property
     def redis_down(self) -> bool:
         return self.redis_process is not None and not self.redis_process.running
-
-    redis_frozen: bool = False
 
     def freeze_redis(self) -> None:
         assert self.redis_process is not None, "this run may not freeze Redis"

@@ -19,9 +19,9 @@ import structlog
 from aiohttp import web
 
 from billing.errors import BillingError
+from delivery import database
 from delivery.api import problems
 from delivery.api.context import CONTEXT, ApiContext
-from delivery.api.middleware import DATABASE_UNAVAILABLE
 from delivery.api.problems import Problem
 from delivery.dashboard import csrf
 from delivery.dashboard import session as sessions
@@ -124,7 +124,7 @@ async def errors_as_pages(request: web.Request, handler) -> web.StreamResponse:
             raise
         detail = "there is no such page" if error.status == 404 else (error.text or error.reason)
         return _error_page(request, Problem(error.status, detail))
-    except DATABASE_UNAVAILABLE as error:
+    except database.UNAVAILABLE as error:
         log.warning("database unavailable", method=request.method, path=request.path, error=repr(error))
         return _error_page(request, Problem(503, "the database is unavailable; try again in a moment",
                                             "database-unavailable", headers={"Retry-After": "1"}))
