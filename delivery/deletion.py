@@ -102,12 +102,14 @@ async def start_account_deletion(pool: asyncpg.Pool, queue_redis, account_id: uu
         try:
             job = await queue_redis.enqueue_job(JOB_NAME, str(account_id), _job_id=f"{JOB_NAME}:{uuid.uuid4().hex}")
         except REDIS_ERRORS as error:
-            # The deletion is recorded: the sweep resumes it once it has waited STALE_AFTER_SECONDS.
-            logger.warning("could not enqueue the deletion of account %s (%r); the sweep will resume it",
-                           account_id, error)
-            return state.id
+            job, why = None, repr(error)
+        else:
+            # arq answers None when EXEC failed, which with a fresh job id means the connection did.
+            why = "arq did not enqueue it"
         if job is None:
-            raise RuntimeError(f"arq refused the deletion job for account {account_id}")
+            # The deletion is recorded: the sweep resumes it once it has waited STALE_AFTER_SECONDS.
+            logger.warning("could not enqueue the deletion of account %s (%s); the sweep will resume it",
+                           account_id, why)
     return state.id
 
 

@@ -20,7 +20,8 @@ from arq.connections import ArqRedis, RedisSettings
 from arq.constants import job_key_prefix
 from arq.jobs import serialize_job
 from arq.utils import timestamp_ms
-from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
+from redis.exceptions import (ConnectionError as RedisConnectionError, ReadOnlyError, TimeoutError as RedisTimeoutError,
+                              WatchError)
 
 from delivery.errors import ServerUnreachableError
 
@@ -29,8 +30,12 @@ IDS_PER_JOB_MAX = 500
 CONNECT_TIMEOUT_SECONDS = 2
 COMMAND_TIMEOUT_SECONDS = 5  # no command of ours or arq's blocks; 5 s without an answer is an outage
 # What a call to Redis raises when Redis is not there (refused, reset, timed out): an outage to ride
-# out, never a reason to fail work that PostgreSQL already holds.
-REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError, asyncio.TimeoutError)
+# out, never a reason to fail work that PostgreSQL already holds. redis-py reports a connection
+# lost between WATCH and EXEC as a WatchError ("A ConnectionError occurred on while watching");
+# arq catches the other kind (a watched key changed) itself, and so does DeliveryWorker, so a
+# WatchError that reaches a caller of ours is a lost connection. READONLY: a failover is under way.
+REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, WatchError, ReadOnlyError, ConnectionError, OSError,
+                asyncio.TimeoutError)
 logger = logging.getLogger(__name__)
 
 

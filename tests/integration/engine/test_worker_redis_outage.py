@@ -13,6 +13,8 @@ import socket
 import uuid
 
 import asyncpg
+import pytest
+from redis.exceptions import WatchError
 
 from billing.messages import MessageRequest, create_messages
 from delivery import config, metrics, queue as job_queue
@@ -152,3 +154,19 @@ async def test_a_redis_that_stops_answering_is_an_outage_not_a_hang(pool, databa
         assert worker.ctx["engine"].queue_reachable
     found = await states(pool, created)
     assert all(row["state"] == "delivered" for row in found.values())
+
+
+async def test_a_connection_lost_while_watching_counts_as_an_outage(private_redis):
+    """redis-py reports a connection lost between WATCH and EXEC as a WatchError, not a ConnectionError.
+    Uncounted, it ended the worker (seen in CI: Redis stopped while a job was being checked under
+    WATCH), so the outage errors include it."""
+    redis = await job_queue.connect(private_redis.url)
+    try:
+        async with redis.pipeline(transaction=True) as pipe:
+            await pipe.watch("hookledger:test:key")
+            private_redis.stop()
+            with pytest.raises(WatchError) as raised:
+                await pipe.exists("hookledger:test:key")
+        assert isinstance(raised.value, job_queue.REDIS_ERRORS)
+    finally:
+        await redis.aclose()
