@@ -3,23 +3,16 @@ retry is the right move), not an unhandled 500 with a traceback in the log."""
 
 from __future__ import annotations
 
-import socket
-
 import asyncpg
 from aiohttp.test_utils import TestClient, TestServer
 
 from delivery.api.app import create_app
-
-
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from delivery.platform import free_port  # nothing listens there once it is returned
 
 
 async def test_routes_answer_503_while_the_database_is_unreachable(api, queue, caplog):
     # A pool that has not connected yet (min_size 0), to a port where nothing listens.
-    dead = await asyncpg.create_pool(f"postgresql://postgres@127.0.0.1:{_closed_port()}/test", min_size=0, max_size=2)
+    dead = await asyncpg.create_pool(f"postgresql://postgres@127.0.0.1:{free_port()}/test", min_size=0, max_size=2)
     try:
         async with TestClient(TestServer(create_app(api.settings, dead, queue), host="127.0.0.1")) as client:
             calls = [

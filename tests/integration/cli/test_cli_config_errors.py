@@ -88,12 +88,6 @@ def test_the_port_check_follows_the_host_s_address_family() -> None:
     platform.check_port_free("::1", taken)  # closed now: free again
 
 
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]  # nothing listens once the socket is closed
-
-
 def _unreachable(completed: subprocess.CompletedProcess) -> str:
     assert completed.returncode == 3, completed.stdout + completed.stderr
     assert "Traceback" not in completed.stderr and "╭" not in completed.stderr, completed.stderr
@@ -109,7 +103,7 @@ def test_a_server_that_does_not_answer_at_start_is_named_with_its_setting_and_ex
     The address is shown without the URL's password."""
     base = {**os.environ, "HOOKLEDGER_DEV": "1", "HOOKLEDGER_DATA_DIR": str(tmp_path / "data"),
             "HOOKLEDGER_SECRET_KEYS": format_keyring(Keyring({"k1": generate_at_rest_key()}, "k1"))}
-    port = _closed_port()
+    port = platform.free_port()  # nothing listens there once it is returned
     no_postgresql = {**base, "DATABASE_URL": f"postgresql://postgres:hunter2@127.0.0.1:{port}/test",
                      "REDIS_URL": redis_url}
     for command in ("api", "worker"):

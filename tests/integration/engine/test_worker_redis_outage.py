@@ -9,17 +9,17 @@ subprocess version, with SIGTERM during a Redis outage, is in tests/acceptance.
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 
 import asyncpg
 import pytest
-from redis.exceptions import WatchError
+from redis.exceptions import ReadOnlyError, WatchError
 
 from billing.messages import MessageRequest, create_messages
 from delivery import config, metrics, queue as job_queue
 from delivery import worker as worker_module
 from delivery.engine import Engine
+from delivery.platform import free_port  # nothing listens there once it is returned
 from delivery.sender import Sender
 from delivery.signer_cache import SignerCache
 from delivery.worker import SWEEP_TASK_NAME
@@ -118,10 +118,7 @@ async def test_while_redis_is_down_and_nothing_is_due_the_worker_sweeps_once_per
 async def test_jobs_log_one_line_while_postgresql_is_unreachable(settings, caplog):
     """A deliver job or the sweep that finds PostgreSQL gone logs one warning and returns 0, instead of
     arq's traceback per failed job while a restart lasts."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    dead = await asyncpg.create_pool(f"postgresql://postgres@127.0.0.1:{port}/test", min_size=0, max_size=2)
+    dead = await asyncpg.create_pool(f"postgresql://postgres@127.0.0.1:{free_port()}/test", min_size=0, max_size=2)
     sender = Sender(settings.worker.sender)
     try:
         ctx = {"engine": Engine(dead, sender, None, SignerCache(None), settings.worker.engine), "pool": dead}
@@ -167,6 +164,20 @@ async def test_a_connection_lost_while_watching_counts_as_an_outage(private_redi
             private_redis.stop()
             with pytest.raises(WatchError) as raised:
                 await pipe.exists("hookledger:test:key")
+        assert isinstance(raised.value, job_queue.REDIS_ERRORS)
+    finally:
+        await redis.aclose()
+
+
+async def test_a_redis_turned_replica_counts_as_an_outage(private_redis):
+    """During a failover the old primary answers writes with READONLY (a ResponseError, not a
+    connection error); the worker's poll writes (it marks jobs in progress), so that counts as an
+    outage too instead of ending the loop."""
+    redis = await job_queue.connect(private_redis.url)
+    try:
+        await redis.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # a primary that is not there
+        with pytest.raises(ReadOnlyError) as raised:
+            await redis.psetex("hookledger:test:key", 1000, b"1")
         assert isinstance(raised.value, job_queue.REDIS_ERRORS)
     finally:
         await redis.aclose()
