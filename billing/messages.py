@@ -9,10 +9,13 @@ and a refused request writes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
+
+import asyncpg
 
 from billing import ids
 from billing.database import Executor, transaction
@@ -31,6 +34,10 @@ PAYLOAD_BYTES_MAX = 1_048_576  # the schema's bound; the API enforces its own, s
 BATCH_REQUESTS_MAX = 1000
 ATTEMPTS_MAX_LIMIT = 50  # the schema's bound on deliveries.attempts_max
 TARGET_ENDPOINTS_MAX = 100  # a targeted request (a replay) names at most this many endpoints
+OUTCOME_WAIT_SECONDS = 10.0  # how long resolve_outcome keeps asking before it says it cannot tell
+_OUTCOME_POLL_SECONDS = 0.05
+# What asking the database may fail with while it restarts or is unreachable.
+_ASKING_ERRORS = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,21 @@ class MessageCreated:
     replayed: bool  # True when an idempotency key returned an earlier result
 
 
+class CreateOutcomeUnknown(Exception):
+    """The connection broke while a batch's COMMIT was in flight, so this side cannot tell whether
+    it took effect. It did wholly or not at all; `resolve_outcome` asks the database which.
+
+    Without this, "the write failed, nothing was written" would sometimes be untrue: a client that
+    believed it and retried without an idempotency key would create, and pay for, the message twice.
+    """
+
+    def __init__(self, results: list, message_ids: list[uuid.UUID], server_pid: int) -> None:
+        super().__init__(f"the answer to COMMIT of {len(message_ids)} new messages was lost (backend {server_pid})")
+        self.results = results  # what the batch answers if it was written
+        self.message_ids = message_ids  # the batch's new messages: all exist if it was written, none if not
+        self.server_pid = server_pid
+
+
 def validate(request: MessageRequest) -> None:
     if not isinstance(request.event_type, str) or not request.event_type:
         raise InvalidInput("event_type must be a non-empty string")
@@ -99,7 +121,14 @@ async def create_message(executor: Executor, request: MessageRequest, *, attempt
 async def create_messages(
     executor: Executor, requests: list[MessageRequest], *, attempts_max: int
 ) -> list[MessageCreated | BillingError]:
-    """Create a batch in one transaction; the result list matches the requests one to one."""
+    """Create a batch in one transaction; the result list matches the requests one to one.
+
+    If the connection breaks while COMMIT is in flight: given a pool, this asks the database
+    whether the batch was written (`resolve_outcome`) and returns its results if it was, raises the
+    connection error if it was not, and raises CreateOutcomeUnknown if the database cannot tell.
+    Given a connection (now broken), it raises CreateOutcomeUnknown for the caller to resolve with
+    a pool. Any other failure means nothing was written.
+    """
     if not 1 <= len(requests) <= BATCH_REQUESTS_MAX:
         raise InvalidInput(f"a batch holds 1 to {BATCH_REQUESTS_MAX} requests")
     # Checked here, not left to the CHECK constraint: a driver error is not a BillingError, and
@@ -113,13 +142,78 @@ async def create_messages(
         except BillingError as error:
             results[index] = error
     valid = [index for index, result in enumerate(results) if result is None]
-    if valid:
+    if not valid:
+        return results  # type: ignore[return-value]
+    try:
+        await _create_valid(executor, requests, valid, results, attempts_max)
+    except CreateOutcomeUnknown as unknown:
+        if not isinstance(executor, asyncpg.Pool):
+            raise
+        if await resolve_outcome(executor, unknown) is None:
+            raise unknown.__cause__ from None  # type: ignore[misc]  # certainly not written: the original error
+    return results  # type: ignore[return-value]
+
+
+async def _create_valid(executor: Executor, requests: list[MessageRequest], valid: list[int], results: list,
+                        attempts_max: int) -> None:
+    # Only a top-level COMMIT decides; in a caller's transaction this is a savepoint, and the
+    # caller's own COMMIT is theirs to resolve.
+    top_level = isinstance(executor, asyncpg.Pool) or not executor.is_in_transaction()
+    committing: _Plan | None = None
+    server_pid = 0
+    try:
         async with transaction(executor) as connection:
+            server_pid = connection.get_server_pid()
             plan = await _Plan.load(connection, [requests[index] for index in valid])
             for index in valid:
                 results[index] = plan.decide(requests[index], attempts_max)
             await plan.write(connection)
-    return results  # type: ignore[return-value]
+            if top_level and plan.messages:
+                committing = plan  # from here on, only the COMMIT is left
+    except Exception as error:
+        if committing is None:
+            raise
+        raise CreateOutcomeUnknown(results, [row[0] for row in committing.messages], server_pid) from error
+
+
+async def resolve_outcome(pool: asyncpg.Pool, unknown: CreateOutcomeUnknown, *,
+                          wait_seconds: float = OUTCOME_WAIT_SECONDS) -> list[MessageCreated | BillingError] | None:
+    """Whether the batch behind `unknown` was written: its results if it was, None if nothing was.
+
+    It first waits until the backend that ran the batch is gone: that backend may still be
+    committing (the client's side of a connection can break first), and a look before it ends
+    could miss a commit that lands after it. A backend's row leaves pg_stat_activity only after
+    its transaction has ended, committed or rolled back. Then it looks for the batch's new
+    messages, in a statement of its own (a snapshot taken after the backend was gone). Raises
+    `unknown` again if it cannot tell within `wait_seconds`: the database unreachable all that
+    time, or that backend still there (a half-open connection, or its pid reused by a restarted
+    server; waiting is the safe answer to both).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_seconds
+    written = None
+    while written is None:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise unknown
+        try:
+            gone = not await asyncio.wait_for(pool.fetchval(_BACKEND_ALIVE, unknown.server_pid), remaining)
+            if gone:
+                written = await asyncio.wait_for(pool.fetchval(_MESSAGES_WRITTEN, unknown.message_ids), remaining)
+        except _ASKING_ERRORS:
+            pass  # not answering yet (restarting, or a pooled connection the restart broke): ask again
+        if written is None:
+            await asyncio.sleep(min(_OUTCOME_POLL_SECONDS, max(0.0, deadline - loop.time())))
+    if written == len(unknown.message_ids):
+        return unknown.results
+    if written == 0:
+        return None
+    # One transaction writes all of them or none; anything else means the ids are not what we think.
+    raise unknown
+
+
+_BACKEND_ALIVE = "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)"
+_MESSAGES_WRITTEN = "SELECT count(*) FROM messages WHERE id = ANY($1::uuid[])"
 
 
 class _Plan:

@@ -109,6 +109,9 @@ class ApiSettings:
     group_commit_batch_max: int = 500
     group_commit_concurrency: int = 2
     group_commit_queue_max: int = 10_000
+    # A create whose COMMIT answer was lost asks the database this long whether it was written
+    # (billing.messages.resolve_outcome) before it answers 503 write-outcome-unknown.
+    commit_outcome_wait_seconds: int = 10
     auth_cache_ttl_ms: int = 30_000
     secret_rotation_overlap_seconds: int = 86_400
     log_level: str = "info"
@@ -235,6 +238,7 @@ def _api(environ: Mapping[str, str]) -> ApiSettings:
         group_commit_batch_max=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_BATCH_MAX", 500, 1, 1000),
         group_commit_concurrency=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_CONCURRENCY", 2, 1, 32),
         group_commit_queue_max=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_QUEUE_MAX", 10_000, 1, 1_000_000),
+        commit_outcome_wait_seconds=_integer(environ, "HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS", 10, 1, 300),
         auth_cache_ttl_ms=_integer(environ, "HOOKLEDGER_AUTH_CACHE_TTL_MS", 30_000, 0, 600_000),
         secret_rotation_overlap_seconds=_integer(environ, "HOOKLEDGER_SECRET_ROTATION_OVERLAP_SECONDS", 86_400, 0, 604_800),
         log_level=log_level,

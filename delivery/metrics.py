@@ -53,6 +53,13 @@ GROUP_COMMIT_BATCH = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 500, 1000),
     registry=REGISTRY,
 )
+COMMIT_OUTCOMES = Counter(
+    "hookledger_group_commit_outcomes_resolved_total",
+    "Group commits whose COMMIT answer was lost, by what the database said afterwards"
+    " (written, not_written, unknown: it could not be asked in time).",
+    ["outcome"],
+    registry=REGISTRY,
+)
 API_REQUESTS = Counter(
     "hookledger_api_requests_total",
     "API requests by route template and status code.",

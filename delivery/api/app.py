@@ -55,6 +55,7 @@ def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> w
         concurrency=api.group_commit_concurrency,
         queue_max=api.group_commit_queue_max,
         wake=queue.wake if queue is not None else None,
+        outcome_wait_seconds=api.commit_outcome_wait_seconds,
     )
     app = web.Application(
         middlewares=[middleware.observe, middleware.errors_as_problems],

@@ -9,6 +9,11 @@ request on its own (one request's insufficient balance fails that request alone)
 one connection. Each request awaits its own future, and every future is resolved: a batch whose
 transaction fails (a database error) fails exactly its own requests, with `BatchFailed`.
 
+A batch whose connection broke while its COMMIT was in flight may have been written. The batch
+then asks the database (`billing.messages.resolve_outcome`): written, its requests get their
+results as usual; not written, `BatchFailed`; no answer within `outcome_wait_seconds`,
+`BatchOutcomeUnknown`. So `BatchFailed` always means nothing was written.
+
 Idempotency keys: a key whose request is still in flight in this process answers 409
 (`KeyInProgress`), as Stripe does. Across processes there is no shared in-flight set; there
 the account row lock serializes the two transactions, and the later one finds the first one's
@@ -27,7 +32,14 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 from billing.errors import BillingError
-from billing.messages import MessageCreated, MessageRequest, create_messages
+from billing.messages import (
+    OUTCOME_WAIT_SECONDS,
+    CreateOutcomeUnknown,
+    MessageCreated,
+    MessageRequest,
+    create_messages,
+    resolve_outcome,
+)
 from delivery import metrics
 
 logger = logging.getLogger(__name__)
@@ -49,6 +61,11 @@ class BatchFailed(Exception):
     """The transaction carrying this request failed; nothing of it was written."""
 
 
+class BatchOutcomeUnknown(Exception):
+    """The connection broke while this request's transaction was committing, and the database could
+    not be asked in time whether it took effect: it may have been written."""
+
+
 class ShuttingDown(Exception):
     """The server is shutting down and takes no new creates."""
 
@@ -68,6 +85,7 @@ class Coalescer:
         concurrency: int = 2,
         queue_max: int = 10_000,
         wake: Waker | None = None,
+        outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS,
     ) -> None:
         assert 1 <= batch_max <= 1000 and 1 <= concurrency <= 32 and queue_max >= 1
         self._pool = pool
@@ -76,6 +94,7 @@ class Coalescer:
         self._concurrency = concurrency
         self._queue_max = queue_max
         self._wake = wake
+        self._outcome_wait_seconds = outcome_wait_seconds
         self._waiting: collections.deque[_Item] = collections.deque()
         self._keys_in_flight: set[_Key] = set()
         self._batches: set[asyncio.Task] = set()
@@ -96,7 +115,8 @@ class Coalescer:
     async def submit(self, request: MessageRequest) -> MessageCreated | BillingError:
         """Create one message in the next group transaction; its own result or refusal.
 
-        Raises Overloaded, KeyInProgress, ShuttingDown before queueing, BatchFailed after.
+        Raises Overloaded, KeyInProgress, ShuttingDown before queueing, BatchFailed or
+        BatchOutcomeUnknown after.
         """
         if self._closed:
             raise ShuttingDown()
@@ -133,12 +153,20 @@ class Coalescer:
         try:
             connection = await self._kept_connection() or await self._pool.acquire()
             requests = [request for request, _, _ in batch]
-            results = await create_messages(connection, requests, attempts_max=self._attempts_max)
+            try:
+                results = await create_messages(connection, requests, attempts_max=self._attempts_max)
+            except CreateOutcomeUnknown as unknown:
+                await self._release(connection)
+                connection = None
+                # The keys stay in flight meanwhile: a retry with one gets 409 until this is known.
+                results = await self._resolve(unknown)
         except BaseException as error:
-            logger.error("group commit of %d requests failed: %r", len(batch), error)
+            failure = BatchOutcomeUnknown if isinstance(error, BatchOutcomeUnknown) else BatchFailed
+            if not isinstance(error, (BatchFailed, BatchOutcomeUnknown)):
+                logger.error("group commit of %d requests failed: %r", len(batch), error)
             for _, future, _ in batch:
                 if not future.done():
-                    future.set_exception(BatchFailed())
+                    future.set_exception(failure())
             self._release_keys(batch)
             if connection is not None:
                 # A connection that just failed goes back to the pool, which resets or discards it.
@@ -146,7 +174,8 @@ class Coalescer:
             if not isinstance(error, Exception):
                 raise
             return
-        self._connections.append(connection)
+        if connection is not None:
+            self._connections.append(connection)
         created: list[uuid.UUID] = []
         fresh = 0
         for (_, future, _), result in zip(batch, results, strict=True):
@@ -160,6 +189,26 @@ class Coalescer:
             metrics.MESSAGES_CREATED.inc(fresh)
         if created and self._wake is not None:
             self._wake_later(created)
+
+    async def _resolve(self, unknown: CreateOutcomeUnknown) -> list:
+        """The results of a batch whose COMMIT answer was lost, if the database says it was written."""
+        logger.warning("lost the connection while committing %d new messages (%r); asking the database whether "
+                       "they were written", len(unknown.message_ids), unknown.__cause__)
+        try:
+            results = await resolve_outcome(self._pool, unknown, wait_seconds=self._outcome_wait_seconds)
+        except CreateOutcomeUnknown:
+            metrics.COMMIT_OUTCOMES.labels("unknown").inc()
+            logger.error("could not tell within %g s whether %d new messages were written; their requests answer "
+                         "503 write-outcome-unknown", self._outcome_wait_seconds, len(unknown.message_ids))
+            raise BatchOutcomeUnknown() from None
+        if results is None:
+            metrics.COMMIT_OUTCOMES.labels("not_written").inc()
+            logger.warning("the %d new messages were not written; their requests answer 503 write-failed",
+                           len(unknown.message_ids))
+            raise BatchFailed()
+        metrics.COMMIT_OUTCOMES.labels("written").inc()
+        logger.warning("the %d new messages were written; their requests answer as usual", len(unknown.message_ids))
+        return results
 
     async def _kept_connection(self) -> asyncpg.Connection | None:
         """A connection a finished batch kept, unless the server ended it meanwhile (a restart, an

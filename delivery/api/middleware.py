@@ -11,6 +11,7 @@ import structlog
 from aiohttp import web
 
 from billing.errors import BillingError
+from billing.messages import CreateOutcomeUnknown
 from delivery import database, metrics
 from delivery.api import problems
 from delivery.api.problems import Problem
@@ -75,6 +76,9 @@ async def errors_as_problems(request: web.Request, handler) -> web.StreamRespons
         headers = {k: v for k, v in error.headers.items() if k.lower() in ("allow", "retry-after")}
         detail = error.reason if error.status != 404 else "no such route"
         return problems.response(Problem(error.status, detail, _slug(error.status), headers=headers))
+    except CreateOutcomeUnknown as error:  # a replay whose COMMIT answer was lost, and no way to check it
+        log.error("write outcome unknown", method=request.method, path=request.path, error=repr(error))
+        return problems.response(problems.write_outcome_unknown(keyed=False))
     except database.UNAVAILABLE as error:  # a 503 to retry, not a 500
         log.warning("database unavailable", method=request.method, path=request.path, error=repr(error))
         return problems.response(Problem(503, "the database is unavailable; retry shortly", "database-unavailable",

@@ -105,3 +105,12 @@ def response(problem: Problem) -> web.Response:
     return web.Response(
         status=problem.status, body=_ENCODER.encode(body), content_type=CONTENT_TYPE, headers=problem.headers
     )
+
+
+def write_outcome_unknown(keyed: bool) -> Problem:
+    """The connection to the database broke while the write was committing and it could not be
+    checked afterwards: the message may exist. Say so, and how to retry without paying twice."""
+    how = ("retry with the same Idempotency-Key: you get the message if it was written, and it is created if not"
+           if keyed else "it may have been written: look for it among your deliveries before retrying")
+    return Problem(503, f"the database connection was lost while the write was committing; {how}",
+                   "write-outcome-unknown", headers={"Retry-After": "1"})

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from billing.errors import BillingError
 from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX, MessageCreated, MessageRequest
-from delivery.api import group_commit, responses
+from delivery.api import group_commit, problems, responses
 from delivery.api.context import ApiContext, context
 from delivery.api.problems import FieldError, Problem, validation
 from delivery.api.validation import MessageCreate, decode
@@ -57,6 +57,8 @@ async def submit(ctx: ApiContext, request: MessageRequest) -> MessageCreated:
     except group_commit.BatchFailed:
         raise Problem(503, "the database did not accept the write; nothing was written, retry", "write-failed",
                       headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
+    except group_commit.BatchOutcomeUnknown:
+        raise problems.write_outcome_unknown(request.idempotency_key is not None) from None
     if isinstance(result, BillingError):
         raise result
     return result

@@ -19,6 +19,7 @@ import structlog
 from aiohttp import web
 
 from billing.errors import BillingError
+from billing.messages import CreateOutcomeUnknown
 from delivery import database
 from delivery.api import problems
 from delivery.api.context import CONTEXT, ApiContext
@@ -124,6 +125,9 @@ async def errors_as_pages(request: web.Request, handler) -> web.StreamResponse:
             raise
         detail = "there is no such page" if error.status == 404 else (error.text or error.reason)
         return _error_page(request, Problem(error.status, detail))
+    except CreateOutcomeUnknown as error:  # a replay whose COMMIT answer was lost, and no way to check it
+        log.error("write outcome unknown", method=request.method, path=request.path, error=repr(error))
+        return _error_page(request, problems.write_outcome_unknown(keyed=False))
     except database.UNAVAILABLE as error:
         log.warning("database unavailable", method=request.method, path=request.path, error=repr(error))
         return _error_page(request, Problem(503, "the database is unavailable; try again in a moment",

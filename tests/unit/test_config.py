@@ -17,6 +17,8 @@ def test_defaults_without_any_setting() -> None:
     assert settings.worker.engine.lease_ms == 90_000
     assert settings.worker.poll_ms == 10
     assert settings.redis.start_wait_seconds == 30
+    assert settings.api.commit_outcome_wait_seconds == 10
+    assert config.load({"HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS": "3"}).api.commit_outcome_wait_seconds == 3
     assert settings.secret_keyring is None and settings.api.operator_key is None
 
 
@@ -44,6 +46,8 @@ def test_settings_are_read_from_the_mapping_given() -> None:
         ({"HOOKLEDGER_LEASE_MS": "30000"}, "must exceed the longest send timeout"),
         ({"HOOKLEDGER_WORKER_POLL_MS": "0"}, "HOOKLEDGER_WORKER_POLL_MS must be between 1 and 1000"),
         ({"HOOKLEDGER_REDIS_START_WAIT_SECONDS": "-1"}, "HOOKLEDGER_REDIS_START_WAIT_SECONDS must be between 0 and 3600"),
+        ({"HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS": "0"},
+         "HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS must be between 1 and 300"),
         ({"HOOKLEDGER_WORKER_GC_GEN0": "100"}, "HOOKLEDGER_WORKER_GC_GEN0 must be 0"),
         ({"HOOKLEDGER_API_GC_GEN0": "100"}, "HOOKLEDGER_API_GC_GEN0 must be 0"),
     ],
