@@ -79,6 +79,11 @@ def run(
 
     from delivery import platform, platform_demo
 
+    # SIGTERM (a supervisor, `timeout`, `docker stop`) and SIGHUP (the terminal closed) stop the
+    # platform as Ctrl-C does. Their default would end this process at once, leaving the API,
+    # the worker, the receiver and the embedded PostgreSQL and Redis running with no owner.
+    for signal_number in (signals.SIGTERM, signals.SIGHUP):
+        signals.signal(signal_number, _interrupt)
     settings = config.load()
     console.print("starting PostgreSQL, Redis, the API and a worker ...")
     running = platform.start(settings, api_port=port or None)
@@ -93,11 +98,16 @@ def run(
         if demo_only:
             raise typer.Exit(0 if clean else 1)
         console.print("serving until Ctrl-C ...")
-        signals.sigwait({signals.SIGINT, signals.SIGTERM})
+        while True:
+            signals.pause()
     except KeyboardInterrupt:
         pass
     finally:
         running.stop()
+
+
+def _interrupt(signal_number: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _uuid(value: str, what: str) -> uuid.UUID:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,3 +33,65 @@ def test_run_demo_on_embedded_servers(tmp_path: Path) -> None:
     assert (tmp_path / "data" / "postgres" / "PG_VERSION").exists()  # the embedded server's data dir
     secrets_file = tmp_path / "data" / "dev-secrets.json"
     assert oct(secrets_file.stat().st_mode & 0o777) == "0o600"
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """Every process on the machine: pid -> (parent pid, command line)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        found[int(entry.name)] = (parent, command)
+    return found
+
+
+def _descendants(pid: int, processes: dict[int, tuple[int, str]]) -> set[int]:
+    children = {child for child, (parent, _) in processes.items() if parent == pid}
+    return children.union(*(_descendants(child, processes) for child in children))
+
+
+def test_sigterm_stops_the_whole_platform(tmp_path: Path) -> None:
+    """SIGTERM to `hookledger run` (what a supervisor, `timeout` or `docker stop` sends) stops it as
+    Ctrl-C does: it exits 0 and leaves no API, worker, receiver, PostgreSQL or Redis behind. Before,
+    the process died at once and all of them kept running with no owner."""
+    data_dir = tmp_path / "data"
+    environment = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    environment.update(HOOKLEDGER_DATA_DIR=str(data_dir), COLUMNS="200")
+    run = subprocess.Popen([sys.executable, "-m", "delivery", "run", "--port", "0"], cwd=ROOT, env=environment,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    children: set[int] = set()
+    servers: set[int] = set()
+    left: set[int] = set()
+    try:
+        output = []
+        for line in run.stdout:
+            output.append(line)
+            if "serving until Ctrl-C" in line:
+                break
+        assert run.poll() is None, "".join(output)[-4000:]
+        processes = _processes()
+        children = _descendants(run.pid, processes)
+        api_environ = next(Path(f"/proc/{pid}/environ").read_bytes() for pid in children
+                           if "delivery api" in processes[pid][1])
+        redis_socket = dict(item.split("=", 1) for item in api_environ.decode().split("\0") if "=" in item)[
+            "REDIS_URL"].removeprefix("unix://")
+        servers = {pid for pid, (_, command) in processes.items()
+                   if f"-D {data_dir}" in command or redis_socket in command}
+        assert len(servers) == 2 and len(children) >= 3, (servers, children)  # postgres, redis; api, worker, listen
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(60) == 0, run.stdout.read()[-4000:]
+        deadline = time.monotonic() + 30
+        while (left := (children | servers) & set(_processes())) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, {pid: processes[pid][1] for pid in left}
+    finally:
+        # Leave nothing running, even when the test fails.
+        for pid in [run.pid] * (run.poll() is None) + sorted((children | servers) & set(_processes())):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        run.wait()
