@@ -102,7 +102,8 @@ class RateLimitError(HookledgerError):
 
 
 class ServerError(HookledgerError):
-    """The API failed (5xx); for 503 nothing was written and a retry is safe."""
+    """The API failed (5xx). A 503 whose `slug` is overloaded, shutting-down or write-failed wrote
+    nothing; after write-outcome-unknown or database-unavailable a write may have happened."""
 
 
 class APIConnectionError(HookledgerError):

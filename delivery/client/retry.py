@@ -5,13 +5,16 @@ whether the call is *idempotent* (a repeat changes nothing more: reads, PATCH, D
 order id, sends with an Idempotency-Key) or not (create an account, key or endpoint, rotate a
 secret, replay a delivery):
 
-| outcome                                      | idempotent | not idempotent |
-|----------------------------------------------|------------|----------------|
-| could not connect (nothing was sent)         | retry      | retry          |
-| 429, 503 (the API says nothing was written)  | retry      | retry          |
-| 409 idempotency-key-in-use (first in flight) | retry      | -              |
-| other 5xx, timeout or broken connection      | retry      | no: it may have happened |
-| any other 4xx                                | no         | no             |
+| outcome                                          | idempotent | not idempotent |
+|--------------------------------------------------|------------|----------------|
+| could not connect (nothing was sent)             | retry      | retry          |
+| 429; 503 overloaded, shutting-down, write-failed | retry      | retry          |
+| (the API says nothing was written)               |            |                |
+| 409 idempotency-key-in-use (first in flight)     | retry      | -              |
+| any other 503 (database-unavailable: a write's   | retry      | no: it may have happened |
+| COMMIT may have been cut off; write-outcome-     |            |                |
+| unknown), other 5xx, timeout, broken connection  |            |                |
+| any other 4xx                                    | no         | no             |
 
 Waits grow exponentially with jitter; a `Retry-After` from the API is honoured (up to a bound:
 past it the error is raised rather than blocking the caller for long).
@@ -28,7 +31,10 @@ from typing import Callable
 import httpx
 
 RETRIES_MAX = 10
-RETRY_ALWAYS_STATUSES = frozenset({429, 503})
+# 503s whose problem type says the API wrote nothing. A 503 database-unavailable can come from a
+# connection lost during a COMMIT that took effect, and write-outcome-unknown says outright that
+# the write may exist: a retry of those could do the call twice.
+NOTHING_WRITTEN_503_SLUGS = frozenset({"overloaded", "shutting-down", "write-failed"})
 KEY_IN_PROGRESS_SLUG = "idempotency-key-in-use"
 
 # Raised before a single byte of the request left: safe to retry anything.
@@ -71,7 +77,7 @@ def retryable_error(error: httpx.TransportError, idempotent: bool) -> bool:
 
 
 def retryable_status(status: int, slug: str, idempotent: bool) -> bool:
-    if status in RETRY_ALWAYS_STATUSES:
+    if status == 429 or (status == 503 and slug in NOTHING_WRITTEN_503_SLUGS):
         return True
     if status == 409 and slug == KEY_IN_PROGRESS_SLUG:
         return True

@@ -148,6 +148,23 @@ def test_a_503_is_retried_even_for_a_replay_since_the_api_wrote_nothing(respx_mo
     assert route.call_count == 2
 
 
+@pytest.mark.parametrize("slug", ["write-outcome-unknown", "database-unavailable"])
+@respx.mock(base_url="http://hookledger.test")
+def test_a_503_that_may_have_written_is_not_retried_for_a_replay_but_is_for_a_send(respx_mock, client, sleeps, slug):
+    """After a lost COMMIT the write may exist: a replay (a new charge, no key) is not repeated; a
+    send is, with its key, which returns the message if it was written."""
+    unknown = httpx.Response(503, json=problem(503, slug), headers={"Content-Type": PROBLEM, "Retry-After": "1"})
+    replay = respx_mock.post("/v1/deliveries/d/replay").mock(side_effect=[unknown, httpx.Response(202, json=ACCEPTED)])
+    with pytest.raises(ServerError) as raised:
+        client.deliveries.replay("d")
+    assert raised.value.slug == slug and replay.call_count == 1 and sleeps == []
+    send = respx_mock.post("/v1/messages").mock(side_effect=[unknown, httpx.Response(202, json=ACCEPTED,
+                                                                                      headers={"Idempotent-Replayed": "true"})])
+    assert client.send("invoice.paid", {"n": 1}).replayed
+    keys = [call.request.headers["Idempotency-Key"] for call in send.calls]
+    assert len(keys) == 2 and keys[0] == keys[1] and sleeps == [1.0]
+
+
 @respx.mock(base_url="http://hookledger.test")
 def test_requests_carry_the_key_and_json_and_patch_sends_only_given_fields(respx_mock, client):
     route = respx_mock.patch("/v1/endpoints/e").respond(200, json={

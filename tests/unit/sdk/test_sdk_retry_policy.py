@@ -13,6 +13,12 @@ from delivery.client.retry import RetryPolicy, parse_retry_after, retryable_erro
 @pytest.mark.parametrize(("status", "slug", "idempotent", "expected"), [
     (429, "rate-limited", False, True),
     (503, "overloaded", False, True),
+    (503, "shutting-down", False, True),
+    (503, "write-failed", False, True),
+    (503, "write-outcome-unknown", False, False),
+    (503, "write-outcome-unknown", True, True),
+    (503, "database-unavailable", False, False),
+    (503, "database-unavailable", True, True),
     (500, "internal", True, True),
     (500, "internal", False, False),
     (502, "about:blank", True, True),
