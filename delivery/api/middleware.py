@@ -59,6 +59,9 @@ async def observe(request: web.Request, handler) -> web.StreamResponse:
         structlog.contextvars.unbind_contextvars("request_id")
 
 
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
 @web.middleware
 async def errors_as_problems(request: web.Request, handler) -> web.StreamResponse:
     """Every error leaves as application/problem+json; unexpected ones are logged and answer 500."""
@@ -81,8 +84,12 @@ async def errors_as_problems(request: web.Request, handler) -> web.StreamRespons
         return problems.response(problems.write_outcome_unknown(keyed=False))
     except database.UNAVAILABLE as error:  # a 503 to retry, not a 500
         log.warning("database unavailable", method=request.method, path=request.path, error=repr(error))
-        return problems.response(Problem(503, "the database is unavailable; retry shortly", "database-unavailable",
-                                         headers={"Retry-After": "1"}))
+        detail = "the database is unavailable; retry shortly"
+        if request.method not in SAFE_METHODS:
+            # The connection may have gone during this request's COMMIT, and the write with it or not.
+            detail += ("; if it went away while this request was being written, the write may have completed,"
+                       " so retry only a call that is safe to repeat")
+        return problems.response(Problem(503, detail, "database-unavailable", headers={"Retry-After": "1"}))
     except Exception:
         log.exception("unhandled error", method=request.method, path=request.path)
         return problems.response(Problem(500, "an unexpected error occurred; it was logged", "internal"))
