@@ -83,11 +83,12 @@ class CreateOutcomeUnknown(Exception):
     believed it and retried without an idempotency key would create, and pay for, the message twice.
     """
 
-    def __init__(self, results: list, message_ids: list[uuid.UUID], server_pid: int) -> None:
-        super().__init__(f"the answer to COMMIT of {len(message_ids)} new messages was lost (backend {server_pid})")
+    def __init__(self, results: list, message_ids: list[uuid.UUID], transaction_id: int) -> None:
+        super().__init__(f"the answer to COMMIT of {len(message_ids)} new messages was lost"
+                         f" (transaction {transaction_id})")
         self.results = results  # what the batch answers if it was written
         self.message_ids = message_ids  # the batch's new messages: all exist if it was written, none if not
-        self.server_pid = server_pid
+        self.transaction_id = transaction_id  # pg_current_xact_id() of the batch's transaction
 
 
 def validate(request: MessageRequest) -> None:
@@ -160,10 +161,8 @@ async def _create_valid(executor: Executor, requests: list[MessageRequest], vali
     # caller's own COMMIT is theirs to resolve.
     top_level = isinstance(executor, asyncpg.Pool) or not executor.is_in_transaction()
     committing: _Plan | None = None
-    server_pid = 0
     try:
         async with transaction(executor) as connection:
-            server_pid = connection.get_server_pid()
             plan = await _Plan.load(connection, [requests[index] for index in valid])
             for index in valid:
                 results[index] = plan.decide(requests[index], attempts_max)
@@ -173,53 +172,49 @@ async def _create_valid(executor: Executor, requests: list[MessageRequest], vali
     except Exception as error:
         if committing is None:
             raise
-        raise CreateOutcomeUnknown(results, [row[0] for row in committing.messages], server_pid) from error
+        raise CreateOutcomeUnknown(results, [row[0] for row in committing.messages],
+                                   committing.transaction_id) from error
 
 
 async def resolve_outcome(pool: asyncpg.Pool, unknown: CreateOutcomeUnknown, *,
                           wait_seconds: float = OUTCOME_WAIT_SECONDS) -> list[MessageCreated | BillingError] | None:
     """Whether the batch behind `unknown` was written: its results if it was, None if nothing was.
 
-    It first waits until the backend that ran the batch is gone: that backend may still be
-    committing (the client's side of a connection can break first), and a look before it ends
-    could miss a commit that lands after it. A backend's row leaves pg_stat_activity only after
-    its transaction has ended, committed or rolled back. Then it looks for the batch's new
-    messages, in a statement of its own (a snapshot taken after the backend was gone). Raises
-    `unknown` again if it cannot tell within `wait_seconds`: the database unreachable all that
-    time, or that backend still there (a half-open connection, or its pid reused by a restarted
-    server; waiting is the safe answer to both).
+    It asks PostgreSQL for the status of the batch's transaction, `pg_xact_status`, which exists
+    for exactly this: a client that lost its connection while COMMIT was in progress. "in
+    progress" (the server has not read the COMMIT yet, or is still writing it; its backend may
+    outlive the client's side of the connection) is asked again until it is committed or aborted;
+    a transaction cut off by a crash reads as aborted once the server is back. Raises `unknown`
+    again if it cannot tell within `wait_seconds`: the database unreachable all that time, or the
+    transaction still open.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_seconds
-    written = None
-    while written is None:
+    while True:
         remaining = deadline - loop.time()
         if remaining <= 0:
             raise unknown
         try:
-            gone = not await asyncio.wait_for(pool.fetchval(_BACKEND_ALIVE, unknown.server_pid), remaining)
-            if gone:
-                written = await asyncio.wait_for(pool.fetchval(_MESSAGES_WRITTEN, unknown.message_ids), remaining)
+            status = await asyncio.wait_for(pool.fetchval(_TRANSACTION_STATUS, unknown.transaction_id), remaining)
         except _ASKING_ERRORS:
-            pass  # not answering yet (restarting, or a pooled connection the restart broke): ask again
-        if written is None:
-            await asyncio.sleep(min(_OUTCOME_POLL_SECONDS, max(0.0, deadline - loop.time())))
-    if written == len(unknown.message_ids):
-        return unknown.results
-    if written == 0:
-        return None
-    # One transaction writes all of them or none; anything else means the ids are not what we think.
-    raise unknown
+            status = "unreachable"  # restarting, or a pooled connection the restart broke: ask again
+        if status == "committed":
+            return unknown.results
+        if status == "aborted":
+            return None
+        if status is None:  # older than the commit log kept: cannot happen within seconds, but say so
+            raise unknown
+        await asyncio.sleep(min(_OUTCOME_POLL_SECONDS, max(0.0, deadline - loop.time())))
 
 
-_BACKEND_ALIVE = "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)"
-_MESSAGES_WRITTEN = "SELECT count(*) FROM messages WHERE id = ANY($1::uuid[])"
+_TRANSACTION_STATUS = "SELECT pg_xact_status($1::xid8)"
 
 
 class _Plan:
     """What one batch will write, decided in memory after the accounts are locked."""
 
-    def __init__(self, accounts, endpoints, replays) -> None:
+    def __init__(self, accounts, endpoints, replays, transaction_id: int) -> None:
+        self.transaction_id = transaction_id  # pg_current_xact_id(), for resolve_outcome
         self.accounts = accounts  # account id -> locked row
         self.balances = {account_id: row["balance"] for account_id, row in accounts.items()}
         self.endpoints = endpoints  # account id -> [(endpoint id, event types)]
@@ -235,7 +230,10 @@ class _Plan:
             # LATERAL with OFFSET 0 (which keeps PostgreSQL from flattening it into a plain join): one
             # index probe of endpoints per locked account, whatever the statistics say. Without them,
             # the plain join scanned and sorted every endpoint of every account: 3.2 ms a batch, not 0.2.
-            "SELECT a.id, a.status, a.balance, a.price_per_delivery, e.id AS endpoint_id, e.event_types"
+            # pg_current_xact_id(): the transaction's id, for resolve_outcome; locking the rows
+            # assigns it anyway, so asking costs nothing.
+            "SELECT a.id, a.status, a.balance, a.price_per_delivery, e.id AS endpoint_id, e.event_types,"
+            "   pg_current_xact_id() AS transaction_id"
             " FROM accounts a LEFT JOIN LATERAL ("
             "   SELECT e.id, e.event_types FROM endpoints e"
             "   WHERE e.account_id = a.id AND e.enabled AND e.deleted_at IS NULL OFFSET 0) e ON true"
@@ -250,7 +248,7 @@ class _Plan:
                 endpoints[row["id"]].append((row["endpoint_id"], row["event_types"]))
         keyed = [r for r in requests if r.idempotency_key is not None and r.account_id in accounts]
         replays = await _load_replays(connection, keyed) if keyed else {}
-        return cls(accounts, endpoints, replays)
+        return cls(accounts, endpoints, replays, rows[0]["transaction_id"] if rows else 0)
 
     def decide(self, request: MessageRequest, attempts_max: int) -> MessageCreated | BillingError:
         account = self.accounts.get(request.account_id)

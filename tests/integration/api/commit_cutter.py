@@ -8,7 +8,9 @@ Armed with a mode, it cuts the next connection that sends COMMIT (asyncpg's simp
 - "before": COMMIT is dropped and the server's side closed: the server rolls back.
 - "late": COMMIT goes on only after `delay` seconds, the server's side held open till then: the
   server commits, but only well after the client has given up on the connection.
-- "hold": COMMIT goes on and the server's side stays open until `release()`: the server has
+- "hold": COMMIT is held until `release()`, the server's side open: the transaction stays open
+  (in progress) for as long as the test likes, then commits.
+- "linger": COMMIT goes on and the server's side stays open until `release()`: the server has
   committed, but its backend lingers, as over a half-open connection.
 """
 
@@ -56,7 +58,7 @@ class CommitCutter:
         return await asyncio.open_unix_connection(sockets[0])
 
     def arm(self, mode: str, delay: float = 0.0) -> None:
-        assert mode in ("after", "before", "late", "hold")
+        assert mode in ("after", "before", "late", "hold", "linger")
         self._mode, self._delay = mode, delay
         self._released.clear()
 
@@ -109,9 +111,11 @@ class CommitCutter:
             return
         if mode == "late":
             await asyncio.sleep(self._delay)
+        if mode == "hold":
+            await self._released.wait()
         server_writer.write(data)
         await server_writer.drain()
-        if mode == "hold":
+        if mode == "linger":
             await self._released.wait()
         # End the stream gracefully and wait for the server to end it too (the backend has read the
         # COMMIT and exited): an abort here would be a reset, which may discard the unread COMMIT.
