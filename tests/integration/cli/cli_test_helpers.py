@@ -5,7 +5,6 @@ be imported by that name.)"""
 from __future__ import annotations
 
 import json
-import socket
 import uuid
 
 from typer.testing import CliRunner
@@ -13,12 +12,6 @@ from typer.testing import CliRunner
 from delivery.cli import app
 
 OPERATOR_KEY = "op_cli_test_" + "c" * 32
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Cli:

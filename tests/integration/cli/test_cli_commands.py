@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import uuid
 
-from cli_test_helpers import OPERATOR_KEY, free_port
+from cli_test_helpers import OPERATOR_KEY
+
+from delivery.platform import free_port
 
 
 def _json(result) -> dict:

@@ -14,8 +14,8 @@ import uuid
 
 import httpx
 import pytest
-from cli_test_helpers import free_port
 
+from delivery.platform import free_port
 from signing import generate_secret, webhook_headers
 
 LINE_WAIT_SECONDS = 15.0
