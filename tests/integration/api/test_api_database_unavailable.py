@@ -4,15 +4,20 @@ retry is the right move), not an unhandled 500 with a traceback in the log."""
 from __future__ import annotations
 
 import asyncpg
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from delivery.api.app import create_app
 from delivery.platform import free_port  # nothing listens there once it is returned
 
 
-async def test_routes_answer_503_while_the_database_is_unreachable(api, queue, caplog):
-    # A pool that has not connected yet (min_size 0), to a port where nothing listens.
-    dead = await asyncpg.create_pool(f"postgresql://postgres@127.0.0.1:{free_port()}/test", min_size=0, max_size=2)
+@pytest.mark.parametrize("where", ["tcp", "unix"])
+async def test_routes_answer_503_while_the_database_is_unreachable(api, queue, caplog, tmp_path, where):
+    # A pool that has not connected yet (min_size 0), to a port where nothing listens, or to a
+    # socket directory without a socket (a unix-socket server restarting: FileNotFoundError).
+    url = (f"postgresql://postgres@127.0.0.1:{free_port()}/test" if where == "tcp"
+           else f"postgresql://postgres@/test?host={tmp_path}")
+    dead = await asyncpg.create_pool(url, min_size=0, max_size=2)
     try:
         async with TestClient(TestServer(create_app(api.settings, dead, queue), host="127.0.0.1")) as client:
             calls = [
