@@ -130,6 +130,7 @@ async def run(options: argparse.Namespace) -> int:
         summary = _summary(options, sizes, workload, injector, receivers, results, facts, servers.notes,
                            {"setup": setup_seconds, "window": window_seconds, "drain": drain_seconds,
                             "total": time.monotonic() - began})
+        summary["api_logs"] = api_log_counts(log_dir)
         print_summary(summary)
         if options.summary:
             options.summary.parent.mkdir(parents=True, exist_ok=True)
@@ -188,6 +189,27 @@ def _summary(options, sizes, workload, injector, receivers, results, facts, note
     }
 
 
+# What the API processes logged that a reader of a run wants counted: requests that ended in an
+# unhandled error (a 500 with a traceback), and group commits whose COMMIT answer was lost, by
+# what the database said afterwards (delivery/api/group_commit.py).
+API_LOG_EVENTS = {
+    "unhandled_errors": '"event": "unhandled error"',
+    "commits_lost_then_written": "new messages were written; their requests answer as usual",
+    "commits_lost_not_written": "new messages were not written",
+    "commits_lost_unknown": "could not tell within",
+}
+
+
+def api_log_counts(log_dir: Path) -> dict[str, int]:
+    """Counts of API_LOG_EVENTS over every API process's log (informational, not a check)."""
+    counts = dict.fromkeys(API_LOG_EVENTS, 0)
+    for log in sorted(log_dir.glob("api*.log")):
+        text = log.read_text(errors="replace")
+        for name, marker in API_LOG_EVENTS.items():
+            counts[name] += text.count(marker)
+    return counts
+
+
 def print_summary(summary: dict) -> None:
     load = summary["load"]
     print("\n== load")
@@ -211,6 +233,9 @@ def print_summary(summary: dict) -> None:
     print(f"== receivers: {receivers['requests']} requests for {receivers['ids']} ids,"
           f" {receivers['invalid']} invalid signatures; duplicates (2xx more than once):"
           f" {receivers['ids_answered_2xx_more_than_once']} ids, {receivers['duplicate_2xx_copies']} extra copies")
+    if "api_logs" in summary:
+        print("== API logs: " + ", ".join(f"{name.replace('_', ' ')} {count}"
+                                          for name, count in summary["api_logs"].items()))
     for note in summary["notes"]:
         print(f"note: {note}")
     print("== checks")
