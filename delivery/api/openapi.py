@@ -117,14 +117,14 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/readyz", "PostgreSQL and Redis are reachable", None, {200: r.Readiness, 503: r.Readiness}),
 )
 
+_UNAVAILABLE = ("Unavailable; retry after Retry-After. overloaded, shutting-down and write-failed wrote nothing;"
+                " after write-outcome-unknown, or database-unavailable on a write, the write may have happened:"
+                " repeat only what is safe to repeat (a send with its Idempotency-Key is)")
 _DESCRIPTIONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No content", 400: "Malformed JSON",
                  401: "Missing or wrong API key", 402: "The balance cannot cover every delivery; nothing was written",
                  403: "The key may not call this route", 404: "No such resource (or not yours)",
                  409: "Conflict with the current state", 413: "Payload too large",
-                 422: "Invalid request; errors lists each field", 503: ("Unavailable; retry after Retry-After. overloaded, shutting-down and write-failed"
-                      " wrote nothing; after write-outcome-unknown, or database-unavailable on a write, the"
-                      " write may have happened: repeat only what is safe to repeat (a send with its"
-                      " Idempotency-Key is)")}
+                 422: "Invalid request; errors lists each field", 503: _UNAVAILABLE}
 
 
 def _schemas() -> dict:
