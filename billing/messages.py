@@ -120,13 +120,15 @@ async def create_message(executor: Executor, request: MessageRequest, *, attempt
 
 
 async def create_messages(
-    executor: Executor, requests: list[MessageRequest], *, attempts_max: int
+    executor: Executor, requests: list[MessageRequest], *, attempts_max: int,
+    outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS,
 ) -> list[MessageCreated | BillingError]:
     """Create a batch in one transaction; the result list matches the requests one to one.
 
     If the connection breaks while COMMIT is in flight: given a pool, this asks the database
-    whether the batch was written (`resolve_outcome`) and returns its results if it was, raises the
-    connection error if it was not, and raises CreateOutcomeUnknown if the database cannot tell.
+    whether the batch was written (`resolve_outcome`, for up to `outcome_wait_seconds`) and returns
+    its results if it was, raises the connection error if it was not, and raises
+    CreateOutcomeUnknown if the database cannot tell.
     Given a connection (now broken), it raises CreateOutcomeUnknown for the caller to resolve with
     a pool. Any other failure means nothing was written.
     """
@@ -150,7 +152,7 @@ async def create_messages(
     except CreateOutcomeUnknown as unknown:
         if not isinstance(executor, asyncpg.Pool):
             raise
-        if await resolve_outcome(executor, unknown) is None:
+        if await resolve_outcome(executor, unknown, wait_seconds=outcome_wait_seconds) is None:
             raise unknown.__cause__ from None  # type: ignore[misc]  # certainly not written: the original error
     return results  # type: ignore[return-value]
 

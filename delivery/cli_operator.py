@@ -3,7 +3,8 @@
 `accounts_app` and `deliveries_app` are typer sub-apps that delivery.cli registers; other
 modules may add commands to them. Exit codes of `accounts delete`: 0 deleted, 1 failed,
 3 waiting for a repair (`accounts repair ID`), 4 still running when --timeout ran out,
-2 bad input. Other commands: 0 done, 1 refused, 2 bad input.
+2 bad input. Other commands: 0 done, 1 refused, 2 bad input, 3 PostgreSQL went away during the
+command (for a replay: whether the last batch was written could not be told; it says what to do).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ deliveries_app = typer.Typer(no_args_is_help=True, help="Deliveries: dead letter
 console = Console()
 
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_WAITING_REPAIR, EXIT_STILL_RUNNING = 0, 1, 2, 3, 4
+EXIT_UNAVAILABLE = 3  # not `accounts delete`'s: PostgreSQL went away while another command ran
 DELETION_EXIT_CODES = {"done": EXIT_DONE, "failed": EXIT_FAILED, "waiting_repair": EXIT_WAITING_REPAIR,
                        "running": EXIT_STILL_RUNNING}
 POLL_INTERVAL_SECONDS = 0.5
@@ -62,12 +64,42 @@ async def _with_pool(work):
 
 
 def _run(work):
-    """Run `work(pool)`; a refused operation prints its reason and exits 1."""
+    """Run `work(pool)`; a refused operation prints its reason and exits 1; PostgreSQL going away
+    meanwhile, one line and exit 3, not a traceback."""
+    from delivery import database, dead_letters
+
     try:
         return asyncio.run(_with_pool(work))
+    except dead_letters.ReplayOutcomeUnknown as unknown:
+        _print_in_doubt(unknown)
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
     except BillingError as error:
         console.print(f"[red]refused[/red]: {error.detail}")
         raise typer.Exit(EXIT_FAILED) from None
+    except database.UNAVAILABLE as error:
+        console.print(f"[red]error[/red]: PostgreSQL went away during the command ({error!r}); run it again"
+                      " once it is back", highlight=False)
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
+
+
+def _print_in_doubt(unknown) -> None:
+    """What a replay cut off at its COMMIT did for certain, what is in doubt, and how to go on."""
+    done = unknown.done
+    if done.created or done.already or done.refused:
+        _print_outcomes(done)
+        console.print(f"before that: {len(done.created)} new deliveries, {done.charged} credits charged")
+    # The would-be new delivery of each replay in doubt: `deliveries show` on it tells whether it exists.
+    pairs = [(old_id, result.deliveries[0].id) for old_id, result in zip(unknown.in_doubt, unknown.results)
+             if getattr(result, "deliveries", None)]
+    advice = ("each replay is keyed by its dead delivery, so running the same command again replays each at most"
+              " once" if unknown.keyed else
+              "these were --again replays (no key): run `hookledger deliveries show` on the new ids below before"
+              " replaying again, or they may be replayed and charged twice")
+    console.print(f"[red]error[/red]: the connection to PostgreSQL broke while {len(unknown.in_doubt)} replays were"
+                  " being committed, and the database could not be asked in time whether they were written;"
+                  f" {advice}.", highlight=False)
+    for old_id, new_id in pairs:
+        console.print(f"in doubt: {old_id}, replayed as {new_id} if it was written", highlight=False)
 
 
 # ---- accounts delete / repair --------------------------------------------------------------------
@@ -251,13 +283,16 @@ def replay(
     """Replay dead deliveries as new deliveries with new charges; the old refunds stay."""
     from delivery import dead_letters
 
-    attempts_max = config.load().ledger.attempts_max
+    settings = config.load()
+    attempts_max = settings.ledger.attempts_max
+    outcome_wait = settings.api.commit_outcome_wait_seconds  # a COMMIT answer lost: how long to ask
     if (delivery is None) == (endpoint is None):
         console.print("[red]error[/red]: give a delivery id, or --endpoint with --since (bulk)")
         raise typer.Exit(EXIT_BAD_INPUT)
     if delivery is not None:
         delivery_id = _uuid(delivery, "delivery")
-        result = _run(lambda pool: dead_letters.replay(pool, delivery_id, attempts_max=attempts_max, again=again))
+        result = _run(lambda pool: dead_letters.replay(pool, delivery_id, attempts_max=attempts_max, again=again,
+                                                       outcome_wait_seconds=outcome_wait))
         _print_replayed(result)
         return
     endpoint_id = _uuid(endpoint, "endpoint")
@@ -276,18 +311,23 @@ def replay(
             raise typer.Exit(EXIT_FAILED)
         confirm_total = plan.total_charge
     result = _run(lambda pool: dead_letters.bulk_replay(pool, endpoint_id, died_after, died_before,
-                                                        confirm_total=confirm_total, attempts_max=attempts_max))
+                                                        confirm_total=confirm_total, attempts_max=attempts_max,
+                                                        outcome_wait_seconds=outcome_wait))
     _print_replayed(result)
 
 
 def _print_replayed(result) -> None:
+    _print_outcomes(result)
+    console.print(f"{len(result.created)} new deliveries, {result.charged} credits charged;"
+                  " a worker sends them within one sweep interval")
+    if result.refused:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _print_outcomes(result) -> None:
     for old_id, new_id in result.created.items():
         console.print(f"replayed {old_id} as {new_id}")
     for old_id, new_id in result.already.items():
         console.print(f"[yellow]{old_id} was replayed before as {new_id}[/yellow]; nothing charged (use --again)")
     for old_id, why in result.refused.items():
         console.print(f"[red]not replayed[/red] {old_id}: {why}")
-    console.print(f"{len(result.created)} new deliveries, {result.charged} credits charged;"
-                  " a worker sends them within one sweep interval")
-    if result.refused:
-        raise typer.Exit(EXIT_FAILED)

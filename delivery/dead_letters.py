@@ -12,6 +12,10 @@ computes the total charge, `bulk_replay` replays only when its `confirm_total` e
 computed again at that moment (so an API can offer the same confirmation), in batches of
 REPLAY_BATCH_MAX through create_messages, at most REPLAY_PER_CALL_MAX per call; dead
 deliveries replayed before are left out, so the next call goes on where this one stopped.
+
+A batch whose COMMIT answer was lost is resolved by asking the database (create_messages); when
+it cannot tell in time, `ReplayOutcomeUnknown` says which replays were written before that batch
+and which are in doubt. Keyed replays can then simply be run again: each is written at most once.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from datetime import datetime
 import asyncpg
 
 from billing.errors import BillingError, DeliveryNotFound, InvalidInput
-from billing.messages import MessageCreated, MessageRequest, create_messages
+from billing.messages import OUTCOME_WAIT_SECONDS, CreateOutcomeUnknown, MessageCreated, MessageRequest, create_messages
 
 PAGE_SIZE_MAX = 500
 REPLAY_BATCH_MAX = 200  # requests per create_messages transaction (each holds a payload, up to 1 MiB)
@@ -34,6 +38,18 @@ REPLAY_KEY_PREFIX = "replay:"
 
 class ReplayRefused(BillingError):
     """The replay was refused; nothing was written."""
+
+
+class ReplayOutcomeUnknown(CreateOutcomeUnknown):
+    """The connection broke while a batch of replays was committing and the database could not be
+    asked in time whether it was written. `done` holds what earlier batches of the call wrote for
+    certain; `in_doubt` the dead deliveries whose replays may or may not exist now."""
+
+    def __init__(self, unknown: CreateOutcomeUnknown, done: Replayed, in_doubt: list[uuid.UUID], keyed: bool) -> None:
+        super().__init__(unknown.results, unknown.message_ids, unknown.transaction_id)
+        self.done = done
+        self.in_doubt = in_doubt
+        self.keyed = keyed  # keyed replays are safe to run again: each is written at most once
 
 
 class ReplayTotalMismatch(ReplayRefused):
@@ -141,9 +157,11 @@ class Replayed:
     charged: int = 0
 
 
-async def replay(pool: asyncpg.Pool, delivery_id: uuid.UUID, *, attempts_max: int, again: bool = False) -> Replayed:
+async def replay(pool: asyncpg.Pool, delivery_id: uuid.UUID, *, attempts_max: int, again: bool = False,
+                 outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS) -> Replayed:
     """Replay one dead delivery as a new delivery to its endpoint, with a new charge."""
-    result = await _replay(pool, [delivery_id], attempts_max=attempts_max, keyed=not again)
+    result = await _replay(pool, [delivery_id], attempts_max=attempts_max, keyed=not again,
+                           outcome_wait_seconds=outcome_wait_seconds)
     if delivery_id in result.refused:
         raise ReplayRefused(result.refused[delivery_id])
     return result
@@ -169,7 +187,8 @@ async def plan_bulk_replay(pool: asyncpg.Pool, endpoint_id: uuid.UUID, died_afte
 
 
 async def bulk_replay(pool: asyncpg.Pool, endpoint_id: uuid.UUID, died_after: datetime, died_before: datetime,
-                      *, confirm_total: int, attempts_max: int, limit: int = REPLAY_PER_CALL_MAX) -> Replayed:
+                      *, confirm_total: int, attempts_max: int, limit: int = REPLAY_PER_CALL_MAX,
+                      outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS) -> Replayed:
     """Replay the endpoint's dead deliveries in the range if `confirm_total` equals the total charge now."""
     plan = await plan_bulk_replay(pool, endpoint_id, died_after, died_before, limit=limit)
     if confirm_total != plan.total_charge:
@@ -177,10 +196,12 @@ async def bulk_replay(pool: asyncpg.Pool, endpoint_id: uuid.UUID, died_after: da
             f"the replay would charge {plan.total_charge} credits for {len(plan.delivery_ids)} deliveries,"
             f" but {confirm_total} was confirmed; nothing was replayed"
         )
-    return await _replay(pool, list(plan.delivery_ids), attempts_max=attempts_max, keyed=True)
+    return await _replay(pool, list(plan.delivery_ids), attempts_max=attempts_max, keyed=True,
+                         outcome_wait_seconds=outcome_wait_seconds)
 
 
-async def _replay(pool: asyncpg.Pool, delivery_ids: list[uuid.UUID], *, attempts_max: int, keyed: bool) -> Replayed:
+async def _replay(pool: asyncpg.Pool, delivery_ids: list[uuid.UUID], *, attempts_max: int, keyed: bool,
+                  outcome_wait_seconds: float) -> Replayed:
     result = Replayed()
     for start in range(0, len(delivery_ids), REPLAY_BATCH_MAX):
         batch = delivery_ids[start:start + REPLAY_BATCH_MAX]
@@ -198,7 +219,12 @@ async def _replay(pool: asyncpg.Pool, delivery_ids: list[uuid.UUID], *, attempts
                                                endpoint_ids=(source["endpoint_id"],)))
                 olds.append(old_id)
         if requests:
-            for old_id, outcome in zip(olds, await create_messages(pool, requests, attempts_max=attempts_max)):
+            try:
+                outcomes = await create_messages(pool, requests, attempts_max=attempts_max,
+                                                 outcome_wait_seconds=outcome_wait_seconds)
+            except CreateOutcomeUnknown as unknown:
+                raise ReplayOutcomeUnknown(unknown, result, olds, keyed) from unknown.__cause__
+            for old_id, outcome in zip(olds, outcomes):
                 _record(result, old_id, outcome)
     return result
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-for _folder in (Path(__file__).parent, Path(__file__).parent.parent / "engine", Path(__file__).parent.parent / "billing"):
+_HERE = Path(__file__).parent
+for _folder in (_HERE, _HERE.parent / "engine", _HERE.parent / "billing", _HERE.parent / "api"):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
