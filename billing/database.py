@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
 import asyncpg
+
+OUTCOME_WAIT_SECONDS = 10.0  # how long a lost COMMIT answer is asked after before "cannot tell"
+_OUTCOME_POLL_SECONDS = 0.05
+# What asking the database may fail with while it restarts or is unreachable.
+_ASKING_ERRORS = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
+_TRANSACTION_STATUS = "SELECT pg_xact_status($1::xid8)"
 
 
 async def create_pool(database_url: str, *, size_min: int = 2, size_max: int = 10) -> asyncpg.Pool:
@@ -36,3 +43,78 @@ async def transaction(executor: Executor) -> AsyncIterator[asyncpg.Connection]:
     else:
         async with executor.transaction():
             yield executor
+
+
+class OutcomeUnknown(Exception):
+    """The connection broke while a transaction's COMMIT was in flight, and the database could not
+    be asked in time whether it took effect: it did wholly or not at all.
+
+    `look_for` says what to look for to find out (the caller may make it more precise)."""
+
+    def __init__(self, message: str, transaction_id: int, look_for: str = "it") -> None:
+        super().__init__(message)
+        self.transaction_id = transaction_id
+        self.look_for = look_for
+
+
+class NotWritten(Exception):
+    """The connection broke while a transaction's COMMIT was in flight, and the database says it
+    did not take effect: nothing of it was written. The connection's error is the cause."""
+
+
+async def transaction_status(pool: asyncpg.Pool, transaction_id: int, *, wait_seconds: float) -> bool | None:
+    """Whether a transaction committed (True) or not (False), asked with `pg_xact_status`, which
+    PostgreSQL provides for exactly this: a client that lost its connection while COMMIT was in
+    flight. None when it cannot tell within `wait_seconds`: unreachable all that time, or the
+    transaction still in progress (its backend may outlive our side of the connection, or not
+    have read the COMMIT yet), which is asked again until then. A transaction cut off by a crash
+    reads as aborted once the server is back.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_seconds
+    while (remaining := deadline - loop.time()) > 0:
+        try:
+            status = await asyncio.wait_for(pool.fetchval(_TRANSACTION_STATUS, transaction_id), remaining)
+        except _ASKING_ERRORS:
+            status = "unreachable"  # restarting, or a pooled connection the restart broke: ask again
+        if status == "committed":
+            return True
+        if status == "aborted":
+            return False
+        if status is None:  # older than the commit log kept: cannot happen within seconds, but say so
+            return None
+        await asyncio.sleep(min(_OUTCOME_POLL_SECONDS, max(0.0, deadline - loop.time())))
+    return None
+
+
+@contextlib.asynccontextmanager
+async def resolved_transaction(pool: asyncpg.Pool, *,
+                               wait_seconds: float = OUTCOME_WAIT_SECONDS) -> AsyncIterator[asyncpg.Connection]:
+    """A transaction on a pooled connection whose COMMIT, if its answer is lost, is resolved
+    instead of guessed: written, the block's results stand and this returns normally; not
+    written, NotWritten; no answer within `wait_seconds`, OutcomeUnknown.
+
+    For writes that are not idempotent and show something once (an account's first key, a new
+    key, an endpoint): a client told "failed" that retries would otherwise make a second one, or
+    lose the one shown. It costs one round trip more than `transaction`: the transaction's id.
+    """
+    async with pool.acquire() as connection:
+        handle = connection.transaction()
+        await handle.start()
+        try:
+            transaction_id = await connection.fetchval("SELECT pg_current_xact_id()")
+            yield connection
+        except BaseException:
+            with contextlib.suppress(Exception):  # a broken connection cannot roll back: it is gone anyway
+                await handle.rollback()
+            raise
+        try:
+            await handle.commit()
+        except Exception as error:
+            committed = await transaction_status(pool, transaction_id, wait_seconds=wait_seconds)
+            if committed:
+                return
+            if committed is None:
+                raise OutcomeUnknown(f"the answer to COMMIT was lost (transaction {transaction_id})",
+                                     transaction_id) from error
+            raise NotWritten(f"the connection broke at COMMIT and nothing was written: {error!r}") from error

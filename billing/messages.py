@@ -9,7 +9,6 @@ and a refused request writes nothing.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import uuid
 from collections import defaultdict
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from billing import ids
-from billing.database import Executor, transaction
+from billing.database import OUTCOME_WAIT_SECONDS, Executor, OutcomeUnknown, transaction, transaction_status
 from billing.errors import (
     AccountNotActive,
     AccountNotFound,
@@ -34,10 +33,6 @@ PAYLOAD_BYTES_MAX = 1_048_576  # the schema's bound; the API enforces its own, s
 BATCH_REQUESTS_MAX = 1000
 ATTEMPTS_MAX_LIMIT = 50  # the schema's bound on deliveries.attempts_max
 TARGET_ENDPOINTS_MAX = 100  # a targeted request (a replay) names at most this many endpoints
-OUTCOME_WAIT_SECONDS = 10.0  # how long resolve_outcome keeps asking before it says it cannot tell
-_OUTCOME_POLL_SECONDS = 0.05
-# What asking the database may fail with while it restarts or is unreachable.
-_ASKING_ERRORS = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
 @dataclass(frozen=True)
@@ -75,7 +70,7 @@ class MessageCreated:
     replayed: bool  # True when an idempotency key returned an earlier result
 
 
-class CreateOutcomeUnknown(Exception):
+class CreateOutcomeUnknown(OutcomeUnknown):
     """The connection broke while a batch's COMMIT was in flight, so this side cannot tell whether
     it took effect. It did wholly or not at all; `resolve_outcome` asks the database which.
 
@@ -85,10 +80,9 @@ class CreateOutcomeUnknown(Exception):
 
     def __init__(self, results: list, message_ids: list[uuid.UUID], transaction_id: int) -> None:
         super().__init__(f"the answer to COMMIT of {len(message_ids)} new messages was lost"
-                         f" (transaction {transaction_id})")
+                         f" (transaction {transaction_id})", transaction_id, "it among your deliveries")
         self.results = results  # what the batch answers if it was written
         self.message_ids = message_ids  # the batch's new messages: all exist if it was written, none if not
-        self.transaction_id = transaction_id  # pg_current_xact_id() of the batch's transaction
 
 
 def validate(request: MessageRequest) -> None:
@@ -182,34 +176,14 @@ async def resolve_outcome(pool: asyncpg.Pool, unknown: CreateOutcomeUnknown, *,
                           wait_seconds: float = OUTCOME_WAIT_SECONDS) -> list[MessageCreated | BillingError] | None:
     """Whether the batch behind `unknown` was written: its results if it was, None if nothing was.
 
-    It asks PostgreSQL for the status of the batch's transaction, `pg_xact_status`, which exists
-    for exactly this: a client that lost its connection while COMMIT was in progress. "in
-    progress" (the server has not read the COMMIT yet, or is still writing it; its backend may
-    outlive the client's side of the connection) is asked again until it is committed or aborted;
-    a transaction cut off by a crash reads as aborted once the server is back. Raises `unknown`
-    again if it cannot tell within `wait_seconds`: the database unreachable all that time, or the
-    transaction still open.
+    Asks PostgreSQL for the status of the batch's transaction (`billing.database.transaction_status`);
+    raises `unknown` again if it cannot tell within `wait_seconds`: the database unreachable all
+    that time, or the transaction still open.
     """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_seconds
-    while True:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            raise unknown
-        try:
-            status = await asyncio.wait_for(pool.fetchval(_TRANSACTION_STATUS, unknown.transaction_id), remaining)
-        except _ASKING_ERRORS:
-            status = "unreachable"  # restarting, or a pooled connection the restart broke: ask again
-        if status == "committed":
-            return unknown.results
-        if status == "aborted":
-            return None
-        if status is None:  # older than the commit log kept: cannot happen within seconds, but say so
-            raise unknown
-        await asyncio.sleep(min(_OUTCOME_POLL_SECONDS, max(0.0, deadline - loop.time())))
-
-
-_TRANSACTION_STATUS = "SELECT pg_xact_status($1::xid8)"
+    committed = await transaction_status(pool, unknown.transaction_id, wait_seconds=wait_seconds)
+    if committed is None:
+        raise unknown
+    return unknown.results if committed else None
 
 
 class _Plan:

@@ -15,7 +15,7 @@ from datetime import datetime
 import asyncpg
 
 from billing import ids
-from billing.database import Executor, transaction
+from billing.database import OUTCOME_WAIT_SECONDS, Executor, OutcomeUnknown, resolved_transaction, transaction
 from billing.settle import DeadReason, settle
 from delivery.signer_cache import endpoint_secret_context
 from signing import Keyring, decrypt_secret, encrypt_secret
@@ -90,25 +90,33 @@ async def create_endpoint(
     description: str = "",
     timeout_ms: int = 15000,
     enabled: bool = True,
+    outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS,
 ) -> Endpoint:
     """Create an endpoint under the per-account bound; raises EndpointLimitReached past it.
 
     The account row is locked first (the platform's one lock order), so two concurrent creates
-    cannot both pass the count.
+    cannot both pass the count. A COMMIT whose answer is lost is resolved (resolved_transaction):
+    a client told "failed" would make a second endpoint, and every message would then be
+    delivered, and charged, twice. Not written: NotWritten; cannot tell: OutcomeUnknown naming
+    the endpoint's id.
     """
     endpoint_id = ids.new_id()
     ciphertext = seal_secret(secret, keyring, endpoint_id)
-    async with transaction(pool) as connection:
-        await connection.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
-        count = await connection.fetchval(
-            "SELECT count(*) FROM endpoints WHERE account_id = $1 AND deleted_at IS NULL", account_id
-        )
-        if count >= ENDPOINTS_PER_ACCOUNT_MAX:
-            raise EndpointLimitReached(f"an account has at most {ENDPOINTS_PER_ACCOUNT_MAX} endpoints")
-        return await insert_endpoint(
-            connection, account_id, url, secret_ciphertext=ciphertext, event_types=event_types,
-            description=description, timeout_ms=timeout_ms, endpoint_id=endpoint_id, enabled=enabled,
-        )
+    try:
+        async with resolved_transaction(pool, wait_seconds=outcome_wait_seconds) as connection:
+            await connection.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
+            count = await connection.fetchval(
+                "SELECT count(*) FROM endpoints WHERE account_id = $1 AND deleted_at IS NULL", account_id
+            )
+            if count >= ENDPOINTS_PER_ACCOUNT_MAX:
+                raise EndpointLimitReached(f"an account has at most {ENDPOINTS_PER_ACCOUNT_MAX} endpoints")
+            return await insert_endpoint(
+                connection, account_id, url, secret_ciphertext=ciphertext, event_types=event_types,
+                description=description, timeout_ms=timeout_ms, endpoint_id=endpoint_id, enabled=enabled,
+            )
+    except OutcomeUnknown as unknown:
+        unknown.look_for = f"endpoint {endpoint_id} (GET /v1/endpoints/{endpoint_id})"
+        raise
 
 
 async def list_endpoints(pool: Executor, account_id: uuid.UUID) -> list[Endpoint]:

@@ -11,7 +11,7 @@ import structlog
 from aiohttp import web
 
 from billing.errors import BillingError
-from billing.messages import CreateOutcomeUnknown
+from billing.database import NotWritten, OutcomeUnknown
 from delivery import database, metrics
 from delivery.api import problems
 from delivery.api.problems import Problem
@@ -79,9 +79,12 @@ async def errors_as_problems(request: web.Request, handler) -> web.StreamRespons
         headers = {k: v for k, v in error.headers.items() if k.lower() in ("allow", "retry-after")}
         detail = error.reason if error.status != 404 else "no such route"
         return problems.response(Problem(error.status, detail, _slug(error.status), headers=headers))
-    except CreateOutcomeUnknown as error:  # a replay whose COMMIT answer was lost, and no way to check it
+    except OutcomeUnknown as error:  # a COMMIT answer lost, and no way to check it in time
         log.error("write outcome unknown", method=request.method, path=request.path, error=repr(error))
-        return problems.response(problems.write_outcome_unknown(keyed=False))
+        return problems.response(problems.write_outcome_unknown(keyed=False, look_for=error.look_for))
+    except NotWritten as error:  # a COMMIT answer lost, and the database says it did not take effect
+        log.warning("write not committed", method=request.method, path=request.path, error=repr(error))
+        return problems.response(problems.write_failed())
     except database.UNAVAILABLE as error:  # a 503 to retry, not a 500
         log.warning("database unavailable", method=request.method, path=request.path, error=repr(error))
         detail = "the database is unavailable; retry shortly"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from billing.database import transaction
+from billing.database import OutcomeUnknown, resolved_transaction
 from delivery.api import api_keys, responses
 from delivery.api.context import context
 from delivery.api.problems import Problem, not_found
@@ -18,13 +18,21 @@ async def create_key(request: web.Request) -> web.Response:
     ctx = context(request)
     account_id = await ctx.account(request)
     decode(await request.read(), Empty, optional=True)
-    async with transaction(ctx.pool) as connection:
-        # The account lock serializes concurrent creates, so the per-account bound holds.
-        await connection.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
-        try:
-            key = await api_keys.create_key(connection, account_id)
-        except api_keys.KeyLimitReached as error:
-            raise Problem(409, str(error), "limit-reached") from None
+    key = None
+    try:
+        # A COMMIT answer lost is resolved, not guessed: the key is shown only in this answer.
+        async with resolved_transaction(ctx.pool, wait_seconds=ctx.settings.api.commit_outcome_wait_seconds) as connection:
+            # The account lock serializes concurrent creates, so the per-account bound holds.
+            await connection.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
+            try:
+                key = await api_keys.create_key(connection, account_id)
+            except api_keys.KeyLimitReached as error:
+                raise Problem(409, str(error), "limit-reached") from None
+    except OutcomeUnknown as unknown:
+        if key is not None:
+            unknown.look_for = (f"key {key.id} in GET /v1/api-keys; if it is there, its secret was lost with the"
+                                " answer, so revoke it and create another")
+        raise
     return responses.json(responses.from_row(responses.ApiKeyCreated, key), 201)
 
 

@@ -66,7 +66,7 @@ async def create_endpoint(request: web.Request) -> web.Response:
         endpoint = await store.create_endpoint(
             ctx.pool, account_id, body.url, secret=body.secret or generate_secret(), keyring=ctx.keyring,
             event_types=body.event_types, description=body.description, timeout_ms=body.timeout_ms,
-            enabled=body.enabled,
+            enabled=body.enabled, outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds,
         )
     except store.EndpointLimitReached as error:
         raise Problem(409, str(error), "limit-reached") from None

@@ -55,8 +55,7 @@ async def submit(ctx: ApiContext, request: MessageRequest) -> MessageCreated:
         raise Problem(503, "the server is shutting down; retry", "shutting-down",
                       headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
     except group_commit.BatchFailed:
-        raise Problem(503, "the database did not accept the write; nothing was written, retry", "write-failed",
-                      headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
+        raise problems.write_failed() from None
     except group_commit.BatchOutcomeUnknown:
         raise problems.write_outcome_unknown(request.idempotency_key is not None) from None
     if isinstance(result, BillingError):

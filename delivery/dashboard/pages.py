@@ -19,7 +19,7 @@ import structlog
 from aiohttp import web
 
 from billing.errors import BillingError
-from billing.messages import CreateOutcomeUnknown
+from billing.database import NotWritten, OutcomeUnknown
 from delivery import database
 from delivery.api import problems
 from delivery.api.context import CONTEXT, ApiContext
@@ -125,9 +125,12 @@ async def errors_as_pages(request: web.Request, handler) -> web.StreamResponse:
             raise
         detail = "there is no such page" if error.status == 404 else (error.text or error.reason)
         return _error_page(request, Problem(error.status, detail))
-    except CreateOutcomeUnknown as error:  # a replay whose COMMIT answer was lost, and no way to check it
+    except OutcomeUnknown as error:  # a COMMIT answer lost, and no way to check it in time
         log.error("write outcome unknown", method=request.method, path=request.path, error=repr(error))
-        return _error_page(request, problems.write_outcome_unknown(keyed=False))
+        return _error_page(request, problems.write_outcome_unknown(keyed=False, look_for=error.look_for))
+    except NotWritten as error:  # a COMMIT answer lost, and the database says it did not take effect
+        log.warning("write not committed", method=request.method, path=request.path, error=repr(error))
+        return _error_page(request, problems.write_failed())
     except database.UNAVAILABLE as error:
         log.warning("database unavailable", method=request.method, path=request.path, error=repr(error))
         return _error_page(request, Problem(503, "the database is unavailable; try again in a moment",

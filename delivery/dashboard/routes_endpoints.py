@@ -91,6 +91,7 @@ async def create_endpoint(request: web.Request) -> web.Response:
         endpoint = await store.create_endpoint(
             ctx.pool, account_id, body.url, secret=generate_secret(), keyring=ctx.keyring,
             event_types=body.event_types, description=body.description, timeout_ms=body.timeout_ms,
+            outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds,
         )
     except (Problem, InvalidEndpointUrlError, store.EndpointLimitReached) as error:
         errors = _errors(error) if isinstance(error, Problem) else [str(error)]

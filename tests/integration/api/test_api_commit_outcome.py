@@ -183,3 +183,66 @@ async def test_the_api_answers_each_outcome(api, cut_pool, cutter, queue):
     stored = await api.pool.fetchval("SELECT count(*) FROM messages WHERE account_id = $1", account_id)
     assert stored == 3  # warm, a and c: b was not written, c once
     assert await api.pool.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id) == 97
+
+
+# Creates that are not idempotent and show something once: the account with its first key, a new
+# key, an endpoint (a second endpoint to the same URL would receive, and charge, every message twice).
+_CREATES = {
+    # name: (table, the request, where the 503 detail points when it cannot tell)
+    "account": ("accounts", lambda api, headers: ("/v1/accounts", {"name": "cut"}, api.operator), "GET /v1/accounts/"),
+    "api key": ("api_keys", lambda api, headers: ("/v1/api-keys", None, headers), "in GET /v1/api-keys"),
+    "endpoint": ("endpoints", lambda api, headers: ("/v1/endpoints", {"url": "https://example.com/hook"}, headers),
+                 "GET /v1/endpoints/"),
+}
+
+
+@pytest.mark.parametrize("create", sorted(_CREATES))
+async def test_creates_that_show_something_once_resolve_a_lost_commit(api, cut_pool, cutter, queue, create):
+    """Through the proxy: written behind a lost COMMIT, 201 with what was made (shown once, not lost);
+    not written, 503 write-failed (safe to retry: the SDK does); cannot tell, 503 write-outcome-unknown
+    naming what to look for, and once the COMMIT goes through the row exists once. Before, the first
+    two answered 503 database-unavailable ("may have completed"), and a retry made a second one."""
+    table, request, pointer = _CREATES[create]
+    settings = dataclasses.replace(api.settings, api=dataclasses.replace(api.settings.api,
+                                                                          commit_outcome_wait_seconds=1))
+    _, headers = await api.account(balance=10)
+    path, body, auth = request(api, headers)
+    rows = f"SELECT count(*) FROM {table}"
+    async with TestClient(TestServer(create_app(settings, cut_pool, queue), host="127.0.0.1")) as client:
+        async def post():
+            return await client.post(path, json=body, headers=auth) if body is not None else \
+                await client.post(path, headers=auth)
+
+        assert (await post()).status == 201  # the key is looked up and cached before any cut
+        before = await api.pool.fetchval(rows)
+        cutter.arm("after")
+        written = await post()
+        assert written.status == 201, await written.text()
+        made = await written.json()
+        assert await api.pool.fetchval(rows) == before + 1
+        cutter.arm("before")
+        failed = await post()
+        problem = await failed.json()
+        assert failed.status == 503 and problem["type"].endswith("/write-failed"), problem
+        assert await api.pool.fetchval(rows) == before + 1
+        cutter.arm("hold")
+        unknown = await post()
+        problem = await unknown.json()
+        assert unknown.status == 503 and problem["type"].endswith("/write-outcome-unknown"), problem
+        assert pointer in problem["detail"], problem["detail"]
+        cutter.release()
+        await _until(lambda: api.pool.fetchval(rows), before + 2)
+        assert cutter.cuts == 3
+    if create == "account":
+        assert made["api_key"]["key"] and made["account"]["id"]
+    elif create == "api key":
+        assert made["key"]
+    else:
+        assert made["id"] and made["url"] == "https://example.com/hook"
+
+
+async def _until(read, expected, seconds: float = 10) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while (value := await read()) != expected:
+        assert asyncio.get_running_loop().time() < deadline, f"{value} != {expected}"
+        await asyncio.sleep(0.05)
