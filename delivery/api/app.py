@@ -53,6 +53,8 @@ def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> w
         attempts_max=settings.ledger.attempts_max,
         batch_max=api.group_commit_batch_max,
         concurrency=api.group_commit_concurrency,
+        parallel_waiting_min=api.group_commit_parallel_waiting_min,
+        stall_seconds=api.group_commit_stall_ms / 1000,
         queue_max=api.group_commit_queue_max,
         wake=queue.wake if queue is not None else None,
         outcome_wait_seconds=api.commit_outcome_wait_seconds,

@@ -19,6 +19,9 @@ def test_defaults_without_any_setting() -> None:
     assert settings.redis.start_wait_seconds == 30
     assert settings.api.commit_outcome_wait_seconds == 10
     assert config.load({"HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS": "3"}).api.commit_outcome_wait_seconds == 3
+    assert (settings.api.group_commit_parallel_waiting_min, settings.api.group_commit_stall_ms) == (48, 50)
+    tuned = config.load({"HOOKLEDGER_GROUP_COMMIT_PARALLEL_WAITING_MIN": "1", "HOOKLEDGER_GROUP_COMMIT_STALL_MS": "0"})
+    assert (tuned.api.group_commit_parallel_waiting_min, tuned.api.group_commit_stall_ms) == (1, 0)
     assert settings.secret_keyring is None and settings.api.operator_key is None
 
 
@@ -48,6 +51,9 @@ def test_settings_are_read_from_the_mapping_given() -> None:
         ({"HOOKLEDGER_REDIS_START_WAIT_SECONDS": "-1"}, "HOOKLEDGER_REDIS_START_WAIT_SECONDS must be between 0 and 3600"),
         ({"HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS": "0"},
          "HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS must be between 1 and 300"),
+        ({"HOOKLEDGER_GROUP_COMMIT_STALL_MS": "-1"}, "HOOKLEDGER_GROUP_COMMIT_STALL_MS must be between 0 and 60000"),
+        ({"HOOKLEDGER_GROUP_COMMIT_PARALLEL_WAITING_MIN": "0"},
+         "HOOKLEDGER_GROUP_COMMIT_PARALLEL_WAITING_MIN must be between 1 and 10000"),
         ({"HOOKLEDGER_WORKER_GC_GEN0": "100"}, "HOOKLEDGER_WORKER_GC_GEN0 must be 0"),
         ({"HOOKLEDGER_API_GC_GEN0": "100"}, "HOOKLEDGER_API_GC_GEN0 must be 0"),
     ],

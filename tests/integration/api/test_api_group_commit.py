@@ -227,3 +227,58 @@ async def test_a_kept_connection_the_server_closed_is_not_reused(pool, database_
         assert all(isinstance(result, messages.MessageCreated) for result in after), after
     finally:
         await coalescer.close()
+
+
+async def _hold_account_lock(pool, account_id):
+    """A connection holding the account's row lock, as a long settle or closeout would."""
+    holder = await pool.acquire()
+    transaction = holder.transaction()
+    await transaction.start()
+    await holder.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
+    return holder, transaction
+
+
+async def test_a_batch_beside_a_running_one_waits_for_enough_requests_or_a_stall(pool):
+    """parallel_waiting_min: a lone request does not start a second transaction beside a young one (it
+    would be a batch of one); once the running batch has run stall_seconds (here: stuck on a locked
+    account), it does start, and commits while the first is still stuck."""
+    stuck, free = await _account_with_endpoint(pool, 100), await _account_with_endpoint(pool, 100)
+    holder, held = await _hold_account_lock(pool, stuck)
+    coalescer = Coalescer(pool, attempts_max=3, concurrency=2, parallel_waiting_min=100, stall_seconds=0.3)
+    loop = asyncio.get_running_loop()
+    try:
+        first = asyncio.create_task(coalescer.submit(messages.MessageRequest(stuck, "t", b"1")))
+        await asyncio.sleep(0.05)  # the first batch is running, waiting for the lock
+        started = loop.time()
+        second = await asyncio.wait_for(coalescer.submit(messages.MessageRequest(free, "t", b"2")), 10)
+        waited = loop.time() - started
+        assert isinstance(second, messages.MessageCreated) and not first.done()
+        assert 0.2 <= waited < 5, waited  # it waited for the stall, not for the stuck batch
+    finally:
+        await held.rollback()
+        await pool.release(holder)
+    assert isinstance(await asyncio.wait_for(first, 10), messages.MessageCreated)
+    await coalescer.close()
+
+
+async def test_enough_waiting_requests_start_a_second_batch_at_once(pool):
+    """With parallel_waiting_min requests waiting, the second transaction starts without waiting for
+    the stall time (here far longer than the test)."""
+    stuck, free = await _account_with_endpoint(pool, 100), await _account_with_endpoint(pool, 100)
+    holder, held = await _hold_account_lock(pool, stuck)
+    coalescer = Coalescer(pool, attempts_max=3, concurrency=2, parallel_waiting_min=3, stall_seconds=60)
+    try:
+        first = asyncio.create_task(coalescer.submit(messages.MessageRequest(stuck, "t", b"1")))
+        await asyncio.sleep(0.05)
+        lone = asyncio.create_task(coalescer.submit(messages.MessageRequest(free, "t", b"lone")))
+        await asyncio.sleep(0.2)
+        assert not lone.done() and coalescer.waiting == 1  # below the threshold: it waits
+        more = [coalescer.submit(messages.MessageRequest(free, "t", b"%d" % n)) for n in range(2)]
+        results = await asyncio.wait_for(asyncio.gather(lone, *more), 10)
+        assert all(isinstance(result, messages.MessageCreated) for result in results)
+        assert not first.done()
+    finally:
+        await held.rollback()
+        await pool.release(holder)
+    assert isinstance(await asyncio.wait_for(first, 10), messages.MessageCreated)
+    await coalescer.close()
