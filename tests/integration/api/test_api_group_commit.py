@@ -255,10 +255,8 @@ async def test_a_batch_beside_a_running_one_waits_for_enough_requests_or_a_stall
         assert isinstance(second, messages.MessageCreated) and not first.done()
         assert 0.2 <= waited < 5, waited  # it waited for the stall, not for the stuck batch
     finally:
-        await held.rollback()
-        await pool.release(holder)
+        await _release_and_close(pool, holder, held, coalescer)
     assert isinstance(await asyncio.wait_for(first, 10), messages.MessageCreated)
-    await coalescer.close()
 
 
 async def test_enough_waiting_requests_start_a_second_batch_at_once(pool):
@@ -278,7 +276,13 @@ async def test_enough_waiting_requests_start_a_second_batch_at_once(pool):
         assert all(isinstance(result, messages.MessageCreated) for result in results)
         assert not first.done()
     finally:
-        await held.rollback()
-        await pool.release(holder)
+        await _release_and_close(pool, holder, held, coalescer)
     assert isinstance(await asyncio.wait_for(first, 10), messages.MessageCreated)
-    await coalescer.close()
+
+
+async def _release_and_close(pool, holder, held, coalescer) -> None:
+    """Let the stuck batch go and close the coalescer, which returns its connections (a failed
+    assertion must not leave them held: the pool's teardown would wait for them)."""
+    await held.rollback()
+    await pool.release(holder)
+    await asyncio.wait_for(coalescer.close(), 10)
