@@ -37,15 +37,13 @@ async def create_account(request: web.Request) -> web.Response:
         price = ctx.settings.ledger.price_per_delivery_default
     # The account and its first key in one transaction: never an account nobody can use. Its
     # COMMIT answer lost is resolved, not guessed: an operator told "failed" would create another.
-    account = None
     try:
         async with resolved_transaction(ctx.pool, wait_seconds=ctx.settings.api.commit_outcome_wait_seconds) as connection:
             account = await billing_accounts.create_account(connection, body.name, price_per_delivery=price)
             key = await api_keys.create_key(connection, account.id)
-    except OutcomeUnknown as unknown:
-        if account is not None:
-            unknown.look_for = (f"account {account.id} (GET /v1/accounts/{account.id}); if it exists, its first API key"
-                                " was lost with the answer, so delete it and create another")
+    except OutcomeUnknown as unknown:  # raised only at COMMIT, so the block has run: account is set
+        unknown.look_for = (f"account {account.id} (GET /v1/accounts/{account.id}); if it exists, its first API key"
+                            " was lost with the answer, so delete it and create another")
         raise
     created = responses.AccountCreated(_account(account), responses.from_row(responses.ApiKeyCreated, key))
     return responses.json(created, 201)

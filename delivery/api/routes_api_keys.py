@@ -18,7 +18,6 @@ async def create_key(request: web.Request) -> web.Response:
     ctx = context(request)
     account_id = await ctx.account(request)
     decode(await request.read(), Empty, optional=True)
-    key = None
     try:
         # A COMMIT answer lost is resolved, not guessed: the key is shown only in this answer.
         async with resolved_transaction(ctx.pool, wait_seconds=ctx.settings.api.commit_outcome_wait_seconds) as connection:
@@ -28,10 +27,9 @@ async def create_key(request: web.Request) -> web.Response:
                 key = await api_keys.create_key(connection, account_id)
             except api_keys.KeyLimitReached as error:
                 raise Problem(409, str(error), "limit-reached") from None
-    except OutcomeUnknown as unknown:
-        if key is not None:
-            unknown.look_for = (f"key {key.id} in GET /v1/api-keys; if it is there, its secret was lost with the"
-                                " answer, so revoke it and create another")
+    except OutcomeUnknown as unknown:  # raised only at COMMIT, so the block has run: key is set
+        unknown.look_for = (f"key {key.id} in GET /v1/api-keys; if it is there, its secret was lost with the"
+                            " answer, so revoke it and create another")
         raise
     return responses.json(responses.from_row(responses.ApiKeyCreated, key), 201)
 

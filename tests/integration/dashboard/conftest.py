@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-if str(Path(__file__).parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).parent))
+for _folder in (Path(__file__).parent, Path(__file__).parent.parent / "api"):  # api: commit_cutter
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 from dashboard_helpers import dash, dashboard_server  # noqa: E402,F401
