@@ -68,3 +68,56 @@ def test_parse_id_reads_what_str_wrote_and_refuses_the_rest() -> None:
     for bad in ("", "zz", good[:-1], good + "0", good[:-1] + "g", "{" + good + "}", "urn:uuid:" + good):
         with pytest.raises(ValueError):
             ids.parse_id(bad)
+
+
+def test_ids_made_one_message_at_a_time_never_repeat_across_pool_refills() -> None:
+    """Ids take their random bits from a pool that one system call fills; many small calls (a
+    message and its deliveries) run through several refills, and a call larger than the pool."""
+    made = [value for _ in range(3000) for value in ids.new_ids(1 + _ % 4)]
+    made += ids.new_ids(2000)  # more than one pool holds
+    assert len(set(made)) == len(made)
+    # Ids of the same millisecond differ in their random bits, not only in the clock.
+    assert len({value.int & ((1 << 80) - 1) for value in made}) == len(made)
+
+
+def test_threads_never_get_the_same_random_bits() -> None:
+    import threading
+
+    results: list[list[uuid.UUID]] = [[] for _ in range(8)]
+
+    def make(slot: list[uuid.UUID]) -> None:
+        for _ in range(2000):
+            slot.extend(ids.new_ids(2))
+
+    threads = [threading.Thread(target=make, args=(slot,)) for slot in results]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every = [value for slot in results for value in slot]
+    assert len(every) == 8 * 4000 and len(set(every)) == len(every)
+
+
+def test_a_forked_child_does_not_hand_out_its_parents_random_bits() -> None:
+    import os
+
+    ids.new_ids(1)  # the pool now holds unused bits the child would otherwise inherit
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: send its next ids' random parts and leave at once
+        try:
+            child = b"".join(value.bytes for value in ids.new_ids(50))
+            os.write(write_end, child)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    child_bytes = b""
+    while chunk := os.read(read_end, 65536):
+        child_bytes += chunk
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    parent = ids.new_ids(50)
+    child = [uuid.UUID(bytes=child_bytes[i:i + 16]) for i in range(0, len(child_bytes), 16)]
+    assert len(child) == 50
+    random_part = (1 << 80) - 1
+    assert not {value.int & random_part for value in parent} & {value.int & random_part for value in child}
