@@ -124,6 +124,16 @@ class Coalescer:
         self._wake_down_since: float | None = None  # since when wake-ups fail or are backed up
         self._wake_left = 0  # deliveries left to the sweeper since then
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the coalescer runs on. Python 3.11's asyncio.get_running_loop() makes a getpid
+        system call each time (a fork check, dropped in 3.12): in the API's profile under load,
+        the calls per request here took 2% of its CPU."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     @property
     def waiting(self) -> int:
@@ -144,7 +154,7 @@ class Coalescer:
             if key in self._keys_in_flight:
                 raise KeyInProgress()
             self._keys_in_flight.add(key)
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future = self._running_loop().create_future()
         self._waiting.append((request, future, key))
         self._start_batches()
         # A handler cancelled here (its client gone) cancels only this future: the request stays
@@ -153,7 +163,7 @@ class Coalescer:
         return await future
 
     def _start_batches(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         while self._waiting and len(self._batches) < self._concurrency:
             if self._batches and len(self._waiting) < self._parallel_waiting_min and not self._closed:
                 youngest = max(self._started.values())
@@ -163,7 +173,7 @@ class Coalescer:
                     return
             count = min(len(self._waiting), self._batch_max)
             batch = [self._waiting.popleft() for _ in range(count)]
-            task = asyncio.create_task(self._run(batch))
+            task = loop.create_task(self._run(batch))
             self._batches.add(task)
             self._started[task] = loop.time()
             task.add_done_callback(self._batch_done)

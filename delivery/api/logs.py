@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import sys
 
 import structlog
+
+# The id of the request being served, added to every line logged while serving it. One
+# ContextVar of our own: structlog's bind/unbind_contextvars cost 1.5% of the API's CPU under load.
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("hookledger_request_id", default=None)
+_requests_logged = True  # whether the one line per request is written (level info or lower)
+
+
+def requests_logged() -> bool:
+    """Whether info lines are written; the per-request line is not even built when they are not."""
+    return _requests_logged
+
+
+def _add_request_id(_logger, _method: str, event: dict) -> dict:
+    request_id = REQUEST_ID.get()
+    if request_id is not None:
+        event.setdefault("request_id", request_id)
+    return event
+
 
 class _CurrentStdout:
     """Whatever sys.stdout is at the moment of each write.
@@ -27,8 +46,11 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 
 def configure(level: str = "info") -> None:
     """JSON lines on stdout; the standard library's loggers (aiohttp, ours) go the same way."""
+    global _requests_logged
     number = _LEVELS[level]
+    _requests_logged = number <= logging.INFO
     shared = [
+        _add_request_id,
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

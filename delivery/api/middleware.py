@@ -13,7 +13,7 @@ from aiohttp import web
 from billing.errors import BillingError
 from billing.database import NotWritten, OutcomeUnknown
 from delivery import database, metrics
-from delivery.api import problems
+from delivery.api import logs, problems
 from delivery.api.problems import Problem
 
 log = structlog.get_logger("hookledger.api")
@@ -42,7 +42,7 @@ async def observe(request: web.Request, handler) -> web.StreamResponse:
     """Accept a sane incoming X-Request-Id or make one; bind it to the log context; count the request."""
     incoming = request.headers.get("X-Request-Id", "")
     request_id = incoming if incoming and _SANE_REQUEST_ID.fullmatch(incoming) else _new_request_id()
-    structlog.contextvars.bind_contextvars(request_id=request_id)
+    bound = logs.REQUEST_ID.set(request_id)
     started = time.perf_counter()
     try:
         response = await handler(request)
@@ -50,13 +50,14 @@ async def observe(request: web.Request, handler) -> web.StreamResponse:
         route = request.match_info.route.resource
         template = route.canonical if route is not None else "unmatched"
         _count(template, response.status)
-        log.info(
-            "request", method=request.method, path=request.path, route=template, status=response.status,
-            duration_ms=round((time.perf_counter() - started) * 1000, 2),
-        )
+        if logs.requests_logged():
+            log.info(
+                "request", method=request.method, path=request.path, route=template, status=response.status,
+                duration_ms=round((time.perf_counter() - started) * 1000, 2),
+            )
         return response
     finally:
-        structlog.contextvars.unbind_contextvars("request_id")
+        logs.REQUEST_ID.reset(bound)
 
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

@@ -82,3 +82,37 @@ async def test_logs_are_json_lines_with_the_request_id(api, capsys):
 
         structlog.reset_defaults()
         logging.getLogger().handlers[:] = root_handlers
+
+
+async def test_lines_logged_while_serving_carry_its_request_id_and_only_those(capsys):
+    """At level warning the per-request line is not written, but any line logged while a request
+    is served (structlog's or the standard library's) carries its request id; a line logged after
+    the request carries none."""
+    import structlog
+    from aiohttp import web
+
+    from delivery.api import middleware
+
+    async def handler(request: web.Request) -> web.Response:
+        logging.getLogger("hookledger.test").warning("inside, from the standard library")
+        structlog.get_logger("hookledger.test").warning("inside, from structlog")
+        return web.json_response({})
+
+    app = web.Application(middlewares=[middleware.observe])
+    app.router.add_get("/x", handler)
+    root_handlers = logging.getLogger().handlers[:]
+    logs.configure("warning")
+    try:
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            assert (await client.get("/x", headers={"X-Request-Id": "trace-this"})).status == 200
+        logging.getLogger("hookledger.test").warning("after the request")
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+        inside = [line for line in lines if line["event"].startswith("inside")]
+        assert len(inside) == 2 and all(line["request_id"] == "trace-this" for line in inside)
+        assert not any(line["event"] == "request" for line in lines)  # info lines are off
+        after = [line for line in lines if line["event"] == "after the request"]
+        assert len(after) == 1 and "request_id" not in after[0]
+    finally:
+        logs.configure("info")  # the per-request line on again, as in every other test
+        structlog.reset_defaults()
+        logging.getLogger().handlers[:] = root_handlers
