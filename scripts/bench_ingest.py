@@ -14,7 +14,7 @@ messages/s and each rate as a share of the trivial handler's, the CPU each proce
 1,000 messages, and the share that the CPU PostgreSQL and Redis spent leaves room for.
 
 Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest.py [--seconds 5] [--concurrency 96] [--accounts 1000]
-       [--event-loop auto|uvloop|asyncio]
+       [--event-loop auto|uvloop|asyncio] [--fan-outs 1,4] [--no-bare-sql]
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ async def main(arguments: argparse.Namespace) -> None:
         report = {"benchmark": "ingest", "event_loop": loop_name, "seconds": seconds, "concurrency": concurrency, "accounts": arguments.accounts,
                   "group_commit_concurrency": arguments.group_commit_concurrency, "api": [], "bare_sql": [],
                   "trivial_cpu_shares": trivial_shares}
-        for fan_out in (1, 4):
+        for fan_out in arguments.fan_outs:
             for label, these_keys in (("1,000 accounts" if arguments.accounts == 1000 else f"{arguments.accounts} accounts", many_keys),
                                       ("one hot account", hot_key)):
                 roles = {"api": [servers[0].pid]}
@@ -244,7 +244,7 @@ async def main(arguments: argparse.Namespace) -> None:
         print(f"trivial aiohttp handler, each run: {', '.join(f'{c:.0f}' for c in ceilings)} msg/s (mean {ceiling:.0f})")
         pool = await create_pool(database_url, size_min=BARE_SQL_CONNECTIONS, size_max=BARE_SQL_CONNECTIONS)
         try:
-            for fan_out in (1, 4):
+            for fan_out in arguments.fan_outs if arguments.bare_sql else ():
                 for label, ids in (("many accounts", many_ids), ("one hot account", hot_id)):
                     rate = await bare_sql(pool, ids, fan_out, seconds, concurrency)
                     print(f"bare SQL (1 tx/msg) fan-out {fan_out}  {label:16} {rate:7.0f} msg/s  {rate / ceiling:5.0%}")
@@ -268,11 +268,16 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=96)
     parser.add_argument("--accounts", type=int, default=1000)
     parser.add_argument("--group-commit-concurrency", type=int, default=2)
+    parser.add_argument("--fan-outs", type=lambda text: [int(n) for n in text.split(",")], default=[1, 4],
+                        help="the fan-outs to measure, of 1 and 4 (default: both)")
+    parser.add_argument("--no-bare-sql", dest="bare_sql", action="store_false", help="skip the bare-SQL runs")
     parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--event-loop", choices=event_loop.CHOICES, default=config.load().event_loop,
                         help="the loop of the API and of the trivial handler (one loop for both, so the ceiling is fair)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parsed = parser.parse_args()
+    if not parsed.fan_outs or set(parsed.fan_outs) - set(BODIES):
+        parser.error(f"--fan-outs takes a comma-separated list of {', '.join(map(str, BODIES))}")
     if parsed.serve_trivial:
         serve_trivial(parsed.serve_trivial, parsed.event_loop)
     else:
