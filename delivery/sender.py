@@ -23,7 +23,7 @@ from typing import NamedTuple
 import aiohttp
 from yarl import URL
 
-from delivery import retry, ssrf
+from delivery import event_loop, retry, ssrf
 from delivery.errors import (
     AddressRefusedError,
     InvalidEndpointUrlError,
@@ -154,6 +154,7 @@ class Sender:
             total=self._settings.connections_max,
         )
         self._runners: set[asyncio.Task] = set()
+        self._running_loop = event_loop.RunningLoop()
         # Sends allowed to start whose runner has not run yet; each runner takes one as it begins.
         # A runner cancelled before its first step leaves its send here, for close() to cancel.
         self._starting: collections.deque[tuple] = collections.deque()
@@ -209,7 +210,7 @@ class Sender:
             raise RuntimeError("the sender is closed")
         if self.pending >= self._settings.sends_pending_max:
             raise SenderOverloadedError(f"{self.pending} sends pending")
-        future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[SendResult] = self._running_loop().create_future()
         url = self._checked_url(request.url)
         if isinstance(url, str):
             future.set_result(_failure(url, 0))
@@ -222,7 +223,7 @@ class Sender:
         queued = (request, url, future)
         if self._lanes.offer(request.endpoint_id, host, queued):
             self._starting.append((request.endpoint_id, host, queued))
-            runner = asyncio.get_running_loop().create_task(self._run())
+            runner = self._running_loop().create_task(self._run())
             self._runners.add(runner)
             runner.add_done_callback(self._runners.discard)
         return future

@@ -46,7 +46,7 @@ from billing.messages import (
     create_messages,
     resolve_outcome,
 )
-from delivery import metrics
+from delivery import event_loop, metrics
 
 logger = logging.getLogger(__name__)
 
@@ -124,16 +124,7 @@ class Coalescer:
         self._wake_down_since: float | None = None  # since when wake-ups fail or are backed up
         self._wake_left = 0  # deliveries left to the sweeper since then
         self._closed = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
-        """The loop the coalescer runs on. Python 3.11's asyncio.get_running_loop() makes a getpid
-        system call each time (a fork check, dropped in 3.12): in the API's profile under load,
-        the calls per request here took 2% of its CPU."""
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        return loop
+        self._running_loop = event_loop.RunningLoop()
 
     @property
     def waiting(self) -> int:

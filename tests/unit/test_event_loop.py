@@ -52,3 +52,25 @@ def test_configuration_reads_and_checks_the_choice():
     assert config.load({"HOOKLEDGER_EVENT_LOOP": " AsyncIO "}).event_loop == "asyncio"
     with pytest.raises(config.ConfigError, match="HOOKLEDGER_EVENT_LOOP must be auto, uvloop, asyncio, got 'trio'"):
         config.load({"HOOKLEDGER_EVENT_LOOP": "trio"})
+
+
+def test_running_loop_is_the_loop_it_was_first_called_on():
+    """RunningLoop answers get_running_loop() once asked inside a loop; outside one it refuses as
+    that function does, and it never binds to a loop it was not called on."""
+    running = event_loop.RunningLoop()
+    with pytest.raises(RuntimeError):
+        running()  # no loop runs here, and nothing is remembered
+
+    async def ask() -> tuple:
+        return running(), running(), asyncio.get_running_loop()
+
+    for choice in ("asyncio", "auto"):
+        fresh = event_loop.RunningLoop()
+
+        async def ask_fresh() -> tuple:
+            return fresh(), asyncio.get_running_loop()
+
+        first, actual = event_loop.run(ask_fresh(), choice)
+        assert first is actual
+    first, second, actual = event_loop.run(ask())
+    assert first is second is actual
