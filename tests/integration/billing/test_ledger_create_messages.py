@@ -176,3 +176,37 @@ async def test_concurrent_requests_with_one_key_charge_once(pool):
     assert await pool.fetchval("SELECT count(*) FROM ledger_entries WHERE kind = 'charge'") == 1
     assert await balance(pool, account_id) == 95
     await assert_audit_clean(pool, account_id)
+
+
+async def test_a_batch_of_many_event_types_fans_each_out_to_its_own_subscribers(pool):
+    """The batch reads only endpoints some request can go to (its event types, or every live one
+    when a request names endpoints): each request still reaches exactly its own subscribers, and a
+    request that names an endpoint not subscribed to its type still reaches it."""
+    first, second = await make_account(pool, balance=100), await make_account(pool, balance=100)
+    every = {account: await add_endpoint(pool, account, event_types=None) for account in (first, second)}
+    paid = {account: await add_endpoint(pool, account, event_types=["invoice.paid"]) for account in (first, second)}
+    created_only = await add_endpoint(pool, first, event_types=["user.created"])
+    unused = await add_endpoint(pool, second, event_types=["never.sent"])
+
+    typed = [
+        messages.MessageRequest(first, "invoice.paid", b"1"),
+        messages.MessageRequest(second, "invoice.paid", b"2"),
+        messages.MessageRequest(first, "user.created", b"3"),
+        messages.MessageRequest(second, "user.created", b"4"),
+        messages.MessageRequest(first, "other", b"5"),
+    ]
+    outcome = await messages.create_messages(pool, typed, attempts_max=3)
+    targets = [{d.endpoint_id for d in created.deliveries} for created in outcome]
+    assert targets == [
+        {every[first], paid[first]}, {every[second], paid[second]}, {every[first], created_only},
+        {every[second]}, {every[first]},
+    ]
+
+    named = [
+        messages.MessageRequest(first, "invoice.paid", b"6"),
+        messages.MessageRequest(second, "invoice.paid", b"7", endpoint_ids=(unused,)),  # not subscribed to its type
+    ]
+    outcome = await messages.create_messages(pool, named, attempts_max=3)
+    assert [{d.endpoint_id for d in created.deliveries} for created in outcome] == [{every[first], paid[first]}, {unused}]
+    assert (await balance(pool, first), await balance(pool, second)) == (100 - 2 - 2 - 1 - 2, 100 - 2 - 1 - 1)
+    await assert_audit_clean(pool)
