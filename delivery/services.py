@@ -82,13 +82,36 @@ def start_embedded_redis() -> str:
     """
     import tempfile
 
-    server = RedisProcess(Path(tempfile.mkdtemp(prefix="hookledger-redis-")), remove_dir=True)
+    parent = Path(tempfile.gettempdir())
+    remove_dead_redis_dirs(parent)
+    server = RedisProcess(Path(tempfile.mkdtemp(prefix=f"{REDIS_DIR_PREFIX}{os.getpid()}-", dir=parent)),
+                          remove_dir=True)
     server.start()
     _embedded_redis.append(server)
     return server.url
 
 
 _embedded_redis: list[RedisProcess] = []
+REDIS_DIR_PREFIX = "hookledger-redis-"  # then the owning process's pid and a dash
+
+
+def remove_dead_redis_dirs(parent: Path) -> list[Path]:
+    """Remove the embedded Redis directories whose owning process is gone; return them.
+
+    A killed process cannot remove its own at exit; its redis-server ended with it, so what is
+    left is an empty directory or a dead socket. The owner's pid is in the name; a directory
+    whose owner lives (or whose name has no pid) is left alone.
+    """
+    import shutil
+
+    removed = []
+    for path in parent.glob(f"{REDIS_DIR_PREFIX}*-*"):
+        pid = path.name[len(REDIS_DIR_PREFIX):].partition("-")[0]
+        if not pid.isdigit() or _alive(int(pid)) or not path.is_dir() or path.is_symlink():
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 class RedisProcess:
