@@ -9,11 +9,12 @@ In one run, on one fresh database:
     one hot account, at fan-out 1 and fan-out 4;
   - the bare-SQL rate of the create transaction: one transaction per message through
     `billing.messages.create_message` on asyncpg directly (no HTTP, no coalescing).
-The load generator (this process) is an aiohttp client with C concurrent requests. It prints
+The load generator (this process) is an aiohttp client with C concurrent requests (each C of
+`--concurrency`, the trivial handler beside the API at the same C). It prints
 messages/s and each rate as a share of the trivial handler's, the CPU each process spent per
 1,000 messages, and the share that the CPU PostgreSQL and Redis spent leaves room for.
 
-Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest.py [--seconds 5] [--concurrency 96] [--accounts 1000]
+Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest.py [--seconds 5] [--concurrency 96[,192...]] [--accounts 1000]
        [--event-loop auto|uvloop|asyncio] [--fan-outs 1,4] [--no-bare-sql]
 """
 
@@ -165,6 +166,51 @@ async def admin_database(database_url: str, statement: str) -> None:
         await connection.close()
 
 
+async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: str, trivial_url: str, servers: list,
+                      many_keys: list[str], hot_key: list[str], report: dict) -> list[float]:
+    """The API's runs at one concurrency, each beside the trivial handler at that concurrency; the
+    trivial handler's rates."""
+    seconds = arguments.seconds
+    # The machine is shared and its speed drifts, so the trivial handler is measured before and
+    # after every API run, and each run is compared with the mean of the two beside it.
+    before = cpu_shares.snapshot({"trivial": [servers[1].pid]})
+    ceiling_rate, ceiling_statuses = await load(trivial_url, hot_key, BODIES[1], seconds, concurrency)
+    trivial_shares = cpu_shares.per_thousand(before, cpu_shares.snapshot({"trivial": [servers[1].pid]}),
+                                             ceiling_statuses.get(202, 0))
+    ceilings = [ceiling_rate]
+    print(f"concurrency {concurrency}")
+    print(f"trivial aiohttp handler                {ceilings[0]:9.0f} msg/s")
+    print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(trivial_shares)} (bench: the load generator)")
+    for fan_out in arguments.fan_outs:
+        for label, these_keys in (("1,000 accounts" if arguments.accounts == 1000 else f"{arguments.accounts} accounts", many_keys),
+                                  ("one hot account", hot_key)):
+            roles = {"api": [servers[0].pid]}
+            before, batches_before = cpu_shares.snapshot(roles), await group_commit_totals(api_url)
+            rate, statuses = await load(api_url, these_keys, BODIES[fan_out], seconds, concurrency)
+            shares = cpu_shares.per_thousand(before, cpu_shares.snapshot(roles), statuses.get(202, 0))
+            batches_after = await group_commit_totals(api_url)
+            transactions = batches_after[1] - batches_before[1]
+            batch_mean = (batches_after[0] - batches_before[0]) / transactions if transactions else float("nan")
+            ceilings.append((await load(trivial_url, hot_key, BODIES[1], seconds, concurrency))[0])
+            beside = (ceilings[-2] + ceilings[-1]) / 2
+            print(f"API  fan-out {fan_out}  {label:16}      {rate:9.0f} msg/s  {rate / beside:5.0%}"
+                  f"  (trivial beside it {beside:.0f}/s)  {statuses}")
+            print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(shares)} (bench: the load generator);"
+                  f" {batch_mean:.1f} requests per group-commit transaction")
+            bound = cpu_shares.database_bound(trivial_shares, shares)
+            if bound:
+                print(f"     what the database alone allows: {bound} of the trivial handler, if the API and the"
+                      f" load generator cost no more than beside the trivial handler")
+            report["api"].append({"concurrency": concurrency, "fan_out": fan_out, "accounts": label,
+                                  "messages_per_second": rate, "trivial_beside": beside, "share_of_trivial": rate / beside,
+                                  "cpu_shares": shares, "requests_per_transaction": batch_mean,
+                                  "statuses": {str(k): v for k, v in dict(statuses).items()}})
+    print(f"trivial aiohttp handler at concurrency {concurrency}, each run: {', '.join(f'{c:.0f}' for c in ceilings)} msg/s"
+          f" (mean {sum(ceilings) / len(ceilings):.0f})")
+    report["trivial"].append({"concurrency": concurrency, "each": ceilings, "cpu_shares": trivial_shares})
+    return ceilings
+
+
 async def main(arguments: argparse.Namespace) -> None:
     server_url, redis_url = os.environ.get("DATABASE_URL"), os.environ.get("REDIS_URL")
     if not server_url or not redis_url:
@@ -191,62 +237,28 @@ async def main(arguments: argparse.Namespace) -> None:
         keys, account_ids = await _setup_accounts(api_url, arguments.accounts + 1)
         many_keys, hot_key = keys[:-1], keys[-1:]
         many_ids, hot_id = account_ids[:-1], account_ids[-1:]
-        seconds, concurrency = arguments.seconds, arguments.concurrency
-        await load(trivial_url, hot_key, BODIES[1], 1, concurrency)  # warm up both servers
-        await load(api_url, many_keys, BODIES[1], 1, concurrency)
+        seconds, concurrencies = arguments.seconds, arguments.concurrency
+        await load(trivial_url, hot_key, BODIES[1], 1, concurrencies[0])  # warm up both servers
+        await load(api_url, many_keys, BODIES[1], 1, concurrencies[0])
         # Planner statistics as autovacuum keeps them in a running system (it analyzes a table once a
         # tenth of it changed, within a minute); a database made seconds ago has none, and PostgreSQL
         # then plans the create's account and endpoint read as scans of whole tables.
         await admin_database(database_url, "ANALYZE")
-        # The machine is shared and its speed drifts, so the trivial handler is measured before and
-        # after every API run, and each run is compared with the mean of the two beside it.
-        before = cpu_shares.snapshot({"trivial": [servers[1].pid]})
-        ceiling_rate, ceiling_statuses = await load(trivial_url, hot_key, BODIES[1], seconds, concurrency)
-        trivial_shares = cpu_shares.per_thousand(before, cpu_shares.snapshot({"trivial": [servers[1].pid]}),
-                                                 ceiling_statuses.get(202, 0))
-        ceilings = [ceiling_rate]
         loop_name = event_loop.chosen(arguments.event_loop)
         print(f"the API and the trivial handler run on the {loop_name} event loop (--event-loop {arguments.event_loop})")
-        print(f"trivial aiohttp handler                {ceilings[0]:9.0f} msg/s")
-        print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(trivial_shares)} (bench: the load generator)")
-        results = []
-        report = {"benchmark": "ingest", "event_loop": loop_name, "seconds": seconds, "concurrency": concurrency, "accounts": arguments.accounts,
-                  "group_commit_concurrency": arguments.group_commit_concurrency, "api": [], "bare_sql": [],
-                  "trivial_cpu_shares": trivial_shares}
-        for fan_out in arguments.fan_outs:
-            for label, these_keys in (("1,000 accounts" if arguments.accounts == 1000 else f"{arguments.accounts} accounts", many_keys),
-                                      ("one hot account", hot_key)):
-                roles = {"api": [servers[0].pid]}
-                before, batches_before = cpu_shares.snapshot(roles), await group_commit_totals(api_url)
-                rate, statuses = await load(api_url, these_keys, BODIES[fan_out], seconds, concurrency)
-                shares = cpu_shares.per_thousand(before, cpu_shares.snapshot(roles), statuses.get(202, 0))
-                batches_after = await group_commit_totals(api_url)
-                transactions = batches_after[1] - batches_before[1]
-                batch_mean = (batches_after[0] - batches_before[0]) / transactions if transactions else float("nan")
-                ceilings.append((await load(trivial_url, hot_key, BODIES[1], seconds, concurrency))[0])
-                beside = (ceilings[-2] + ceilings[-1]) / 2
-                results.append(rate)
-                print(f"API  fan-out {fan_out}  {label:16}      {rate:9.0f} msg/s  {rate / beside:5.0%}"
-                      f"  (trivial beside it {beside:.0f}/s)  {statuses}")
-                print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(shares)} (bench: the load generator);"
-                      f" {batch_mean:.1f} requests per group-commit transaction")
-                bound = cpu_shares.database_bound(trivial_shares, shares)
-                if bound:
-                    print(f"     what the database alone allows: {bound} of the trivial handler, if the API and the"
-                          f" load generator cost no more than beside the trivial handler")
-                report["api"].append({"fan_out": fan_out, "accounts": label, "messages_per_second": rate,
-                                      "trivial_beside": beside, "share_of_trivial": rate / beside, "cpu_shares": shares,
-                                      "requests_per_transaction": batch_mean,
-                                      "statuses": {str(k): v for k, v in dict(statuses).items()}})
-        ceiling = sum(ceilings) / len(ceilings)
+        report = {"benchmark": "ingest", "event_loop": loop_name, "seconds": seconds, "concurrency": concurrencies,
+                  "accounts": arguments.accounts, "group_commit_concurrency": arguments.group_commit_concurrency,
+                  "api": [], "bare_sql": [], "trivial": []}
+        every_ceiling = []
+        for concurrency in concurrencies:
+            every_ceiling += await _measure_at(concurrency, arguments, api_url, trivial_url, servers, many_keys, hot_key, report)
+        ceiling = sum(every_ceiling) / len(every_ceiling)
         report["trivial_handler_per_second"] = ceiling
-        report["trivial_each"] = ceilings
-        print(f"trivial aiohttp handler, each run: {', '.join(f'{c:.0f}' for c in ceilings)} msg/s (mean {ceiling:.0f})")
         pool = await create_pool(database_url, size_min=BARE_SQL_CONNECTIONS, size_max=BARE_SQL_CONNECTIONS)
         try:
             for fan_out in arguments.fan_outs if arguments.bare_sql else ():
                 for label, ids in (("many accounts", many_ids), ("one hot account", hot_id)):
-                    rate = await bare_sql(pool, ids, fan_out, seconds, concurrency)
+                    rate = await bare_sql(pool, ids, fan_out, seconds, concurrencies[0])
                     print(f"bare SQL (1 tx/msg) fan-out {fan_out}  {label:16} {rate:7.0f} msg/s  {rate / ceiling:5.0%}")
                     report["bare_sql"].append({"fan_out": fan_out, "accounts": label, "messages_per_second": rate,
                                                "share_of_trivial": rate / ceiling})
@@ -265,7 +277,9 @@ async def main(arguments: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--concurrency", type=int, default=96)
+    parser.add_argument("--concurrency", type=lambda text: [int(n) for n in text.split(",")], default=[96],
+                        help="concurrent requests, or a comma-separated list to measure each (default: 96); the"
+                             " bare-SQL runs use the first")
     parser.add_argument("--accounts", type=int, default=1000)
     parser.add_argument("--group-commit-concurrency", type=int, default=2)
     parser.add_argument("--fan-outs", type=lambda text: [int(n) for n in text.split(",")], default=[1, 4],
