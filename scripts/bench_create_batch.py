@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Where one group-commit transaction's client CPU goes: round trips, statements, our planning.
+
+On a migrated scratch database with 1,000 accounts (one catch-all endpoint each), one connection
+on the uvloop loop, it times side by side, per call, the client's CPU and the wall time of:
+  - `SELECT 1`: one round trip, the unit everything else is counted in;
+  - `BEGIN; SELECT 1; COMMIT`: a transaction's own round trips;
+  - bare: the create's four round trips (BEGIN, the locking read, the write, COMMIT) with their
+    arguments made before the clock starts, for a batch of 35 messages at fan-out 1 to 35
+    random accounts (what bench_ingest's API batches hold);
+  - `create_messages`: the same batch through billing.messages, which plans it in Python
+    (validation, decisions, ids, results) between the read and the write.
+The difference of the last two is our planning; bare less four round trips is what the
+statements' arguments and rows cost to encode and decode.
+
+Usage: DATABASE_URL=... scripts/bench_create_batch.py [--batches N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import time
+import uuid
+
+import asyncpg
+
+from billing import ids
+from billing.messages import _WRITE_BATCH, MessageCreated, MessageRequest, create_messages
+from delivery import event_loop, migrate, services
+
+BATCH = 35
+PAYLOAD = b'{"n":1,"text":"hello"}'
+_LOCKING_READ = (
+    "SELECT a.id, a.status, a.balance, a.price_per_delivery, e.id AS endpoint_id, e.event_types,"
+    "   pg_current_xact_id() AS transaction_id"
+    " FROM accounts a LEFT JOIN LATERAL (SELECT e.id, e.event_types FROM endpoints e"
+    "   WHERE e.account_id = a.id AND e.enabled AND e.deleted_at IS NULL OFFSET 0) e ON true"
+    " WHERE a.id = ANY($1::uuid[]) ORDER BY a.id, e.id FOR UPDATE OF a"
+)
+
+
+async def _setup(connection: asyncpg.Connection) -> tuple[list[uuid.UUID], dict[uuid.UUID, uuid.UUID]]:
+    accounts = ids.new_ids(1000)
+    endpoints = dict(zip(accounts, ids.new_ids(1000), strict=True))
+    await connection.executemany(
+        "INSERT INTO accounts (id, name, balance) VALUES ($1, 'bench', 1000000000)", [(a,) for a in accounts])
+    await connection.executemany(
+        "INSERT INTO endpoints (id, account_id, url) VALUES ($1, $2, 'https://example.com/hook')",
+        [(e, a) for a, e in endpoints.items()])
+    await connection.execute("ANALYZE")
+    return accounts, endpoints
+
+
+def _bare_arguments(batch: list[uuid.UUID], endpoints: dict[uuid.UUID, uuid.UUID]) -> tuple:
+    """The write's arguments for the batch, as the create passes them (balances left as they were)."""
+    message_ids, delivery_ids = ids.new_ids(len(batch)), ids.new_ids(len(batch))
+    return (message_ids, batch, ["bench"] * len(batch), [PAYLOAD] * len(batch), [None] * len(batch),
+            [None] * len(batch), delivery_ids, batch, message_ids, [endpoints[a] for a in batch],
+            [1] * len(batch), [8] * len(batch), batch, [1_000_000_000] * len(batch))
+
+
+async def main(arguments: argparse.Namespace) -> None:
+    server_url = os.environ.get("DATABASE_URL")
+    if not server_url:
+        raise SystemExit("set DATABASE_URL (a server where this may create and drop a database)")
+    name = f"hookledger_bench_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(server_url)
+    await admin.execute(f"CREATE DATABASE {name}")
+    try:
+        database_url = services.with_database(server_url, name)
+        await migrate.upgrade_async(database_url)
+        connection = await asyncpg.connect(database_url)
+        accounts, endpoints = await _setup(connection)
+
+        def batch() -> list[uuid.UUID]:
+            return sorted(random.sample(accounts, BATCH))
+
+        async def select_one() -> None:
+            await connection.fetchval("SELECT 1")
+
+        async def empty_transaction() -> None:
+            async with connection.transaction():
+                await connection.fetchval("SELECT 1")
+
+        bare_batches: list = []
+
+        async def bare() -> None:
+            accounts_of_batch, write_arguments = bare_batches.pop()
+            async with connection.transaction():
+                await connection.fetch(_LOCKING_READ, accounts_of_batch)
+                await connection.execute(_WRITE_BATCH, *write_arguments)
+
+        request_batches: list = []
+
+        async def planned() -> None:
+            results = await create_messages(connection, request_batches.pop(), attempts_max=8)
+            refused = [r for r in results if not isinstance(r, MessageCreated)]
+            if refused:
+                raise SystemExit(f"the create refused {len(refused)} of {len(results)}: {refused[0]!r}")
+
+        cases = [("SELECT 1", select_one), ("BEGIN; SELECT 1; COMMIT", empty_transaction),
+                 (f"bare create, {BATCH} messages", bare), (f"create_messages, {BATCH} messages", planned)]
+        print(f"client CPU and wall time per call, {arguments.batches} calls a round, on one connection"
+              f" ({event_loop.name(asyncio.get_running_loop())})")
+        cpu_per_call: dict[str, list[float]] = {label: [] for label, _ in cases}
+        for round_number in range(1, arguments.rounds + 1):
+            for label, call in cases:
+                # Arguments are made before the clock starts: the bare case is the statements alone.
+                bare_batches[:] = [(b, _bare_arguments(b, endpoints)) for b in (batch() for _ in range(arguments.batches))]
+                request_batches[:] = [[MessageRequest(a, "bench", PAYLOAD) for a in batch()]
+                                      for _ in range(arguments.batches)]
+                cpu, wall = time.process_time(), time.perf_counter()
+                for _ in range(arguments.batches):
+                    await call()
+                cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+                cpu_per_call[label].append(cpu / arguments.batches)
+                print(f"round {round_number}  {label:32s} client CPU {cpu / arguments.batches * 1e6:6.0f} µs"
+                      f"  wall {wall / arguments.batches * 1e6:6.0f} µs")
+        await connection.close()
+        mean = {label: sum(values) / len(values) for label, values in cpu_per_call.items()}
+        trip, bare_cpu, planned_cpu = (mean[label] for label, _ in (cases[0], cases[2], cases[3]))
+        print(f"means: create_messages {planned_cpu * 1e6:.0f} µs = {planned_cpu / bare_cpu:.2f} x the bare create"
+              f" ({bare_cpu * 1e6:.0f} µs); of create_messages, four round trips (4 x {trip * 1e6:.0f} µs) are"
+              f" {4 * trip / planned_cpu:.0%}, encoding and decoding the statements' values"
+              f" {(bare_cpu - 4 * trip) / planned_cpu:.0%}, our planning {(planned_cpu - bare_cpu) / planned_cpu:.0%}")
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=600)
+    parser.add_argument("--rounds", type=int, default=3)
+    event_loop.run(main(parser.parse_args()), "auto")
