@@ -210,21 +210,7 @@ class _Plan:
         if all(request.endpoint_ids is None for request in requests):
             event_types = sorted({request.event_type for request in requests})
         # One round trip: lock the accounts in id order and read their live endpoints.
-        rows = await connection.fetch(
-            # LATERAL with OFFSET 0 (which keeps PostgreSQL from flattening it into a plain join): one
-            # index probe of endpoints per locked account, whatever the statistics say. Without them,
-            # the plain join scanned and sorted every endpoint of every account: 3.2 ms a batch, not 0.2.
-            # pg_current_xact_id(): the transaction's id, for resolve_outcome; locking the rows
-            # assigns it anyway, so asking costs nothing.
-            "SELECT a.id, a.status, a.balance, a.price_per_delivery, e.id AS endpoint_id, e.event_types,"
-            "   pg_current_xact_id() AS transaction_id"
-            " FROM accounts a LEFT JOIN LATERAL ("
-            "   SELECT e.id, e.event_types FROM endpoints e"
-            "   WHERE e.account_id = a.id AND e.enabled AND e.deleted_at IS NULL"
-            "     AND ($2::text[] IS NULL OR e.event_types IS NULL OR e.event_types && $2::text[]) OFFSET 0) e ON true"
-            " WHERE a.id = ANY($1::uuid[]) ORDER BY a.id, e.id FOR UPDATE OF a",
-            account_ids, event_types,
-        )
+        rows = await connection.fetch(_LOCK_ACCOUNTS_READ_ENDPOINTS, account_ids, event_types)
         accounts = {}
         endpoints = defaultdict(list)
         for row in rows:
@@ -303,6 +289,23 @@ class _Plan:
         balances = list(zip(*changed)) or [[], []]
         await connection.execute(_WRITE_BATCH, *zip(*self.messages), *deliveries, *balances)
 
+
+# Lock the batch's accounts in id order and read their live endpoints, in one round trip; $2 the
+# batch's event types, or NULL for every live endpoint.
+# LATERAL with OFFSET 0 (which keeps PostgreSQL from flattening it into a plain join): one index
+# probe of endpoints per locked account, whatever the statistics say. Without them, the plain join
+# scanned and sorted every endpoint of every account: 3.2 ms a batch, not 0.2.
+# pg_current_xact_id(): the transaction's id, for resolve_outcome; locking the rows assigns it
+# anyway, so asking costs nothing.
+_LOCK_ACCOUNTS_READ_ENDPOINTS = (
+    "SELECT a.id, a.status, a.balance, a.price_per_delivery, e.id AS endpoint_id, e.event_types,"
+    "   pg_current_xact_id() AS transaction_id"
+    " FROM accounts a LEFT JOIN LATERAL ("
+    "   SELECT e.id, e.event_types FROM endpoints e"
+    "   WHERE e.account_id = a.id AND e.enabled AND e.deleted_at IS NULL"
+    "     AND ($2::text[] IS NULL OR e.event_types IS NULL OR e.event_types && $2::text[]) OFFSET 0) e ON true"
+    " WHERE a.id = ANY($1::uuid[]) ORDER BY a.id, e.id FOR UPDATE OF a"
+)
 
 # One charge per delivery, its id derived from the delivery id (invariant I1), written in the
 # same statement as the delivery, and the balances moved in that statement too.

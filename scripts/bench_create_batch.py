@@ -28,18 +28,17 @@ import uuid
 import asyncpg
 
 from billing import ids
-from billing.messages import _WRITE_BATCH, MessageCreated, MessageRequest, create_messages
+from billing.messages import (
+    _LOCK_ACCOUNTS_READ_ENDPOINTS,
+    _WRITE_BATCH,
+    MessageCreated,
+    MessageRequest,
+    create_messages,
+)
 from delivery import event_loop, migrate, services
 
 BATCH = 35
 PAYLOAD = b'{"n":1,"text":"hello"}'
-_LOCKING_READ = (
-    "SELECT a.id, a.status, a.balance, a.price_per_delivery, e.id AS endpoint_id, e.event_types,"
-    "   pg_current_xact_id() AS transaction_id"
-    " FROM accounts a LEFT JOIN LATERAL (SELECT e.id, e.event_types FROM endpoints e"
-    "   WHERE e.account_id = a.id AND e.enabled AND e.deleted_at IS NULL OFFSET 0) e ON true"
-    " WHERE a.id = ANY($1::uuid[]) ORDER BY a.id, e.id FOR UPDATE OF a"
-)
 
 
 async def _setup(connection: asyncpg.Connection) -> tuple[list[uuid.UUID], dict[uuid.UUID, uuid.UUID]]:
@@ -90,7 +89,7 @@ async def main(arguments: argparse.Namespace) -> None:
         async def bare() -> None:
             accounts_of_batch, write_arguments = bare_batches.pop()
             async with connection.transaction():
-                await connection.fetch(_LOCKING_READ, accounts_of_batch)
+                await connection.fetch(_LOCK_ACCOUNTS_READ_ENDPOINTS, accounts_of_batch, ["bench"])
                 await connection.execute(_WRITE_BATCH, *write_arguments)
 
         request_batches: list = []
