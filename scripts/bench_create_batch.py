@@ -10,8 +10,9 @@ on the uvloop loop, it times side by side, per call, the client's CPU and the wa
     random accounts (what bench_ingest's API batches hold);
   - `create_messages`: the same batch through billing.messages, which plans it in Python
     (validation, decisions, ids, results) between the read and the write.
-The difference of the last two is our planning; bare less four round trips is what the
-statements' arguments and rows cost to encode and decode.
+The difference of those two is our planning; bare less four round trips is what the
+statements' arguments and rows cost to encode and decode. Last, 14 uuid arrays of 35 elements
+against 14 of one, in one SELECT: what one array element costs asyncpg to send.
 
 Usage: DATABASE_URL=... scripts/bench_create_batch.py [--batches N] [--rounds R]
 """
@@ -80,6 +81,17 @@ async def main(arguments: argparse.Namespace) -> None:
         async def select_one() -> None:
             await connection.fetchval("SELECT 1")
 
+        # The write passes 7 uuid arrays; asyncpg checks every array element against
+        # collections.abc classes before encoding it. 14 arrays of 35 against 14 of 1 prices that.
+        probe = "SELECT " + " + ".join(f"cardinality(${n}::uuid[])" for n in range(1, 15))
+        many_ids, one_id = ids.new_ids(BATCH), ids.new_ids(1)
+
+        async def uuid_arrays_of_35() -> None:
+            await connection.fetchval(probe, *[many_ids] * 14)
+
+        async def uuid_arrays_of_1() -> None:
+            await connection.fetchval(probe, *[one_id] * 14)
+
         async def empty_transaction() -> None:
             async with connection.transaction():
                 await connection.fetchval("SELECT 1")
@@ -101,7 +113,8 @@ async def main(arguments: argparse.Namespace) -> None:
                 raise SystemExit(f"the create refused {len(refused)} of {len(results)}: {refused[0]!r}")
 
         cases = [("SELECT 1", select_one), ("BEGIN; SELECT 1; COMMIT", empty_transaction),
-                 (f"bare create, {BATCH} messages", bare), (f"create_messages, {BATCH} messages", planned)]
+                 (f"bare create, {BATCH} messages", bare), (f"create_messages, {BATCH} messages", planned),
+                 (f"14 uuid[] of {BATCH} in one SELECT", uuid_arrays_of_35), ("14 uuid[] of 1 in one SELECT", uuid_arrays_of_1)]
         print(f"client CPU and wall time per call, {arguments.batches} calls a round, on one connection"
               f" ({event_loop.name(asyncio.get_running_loop())})")
         cpu_per_call: dict[str, list[float]] = {label: [] for label, _ in cases}
@@ -125,6 +138,8 @@ async def main(arguments: argparse.Namespace) -> None:
               f" ({bare_cpu * 1e6:.0f} µs); of create_messages, four round trips (4 x {trip * 1e6:.0f} µs) are"
               f" {4 * trip / planned_cpu:.0%}, encoding and decoding the statements' values"
               f" {(bare_cpu - 4 * trip) / planned_cpu:.0%}, our planning {(planned_cpu - bare_cpu) / planned_cpu:.0%}")
+        per_element = (mean[cases[4][0]] - mean[cases[5][0]]) / (14 * (BATCH - 1))
+        print(f"one uuid array element costs {per_element * 1e6:.2f} µs of client CPU to send")
     finally:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await admin.close()
