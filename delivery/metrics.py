@@ -53,6 +53,13 @@ GROUP_COMMIT_BATCH = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 500, 1000),
     registry=REGISTRY,
 )
+GROUP_COMMIT_SECONDS = Histogram(
+    "hookledger_group_commit_seconds",
+    "Wall time of one group-commit transaction, from taking its connection to its requests' results"
+    " (round trips waiting behind the API's HTTP work included).",
+    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
+)
 COMMIT_OUTCOMES = Counter(
     "hookledger_group_commit_outcomes_resolved_total",
     "Group commits whose COMMIT answer was lost, by what the database said afterwards"

@@ -145,17 +145,22 @@ async def _setup_accounts(base_url: str, count: int) -> tuple[list[str], list[uu
     return keys, ids
 
 
-async def group_commit_totals(api_url: str) -> tuple[float, float]:
-    """(requests, transactions) the API's group commit has carried so far, from its /metrics."""
+_GROUP_COMMIT_SERIES = ("hookledger_group_commit_batch_requests_sum", "hookledger_group_commit_batch_requests_count",
+                        "hookledger_group_commit_seconds_sum")
+
+
+async def group_commit_totals(api_url: str) -> tuple[float, float, float]:
+    """(requests, transactions, seconds in transactions) of the API's group commit so far, from its /metrics."""
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{api_url}/metrics") as response:
             text = await response.text()
     values = {}
     for line in text.splitlines():
-        for name in ("hookledger_group_commit_batch_requests_sum", "hookledger_group_commit_batch_requests_count"):
-            if line.startswith(name + " "):
-                values[name] = float(line.split()[1])
-    return values.get("hookledger_group_commit_batch_requests_sum", 0.0), values.get("hookledger_group_commit_batch_requests_count", 0.0)
+        name, _, value = line.partition(" ")
+        if name in _GROUP_COMMIT_SERIES:
+            values[name] = float(value)
+    requests, transactions, seconds = (values.get(name, 0.0) for name in _GROUP_COMMIT_SERIES)
+    return requests, transactions, seconds
 
 
 async def admin_database(database_url: str, statement: str) -> None:
@@ -191,12 +196,14 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
             batches_after = await group_commit_totals(api_url)
             transactions = batches_after[1] - batches_before[1]
             batch_mean = (batches_after[0] - batches_before[0]) / transactions if transactions else float("nan")
+            transaction_ms = (batches_after[2] - batches_before[2]) / transactions * 1000 if transactions else float("nan")
             ceilings.append((await load(trivial_url, hot_key, BODIES[1], seconds, concurrency))[0])
             beside = (ceilings[-2] + ceilings[-1]) / 2
             print(f"API  fan-out {fan_out}  {label:16}      {rate:9.0f} msg/s  {rate / beside:5.0%}"
                   f"  (trivial beside it {beside:.0f}/s)  {statuses}")
             print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(shares)} (bench: the load generator);"
-                  f" {batch_mean:.1f} requests per group-commit transaction")
+                  f" {batch_mean:.1f} requests per group-commit transaction, {transaction_ms:.1f} ms each"
+                  f" ({(batches_after[2] - batches_before[2]) / seconds:.0%} of the run in one)")
             bound = cpu_shares.database_bound(trivial_shares, shares)
             if bound:
                 print(f"     what the database alone allows: {bound} of the trivial handler, if the API and the"
@@ -204,6 +211,7 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
             report["api"].append({"concurrency": concurrency, "fan_out": fan_out, "accounts": label,
                                   "messages_per_second": rate, "trivial_beside": beside, "share_of_trivial": rate / beside,
                                   "cpu_shares": shares, "requests_per_transaction": batch_mean,
+                                  "transaction_ms": transaction_ms,
                                   "statuses": {str(k): v for k, v in dict(statuses).items()}})
     print(f"trivial aiohttp handler at concurrency {concurrency}, each run: {', '.join(f'{c:.0f}' for c in ceilings)} msg/s"
           f" (mean {sum(ceilings) / len(ceilings):.0f})")

@@ -180,6 +180,13 @@ class Coalescer:
 
     async def _run(self, batch: list[_Item]) -> None:
         metrics.GROUP_COMMIT_BATCH.observe(len(batch))
+        started = time.perf_counter()
+        try:
+            await self._run_batch(batch)
+        finally:
+            metrics.GROUP_COMMIT_SECONDS.observe(time.perf_counter() - started)
+
+    async def _run_batch(self, batch: list[_Item]) -> None:
         connection = None
         try:
             connection = await self._kept_connection() or await self._pool.acquire()

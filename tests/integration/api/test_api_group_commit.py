@@ -25,6 +25,8 @@ async def test_many_concurrent_creates_where_one_account_lacks_balance(api):
         await api.endpoint(headers)
     batches_before = metrics.GROUP_COMMIT_BATCH._sum.get()
     count_before = sum(bucket.get() for bucket in metrics.GROUP_COMMIT_BATCH._buckets)
+    timed_before = sum(bucket.get() for bucket in metrics.GROUP_COMMIT_SECONDS._buckets)
+    seconds_before = metrics.GROUP_COMMIT_SECONDS._sum.get()
     plan = [(account_id, headers) for _ in range(100) for account_id, headers in (*rich, poor)]
     responses = await asyncio.gather(*(api.send(headers) for _, headers in plan))
     by_account: dict[uuid.UUID, list[int]] = {}
@@ -44,6 +46,9 @@ async def test_many_concurrent_creates_where_one_account_lacks_balance(api):
     transactions = sum(bucket.get() for bucket in metrics.GROUP_COMMIT_BATCH._buckets) - count_before
     assert metrics.GROUP_COMMIT_BATCH._sum.get() - batches_before == 300
     assert transactions < 300  # coalesced: fewer transactions than requests
+    # Every transaction is timed once, and each took some time.
+    assert sum(bucket.get() for bucket in metrics.GROUP_COMMIT_SECONDS._buckets) - timed_before == transactions
+    assert metrics.GROUP_COMMIT_SECONDS._sum.get() - seconds_before > 0
 
 
 async def _account_with_endpoint(pool, balance: int) -> uuid.UUID:

@@ -42,7 +42,8 @@ async def test_metrics_expose_the_named_series_and_the_queue_depth(api):
         await api.send(headers)
     text = await (await api.client.get("/metrics")).text()
     for name in ("hookledger_deliveries_total", "hookledger_delivery_attempts_total",
-                 "hookledger_delivery_latency_seconds", "hookledger_refunds_total", "hookledger_group_commit_batch_requests"):
+                 "hookledger_delivery_latency_seconds", "hookledger_refunds_total", "hookledger_group_commit_batch_requests",
+                 "hookledger_group_commit_seconds"):
         assert f"# TYPE {name.removesuffix('_total')}" in text
     assert "hookledger_queue_depth 3.0" in text
 
