@@ -128,7 +128,12 @@ def test_a_worker_started_while_redis_restarts_waits_for_it(database_url: str, p
         worker = subprocess.Popen([sys.executable, "-m", "delivery", "worker"], cwd=ROOT, env=environment,
                                   stdout=log, stderr=subprocess.STDOUT)
     try:
-        time.sleep(2.5)
+        # Until it says it is waiting (a fixed sleep was shorter than a slow machine's start-up).
+        deadline = time.monotonic() + 20
+        while "does not answer" not in log_path.read_text() and time.monotonic() < deadline:
+            assert worker.poll() is None, log_path.read_text()
+            time.sleep(0.1)
+        time.sleep(1)  # and keeps waiting
         assert worker.poll() is None, log_path.read_text()
         private_redis.start()
         deadline = time.monotonic() + 20
