@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from datetime import datetime
+from typing import TypeVar
 
 import asyncpg
+
+T = TypeVar("T")
 
 OUTCOME_WAIT_SECONDS = 10.0  # how long a lost COMMIT answer is asked after before "cannot tell"
 _OUTCOME_POLL_SECONDS = 0.05
 # What asking the database may fail with while it restarts or is unreachable.
 _ASKING_ERRORS = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 _TRANSACTION_STATUS = "SELECT pg_xact_status($1::xid8)"
+# Ask the backend `pid` that was alive at $2 to end, if it still runs; no row: it has exited. A
+# backend_start this role may not see (NULL) counts as that backend: better ask again than guess.
+_END_BACKEND = (
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+    " WHERE pid = $1 AND (backend_start IS NULL OR backend_start <= $2)"
+)
 
 
 async def create_pool(database_url: str, *, size_min: int = 2, size_max: int = 10) -> asyncpg.Pool:
@@ -62,6 +72,26 @@ class NotWritten(Exception):
     did not take effect: nothing of it was written. The connection's error is the cause."""
 
 
+async def ask_within(asking: Awaitable[T], seconds: float) -> T:
+    """`asking`'s answer, or asyncio.TimeoutError after `seconds`, then for certain.
+
+    Unlike asyncio.wait_for, this does not wait for the cancelled call to finish: a pooled
+    connection's cleanup on a server that stopped answering (a network partition) can wait as long
+    as the server does, and the deadline of the one asking would not hold."""
+    task = asyncio.ensure_future(asking)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        raise asyncio.TimeoutError()
+    return task.result()
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: an error of an abandoned call is not "never retrieved"
+
+
 async def transaction_status(pool: asyncpg.Pool, transaction_id: int, *, wait_seconds: float) -> bool | None:
     """Whether a transaction committed (True) or not (False), asked with `pg_xact_status`, which
     PostgreSQL provides for exactly this: a client that lost its connection while COMMIT was in
@@ -74,7 +104,7 @@ async def transaction_status(pool: asyncpg.Pool, transaction_id: int, *, wait_se
     deadline = loop.time() + wait_seconds
     while (remaining := deadline - loop.time()) > 0:
         try:
-            status = await asyncio.wait_for(pool.fetchval(_TRANSACTION_STATUS, transaction_id), remaining)
+            status = await ask_within(pool.fetchval(_TRANSACTION_STATUS, transaction_id), remaining)
         except _ASKING_ERRORS:
             status = "unreachable"  # restarting, or a pooled connection the restart broke: ask again
         if status == "committed":
@@ -83,6 +113,32 @@ async def transaction_status(pool: asyncpg.Pool, transaction_id: int, *, wait_se
             return False
         if status is None:  # older than the commit log kept: cannot happen within seconds, but say so
             return None
+        await asyncio.sleep(min(_OUTCOME_POLL_SECONDS, max(0.0, deadline - loop.time())))
+    return None
+
+
+async def outcome_after_backend_ends(pool: asyncpg.Pool, pid: int, alive_at: datetime, written: str, *args,
+                                     wait_seconds: float) -> bool | None:
+    """Whether an autocommit statement whose answer was lost took effect: True or False, or None
+    when that cannot be told within `wait_seconds` (the database unreachable all that time).
+
+    Such a statement has no transaction id to ask about before it runs, and its backend may still
+    be about to run it (over a half-open connection its bytes can arrive later). So this ends the
+    backend that ran it (`pid`, alive at `alive_at`, which tells it from a later backend given the
+    same pid) and waits until it has exited: from then on the statement has taken effect or never
+    will. Then it asks `written`, a query answering one boolean: is what the statement wrote there?
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_seconds
+    gone = False
+    while (remaining := deadline - loop.time()) > 0:
+        try:
+            if not gone:
+                gone = not await ask_within(pool.fetch(_END_BACKEND, pid, alive_at), remaining)
+            if gone:
+                return bool(await ask_within(pool.fetchval(written, *args), remaining))
+        except _ASKING_ERRORS:
+            pass  # restarting, or a pooled connection the restart broke: ask again
         await asyncio.sleep(min(_OUTCOME_POLL_SECONDS, max(0.0, deadline - loop.time())))
     return None
 

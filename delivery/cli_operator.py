@@ -32,6 +32,7 @@ EXIT_UNAVAILABLE = 3  # not `accounts delete`'s: PostgreSQL went away while anot
 DELETION_EXIT_CODES = {"done": EXIT_DONE, "failed": EXIT_FAILED, "waiting_repair": EXIT_WAITING_REPAIR,
                        "running": EXIT_STILL_RUNNING}
 POLL_INTERVAL_SECONDS = 0.5
+POOL_CLOSE_SECONDS = 5.0  # a graceful close of the pool, then its connections are cut
 
 
 def _uuid(value: str, what: str) -> uuid.UUID:
@@ -54,13 +55,19 @@ def _time(value: str | None, what: str) -> datetime | None:
 
 
 async def _with_pool(work):
+    from billing.database import ask_within
     from delivery.database import open_pool
 
     pool = await open_pool(config.load())
     try:
         return await work(pool)
     finally:
-        await pool.close()
+        try:
+            # A connection stuck on a database that stopped answering would hold a graceful close,
+            # and the command, forever: after an answer the command already has, that is a hang.
+            await ask_within(pool.close(), POOL_CLOSE_SECONDS)
+        except asyncio.TimeoutError:
+            pool.terminate()
 
 
 def _run(work):
