@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
-"""Where one group-commit transaction's client CPU goes: round trips, statements, our planning.
+"""Where one group-commit create's client CPU goes: round trips, statements, our planning.
 
 On a migrated scratch database with 1,000 accounts (one catch-all endpoint each), one connection
 on the uvloop loop, it times side by side, per call, the client's CPU and the wall time of:
   - `SELECT 1`: one round trip, the unit everything else is counted in;
   - `BEGIN; SELECT 1; COMMIT`: a transaction's own round trips;
-  - bare: the create's four round trips (BEGIN, the locking read, the write, COMMIT) with their
-    arguments made before the clock starts, for a batch of 35 messages at fan-out 1 to 35
-    random accounts (what bench_ingest's API batches hold);
-  - `create_messages`: the same batch through billing.messages, which plans it in Python
-    (validation, decisions, ids, results) between the read and the write.
-The difference of those two is our planning; bare less four round trips is what the
-statements' arguments and rows cost to encode and decode. Last, 14 uuid arrays of 35 elements
-against 14 of one, in one SELECT: what one array element costs asyncpg to send.
+  - bare locked: the locked create's four round trips (BEGIN, the locking read, the write,
+    COMMIT) with their arguments made before the clock starts, for a batch of 35 messages at
+    fan-out 1 to 35 random accounts (what bench_ingest's API batches hold);
+  - bare unlocked: the unlocked create's two (the read, the gated autocommit write), the same way;
+  - `create_messages`: the same batch through billing.messages, which runs it unlocked and plans
+    it in Python (validation, decisions, ids, results) between the read and the write.
+create_messages less bare unlocked is our planning; bare unlocked less two round trips is what
+the statements' arguments and rows cost to encode and decode. Last, 14 uuid arrays of 35
+elements against 14 of one, in one SELECT: what one array element costs asyncpg to send.
 
 Usage: DATABASE_URL=... scripts/bench_create_batch.py [--batches N] [--rounds R]
 """
@@ -29,13 +30,8 @@ import uuid
 import asyncpg
 
 from billing import ids
-from billing.messages import (
-    _LOCK_ACCOUNTS_READ_ENDPOINTS,
-    _WRITE_BATCH,
-    MessageCreated,
-    MessageRequest,
-    create_messages,
-)
+from billing.message_plan import GATED_WRITE, LOCK_ACCOUNTS_READ_ENDPOINTS, READ_ACCOUNTS_ENDPOINTS, WRITE_BATCH
+from billing.messages import MessageCreated, MessageRequest, create_messages
 from delivery import event_loop, migrate, services
 
 BATCH = 35
@@ -101,8 +97,16 @@ async def main(arguments: argparse.Namespace) -> None:
         async def bare() -> None:
             accounts_of_batch, write_arguments = bare_batches.pop()
             async with connection.transaction():
-                await connection.fetch(_LOCK_ACCOUNTS_READ_ENDPOINTS, accounts_of_batch, ["bench"])
-                await connection.execute(_WRITE_BATCH, *write_arguments)
+                await connection.fetch(LOCK_ACCOUNTS_READ_ENDPOINTS, accounts_of_batch, ["bench"])
+                await connection.execute(WRITE_BATCH, *write_arguments)
+
+        async def bare_unlocked() -> None:
+            accounts_of_batch, write_arguments = bare_batches.pop()
+            await connection.fetch(READ_ACCOUNTS_ENDPOINTS, accounts_of_batch, ["bench"])
+            # The same rows; the accounts each charged 1 at price 1, in place of the balances.
+            gated = (*write_arguments[:12], accounts_of_batch, [1] * len(accounts_of_batch), [1] * len(accounts_of_batch))
+            if not await connection.fetchval(GATED_WRITE, *gated):
+                raise SystemExit("the gated write wrote nothing")
 
         request_batches: list = []
 
@@ -113,11 +117,13 @@ async def main(arguments: argparse.Namespace) -> None:
                 raise SystemExit(f"the create refused {len(refused)} of {len(results)}: {refused[0]!r}")
 
         cases = [("SELECT 1", select_one), ("BEGIN; SELECT 1; COMMIT", empty_transaction),
-                 (f"bare create, {BATCH} messages", bare), (f"create_messages, {BATCH} messages", planned),
+                 (f"bare locked, {BATCH} messages", bare), (f"bare unlocked, {BATCH} messages", bare_unlocked),
+                 (f"create_messages, {BATCH} messages", planned),
                  (f"14 uuid[] of {BATCH} in one SELECT", uuid_arrays_of_35), ("14 uuid[] of 1 in one SELECT", uuid_arrays_of_1)]
         print(f"client CPU and wall time per call, {arguments.batches} calls a round, on one connection"
               f" ({event_loop.name(asyncio.get_running_loop())})")
         cpu_per_call: dict[str, list[float]] = {label: [] for label, _ in cases}
+        wall_per_call: dict[str, list[float]] = {label: [] for label, _ in cases}
         for round_number in range(1, arguments.rounds + 1):
             for label, call in cases:
                 # Arguments are made before the clock starts: the bare case is the statements alone.
@@ -129,16 +135,20 @@ async def main(arguments: argparse.Namespace) -> None:
                     await call()
                 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
                 cpu_per_call[label].append(cpu / arguments.batches)
+                wall_per_call[label].append(wall / arguments.batches)
                 print(f"round {round_number}  {label:32s} client CPU {cpu / arguments.batches * 1e6:6.0f} µs"
                       f"  wall {wall / arguments.batches * 1e6:6.0f} µs")
         await connection.close()
         mean = {label: sum(values) / len(values) for label, values in cpu_per_call.items()}
-        trip, bare_cpu, planned_cpu = (mean[label] for label, _ in (cases[0], cases[2], cases[3]))
-        print(f"means: create_messages {planned_cpu * 1e6:.0f} µs = {planned_cpu / bare_cpu:.2f} x the bare create"
-              f" ({bare_cpu * 1e6:.0f} µs); of create_messages, four round trips (4 x {trip * 1e6:.0f} µs) are"
-              f" {4 * trip / planned_cpu:.0%}, encoding and decoding the statements' values"
-              f" {(bare_cpu - 4 * trip) / planned_cpu:.0%}, our planning {(planned_cpu - bare_cpu) / planned_cpu:.0%}")
-        per_element = (mean[cases[4][0]] - mean[cases[5][0]]) / (14 * (BATCH - 1))
+        wall = {label: sum(values) / len(values) for label, values in wall_per_call.items()}
+        trip, locked_cpu, bare_cpu, planned_cpu = (mean[label] for label, _ in (cases[0], *cases[2:5]))
+        print(f"means: bare unlocked against bare locked: client CPU {bare_cpu / locked_cpu:.2f}x,"
+              f" wall time {wall[cases[3][0]] / wall[cases[2][0]]:.2f}x")
+        print(f"means: create_messages {planned_cpu * 1e6:.0f} µs = {planned_cpu / bare_cpu:.2f} x the bare unlocked"
+              f" create ({bare_cpu * 1e6:.0f} µs); of create_messages, two round trips (2 x {trip * 1e6:.0f} µs) are"
+              f" {2 * trip / planned_cpu:.0%}, encoding and decoding the statements' values"
+              f" {(bare_cpu - 2 * trip) / planned_cpu:.0%}, our planning {(planned_cpu - bare_cpu) / planned_cpu:.0%}")
+        per_element = (mean[cases[5][0]] - mean[cases[6][0]]) / (14 * (BATCH - 1))
         print(f"one uuid array element costs {per_element * 1e6:.2f} µs of client CPU to send")
     finally:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

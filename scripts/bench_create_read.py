@@ -4,7 +4,7 @@
 1,000 accounts in temporary tables, each with one catch-all endpoint and three for another type;
 1,500 batches of 36 random accounts per round, three rounds, each variant in its own transaction
 as the create runs it. Both variants run the create's own statement
-(`billing.messages._LOCK_ACCOUNTS_READ_ENDPOINTS`): unfiltered with NULL event types, as a batch
+(`billing.message_plan.LOCK_ACCOUNTS_READ_ENDPOINTS`): unfiltered with NULL event types, as a batch
 that names its endpoints runs it, filtered with the batch's one type. Prints wall and client CPU
 per batch, rows per batch, and the filtered variant's CPU as a share of the unfiltered one's.
 
@@ -19,7 +19,7 @@ import time
 import asyncpg
 
 from billing.ids import new_ids
-from billing.messages import _LOCK_ACCOUNTS_READ_ENDPOINTS
+from billing.message_plan import LOCK_ACCOUNTS_READ_ENDPOINTS
 
 BATCHES = 1500
 
@@ -46,7 +46,7 @@ async def main() -> None:
             for _ in range(BATCHES):
                 batch = sorted(random.sample(accounts, 36))
                 async with connection.transaction():
-                    returned += len(await connection.fetch(_LOCK_ACCOUNTS_READ_ENDPOINTS, batch, event_types))
+                    returned += len(await connection.fetch(LOCK_ACCOUNTS_READ_ENDPOINTS, batch, event_types))
             wall, cpu = (time.perf_counter() - wall) / BATCHES, (time.process_time() - cpu) / BATCHES
             cpu_by_variant[variant].append(cpu)
             print(f"round {round_number}  {variant:10}  {wall * 1e6:5.0f} µs/batch wall, client CPU {cpu * 1e6:5.0f} µs,"

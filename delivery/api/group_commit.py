@@ -3,8 +3,9 @@
 One transaction per request serializes a hot account on its balance row and pays a commit per
 message. Instead, while a create transaction is in flight, arriving requests wait in a queue;
 the next transaction takes them all (at most `batch_max`) through
-`billing.messages.create_messages`, which locks the accounts in id order and refuses each
-request on its own (one request's insufficient balance fails that request alone). Each request
+`billing.messages.create_messages`, which locks the accounts in id order (in its one write
+statement, or in its locked fallback) and refuses each request on its own (one request's
+insufficient balance fails that request alone). Each request
 awaits its own future, and every future is resolved: a batch whose transaction fails (a database
 error) fails exactly its own requests, with `BatchFailed`.
 
@@ -15,15 +16,16 @@ transaction has a fixed cost (about 600 µs of PostgreSQL's CPU and 200 µs of o
 two transactions on one hot account only wait on each other's row lock. Starting the second at
 once, as before, made batches half the size and ingest up to 7 points slower.
 
-A batch whose connection broke while its COMMIT was in flight may have been written. The batch
+A batch whose connection broke while its write or COMMIT was in flight may have been written. The batch
 then asks the database (`billing.messages.resolve_outcome`): written, its requests get their
 results as usual; not written, `BatchFailed`; no answer within `outcome_wait_seconds`,
 `BatchOutcomeUnknown`. So `BatchFailed` always means nothing was written.
 
 Idempotency keys: a key whose request is still in flight in this process answers 409
 (`KeyInProgress`), as Stripe does. Across processes there is no shared in-flight set; there
-the account row lock serializes the two transactions, and the later one finds the first one's
-message and returns it as a replay (or a 422 for another body), which is also correct.
+the key's unique index fails the later unlocked write (it writes nothing), the account row lock
+serializes the locked retry behind the first, and that finds the first one's message and
+returns it as a replay (or a 422 for another body), which is also correct.
 """
 
 from __future__ import annotations

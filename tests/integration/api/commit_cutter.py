@@ -2,7 +2,10 @@
 cannot know what happened: the server may commit after the client has lost the connection.
 
 Armed with a mode, it cuts the next connection that sends COMMIT (asyncpg's simple-protocol
-`COMMIT;`), always closing the client's side first so that no answer reaches it. Then:
+`COMMIT;`) or executes one of the `statements` it was given (an autocommit write, which commits
+as it runs: the create's unlocked write), always closing the client's side first so that no
+answer reaches it. It reads the client's protocol messages to tell which prepared statement an
+Execute runs. Then:
 
 - "after": COMMIT goes on to the server and the server's side is closed: the server commits.
 - "before": COMMIT is dropped and the server's side closed: the server rolls back.
@@ -12,6 +15,8 @@ Armed with a mode, it cuts the next connection that sends COMMIT (asyncpg's simp
   (in progress) for as long as the test likes, then commits.
 - "linger": COMMIT goes on and the server's side stays open until `release()`: the server has
   committed, but its backend lingers, as over a half-open connection.
+- "blackout": as "hold", and every other connection through the proxy, new ones too, is held
+  until `release()`: the database is unreachable for the client meanwhile.
 """
 
 from __future__ import annotations
@@ -21,12 +26,49 @@ import contextlib
 import glob
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
-COMMIT = b"Q\x00\x00\x00\x0cCOMMIT;\x00"  # 'Q', length 12, the query text with its NUL
+_SSL_OR_GSS_REQUESTS = (80877103, 80877104)  # untyped requests a client may send before its startup message
+
+
+class _Messages:
+    """The client's side of the protocol, message by message: whether a chunk holds a cut point."""
+
+    def __init__(self, statements: tuple[str, ...]) -> None:
+        self._statements = {statement.encode() for statement in statements}
+        self._buffer = b""
+        self._started = False
+        self._prepared: dict[bytes, bytes] = {}  # statement name -> its text
+        self._bound: bytes | None = None  # the text of the statement the last Bind named
+
+    def cut_point(self, data: bytes) -> bool:
+        self._buffer += data
+        found = False
+        while True:
+            buffer = self._buffer
+            if not self._started:  # untyped: length, then the protocol version or a request code
+                if len(buffer) < 8 or len(buffer) < (size := int.from_bytes(buffer[:4], "big")):
+                    return found
+                self._started = int.from_bytes(buffer[4:8], "big") not in _SSL_OR_GSS_REQUESTS
+                self._buffer = buffer[size:]
+                continue
+            if len(buffer) < 5 or len(buffer) < 1 + (size := int.from_bytes(buffer[1:5], "big")):
+                return found
+            kind, body, self._buffer = buffer[:1], buffer[5:1 + size], buffer[1 + size:]
+            if kind == b"Q":
+                found |= body.rstrip(b"\0").rstrip(b";").strip() == b"COMMIT"
+            elif kind == b"P":
+                name, text = body.split(b"\0", 2)[:2]
+                self._prepared[name] = text
+            elif kind == b"B":
+                self._bound = self._prepared.get(body.split(b"\0", 2)[1])
+            elif kind == b"E":
+                found |= self._bound in self._statements
 
 
 class CommitCutter:
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, statements: tuple[str, ...] = ()) -> None:
         self._database_url = database_url
+        self._statements = statements
+        self._blackout = False
         self._mode: str | None = None
         self._delay = 0.0
         self._released = asyncio.Event()
@@ -58,11 +100,12 @@ class CommitCutter:
         return await asyncio.open_unix_connection(sockets[0])
 
     def arm(self, mode: str, delay: float = 0.0) -> None:
-        assert mode in ("after", "before", "late", "hold", "linger")
+        assert mode in ("after", "before", "late", "hold", "linger", "blackout")
         self._mode, self._delay = mode, delay
         self._released.clear()
 
     def release(self) -> None:
+        self._blackout = False
         self._released.set()
 
     async def close(self) -> None:
@@ -76,6 +119,8 @@ class CommitCutter:
     async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._tasks.add(task)
+        if self._blackout:
+            await self._released.wait()
         try:
             server_reader, server_writer = await self._open_upstream()
         except OSError:
@@ -84,16 +129,20 @@ class CommitCutter:
             return
         back = asyncio.create_task(self._pump(server_reader, client_writer))
         self._tasks.add(back)
+        messages = _Messages(self._statements)
         try:
             while data := await client_reader.read(65536):
-                if self._mode is not None and COMMIT in data:
+                if messages.cut_point(data) and self._mode is not None:
                     mode, self._mode = self._mode, None
                     self.cuts += 1
+                    self._blackout = mode == "blackout"
                     client_writer.transport.abort()  # first: no answer may reach the client
                     back.cancel()
                     await asyncio.gather(back, return_exceptions=True)
                     await self._cut(mode, data, server_reader, server_writer)
                     return
+                if self._blackout:
+                    await self._released.wait()
                 server_writer.write(data)
                 await server_writer.drain()
         except (ConnectionError, asyncio.CancelledError):
@@ -111,7 +160,7 @@ class CommitCutter:
             return
         if mode == "late":
             await asyncio.sleep(self._delay)
-        if mode == "hold":
+        if mode in ("hold", "blackout"):
             await self._released.wait()
         server_writer.write(data)
         await server_writer.drain()

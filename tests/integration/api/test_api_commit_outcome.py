@@ -1,5 +1,7 @@
 """A create whose COMMIT answer is lost (the connection breaks while COMMIT is in flight) asks the
-database what happened. Written: its requests get their results, as if nothing had broken. Not
+database what happened. A create runs unlocked first: its write is one autocommit statement, which
+commits as it runs, so there the cut is at that statement, and the database is asked by ending the
+backend that ran it and then looking for its messages. Written: its requests get their results, as if nothing had broken. Not
 written: 503 write-failed, which is then true. No answer in time: 503 write-outcome-unknown, and a
 retry with the same Idempotency-Key returns the message if it was written, never a second one.
 
@@ -20,7 +22,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from billing import accounts
 from billing.audit import audit
 from billing.database import create_pool
-from billing.messages import CreateOutcomeUnknown, MessageCreated, MessageRequest, create_messages
+from billing.message_plan import GATED_WRITE
+from billing.messages import CreateOutcomeUnknown, MessageCreated, MessageRequest, create_messages, resolve_outcome
 from delivery import metrics
 from delivery.api.app import create_app
 from delivery.api.group_commit import BatchFailed, BatchOutcomeUnknown, Coalescer
@@ -30,7 +33,7 @@ from commit_cutter import CommitCutter
 
 @pytest.fixture
 async def cutter(database_url):
-    cutter = await CommitCutter(database_url).start()
+    cutter = await CommitCutter(database_url, statements=(GATED_WRITE,)).start()
     yield cutter
     await cutter.close()
 
@@ -62,12 +65,11 @@ async def _state(pool: asyncpg.Pool, account_id: uuid.UUID) -> tuple[set[uuid.UU
     return messages, await pool.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id)
 
 
-@pytest.mark.parametrize("mode", ["after", "late", "linger"])
+@pytest.mark.parametrize("mode", ["after", "linger"])
 @pytest.mark.parametrize("round_number", range(3))
-async def test_a_commit_that_took_effect_answers_the_results(pool, cut_pool, cutter, mode, round_number):
-    """"after": the server commits as the client loses it. "late": the server gets the COMMIT half a
-    second after the client lost it, so an answer that took "still in progress" for "not written"
-    would deny a message that exists. "linger": the server commits but its backend stays."""
+async def test_a_write_that_took_effect_answers_the_results(pool, cut_pool, cutter, mode, round_number):
+    """"after": the server runs the write as the client loses it. "linger": the server runs it but
+    its backend stays, as over a half-open connection: ending it must not undo the write."""
     account_id = await _account(pool, 100)
     coalescer = Coalescer(cut_pool, attempts_max=3, concurrency=1)
     written_before = _outcomes("written")
@@ -88,16 +90,24 @@ async def test_a_commit_that_took_effect_answers_the_results(pool, cut_pool, cut
     assert (await audit(pool)).clean
 
 
-@pytest.mark.parametrize("round_number", range(3))
-async def test_a_commit_that_did_not_take_effect_fails_its_batch_and_wrote_nothing(pool, cut_pool, cutter,
-                                                                                     round_number):
+@pytest.mark.parametrize("mode", ["before", "late", "hold"])
+@pytest.mark.parametrize("round_number", range(2))
+async def test_a_write_that_did_not_take_effect_fails_its_batch_and_wrote_nothing(pool, cut_pool, cutter, mode,
+                                                                                    round_number):
+    """"before": the write never reaches the server. "late" and "hold": it would reach the server's
+    backend after the client gave up on the connection (half a second later, or once released), so
+    an answer that only looked for the messages could say "not written" and then see them appear.
+    The backend is ended first; the write arriving later finds it gone."""
     account_id = await _account(pool, 100)
     coalescer = Coalescer(cut_pool, attempts_max=3, concurrency=1)
     not_written_before = _outcomes("not_written")
-    cutter.arm("before")
+    cutter.arm(mode, delay=0.5)
     failed = await asyncio.gather(coalescer.submit(MessageRequest(account_id, "t", b"1", "k")),
                                   return_exceptions=True)
     assert cutter.cuts == 1 and isinstance(failed[0], BatchFailed), failed
+    assert await _state(pool, account_id) == (set(), 100)
+    cutter.release()
+    await asyncio.sleep(0.7)  # past the late write: it landed nowhere
     assert await _state(pool, account_id) == (set(), 100)
     assert _outcomes("not_written") == not_written_before + 1
     retried = await coalescer.submit(MessageRequest(account_id, "t", b"1", "k"))
@@ -106,18 +116,19 @@ async def test_a_commit_that_did_not_take_effect_fails_its_batch_and_wrote_nothi
 
 
 async def test_no_answer_in_time_is_outcome_unknown_and_the_key_then_finds_the_message(pool, cut_pool, cutter):
-    """The COMMIT reaches the server only after the wait: the transaction is still in progress when
-    the batch must answer, so it says the outcome is unknown, not "nothing was written", which
-    here would be untrue once the COMMIT lands."""
+    """The database is unreachable for the whole wait and the write reaches the server only after
+    it, so the batch says the outcome is unknown, not "nothing was written", which here would be
+    untrue once the write lands."""
     account_id = await _account(pool, 100)
     coalescer = Coalescer(cut_pool, attempts_max=3, concurrency=1, outcome_wait_seconds=1)
     unknown_before = _outcomes("unknown")
-    cutter.arm("hold")
+    cutter.arm("blackout")
     failed = await asyncio.gather(coalescer.submit(MessageRequest(account_id, "t", b"1", "k")),
                                   return_exceptions=True)
     assert isinstance(failed[0], BatchOutcomeUnknown), failed
     assert _outcomes("unknown") == unknown_before + 1
-    cutter.release()  # the COMMIT goes on; the retry waits for the account's row lock, so for it
+    cutter.release()  # the write goes on
+    await _until(lambda: _state(pool, account_id), (await _eventually_one_message(pool, account_id), 99))
     retried = await coalescer.submit(MessageRequest(account_id, "t", b"1", "k"))
     assert retried.replayed
     assert await _state(pool, account_id) == ({retried.message_id}, 99)  # written, and charged once
@@ -140,14 +151,57 @@ async def test_create_messages_on_a_pool_resolves_the_outcome_itself(pool, cut_p
     assert cutter.cuts == 2 and await _state(pool, account_id) == (messages, 95)
 
 
+@pytest.mark.parametrize("mode", ["after", "before"])
+async def test_a_batch_decided_again_locked_asks_about_its_transaction(pool, database_url, mode):
+    """The account is repriced between the unlocked read and write (a transaction holds its row lock
+    until the write waits on it), so the batch is decided again the locked way, and that COMMIT is
+    cut: written, it answers at the new price; not written, the connection's error, nothing written."""
+    cutter = await CommitCutter(database_url).start()  # cuts at COMMIT only
+    cut_pool = await create_pool(cutter.url(), size_min=1, size_max=2)
+    try:
+        account_id = await _account(pool, 100)
+        cutter.arm(mode)
+        async with pool.acquire() as holder, holder.transaction():
+            await holder.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
+            task = asyncio.create_task(create_messages(cut_pool, [MessageRequest(account_id, "t", b"1")], attempts_max=3))
+            await _until(lambda: pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                                               " AND query LIKE 'WITH locked AS%'"), 1)
+            await holder.execute("UPDATE accounts SET price_per_delivery = 2 WHERE id = $1", account_id)
+        if mode == "after":
+            (created,) = await task
+            assert created.total_charged == 2
+            assert await _state(pool, account_id) == ({created.message_id}, 98)
+        else:
+            with pytest.raises(asyncpg.PostgresConnectionError):
+                await task
+            assert await _state(pool, account_id) == (set(), 100)
+        assert cutter.cuts == 1
+    finally:
+        await cut_pool.close()
+        await cutter.close()
+
+
 async def test_create_messages_on_a_connection_leaves_the_outcome_to_the_caller(pool, cut_pool, cutter):
+    """The unknown names the backend that ran the write; asked through a database that cannot be
+    reached, it stays unknown; asked through one that can, it is written."""
     account_id = await _account(pool, 100)
     cutter.arm("after")
     async with cut_pool.acquire() as connection:
+        pid = connection.get_server_pid()
         with pytest.raises(CreateOutcomeUnknown) as raised:
             await create_messages(connection, [MessageRequest(account_id, "t", b"1")], attempts_max=3)
-    assert len(raised.value.message_ids) == 1 and raised.value.transaction_id > 0
-    assert isinstance(raised.value.__cause__, asyncpg.PostgresConnectionError)
+    unknown = raised.value
+    assert len(unknown.message_ids) == 1 and unknown.unlocked.backend_pid == pid
+    assert unknown.unlocked.message_id == unknown.message_ids[0]
+    assert isinstance(unknown.__cause__, asyncpg.PostgresConnectionError)
+    unreachable = await asyncpg.create_pool("postgresql://postgres@127.0.0.1:9/test", min_size=0)  # nothing listens
+    try:
+        with pytest.raises(CreateOutcomeUnknown):
+            await resolve_outcome(unreachable, unknown, wait_seconds=0.5)
+    finally:
+        await unreachable.close()
+    assert await resolve_outcome(pool, unknown) == unknown.results
+    assert await _state(pool, account_id) == (set(unknown.message_ids), 99)
 
 
 async def test_the_api_answers_each_outcome(api, cut_pool, cutter, queue):
@@ -171,12 +225,14 @@ async def test_the_api_answers_each_outcome(api, cut_pool, cutter, queue):
         failed = await send("b")
         assert failed.status == 503 and failed.headers["Retry-After"] == "1"
         assert (await failed.json())["type"].endswith("/write-failed")
-        cutter.arm("hold")
+        cutter.arm("blackout")
         unknown = await send("c")
         problem = await unknown.json()
         assert unknown.status == 503 and problem["type"].endswith("/write-outcome-unknown"), problem
         assert "same Idempotency-Key" in problem["detail"] and unknown.headers["Retry-After"] == "1"
-        cutter.release()  # the COMMIT goes on; the retry waits for the account's row lock, so for it
+        cutter.release()  # the write goes on
+        await _until(lambda: api.pool.fetchval(
+            "SELECT count(*) FROM messages WHERE account_id = $1 AND idempotency_key = 'c'", account_id), 1)
         retried = await send("c")
         assert retried.status == 202 and retried.headers.get("Idempotent-Replayed") == "true"
         assert cutter.cuts == 3
@@ -239,6 +295,11 @@ async def test_creates_that_show_something_once_resolve_a_lost_commit(api, cut_p
         assert made["key"]
     else:
         assert made["id"] and made["url"] == "https://example.com/hook"
+
+
+async def _eventually_one_message(pool: asyncpg.Pool, account_id: uuid.UUID) -> set[uuid.UUID]:
+    await _until(lambda: pool.fetchval("SELECT count(*) FROM messages WHERE account_id = $1", account_id), 1)
+    return (await _state(pool, account_id))[0]
 
 
 async def _until(read, expected, seconds: float = 10) -> None:

@@ -145,13 +145,14 @@ async def test_cli_dead_show_and_bulk_replay(pool, database_url, redis_url, keyr
 @pytest.mark.parametrize("again", [False, True])
 async def test_cli_replay_cut_at_its_commit_says_what_is_in_doubt(pool, database_url, redis_url, keyring,
                                                                   receiver_factory, monkeypatch, again):
-    """The connection breaks at the replay's COMMIT and the database cannot tell in time whether it was
-    written (the COMMIT is held): one error line naming the dead delivery in doubt and its would-be
-    replay, exit 3, no traceback. Once the COMMIT goes through, that replay exists exactly once; a keyed
-    replay run again then says it was replayed before and charges nothing."""
+    """The connection breaks at the replay's write and the database cannot tell in time whether it was
+    written (the write is held, the database unreachable meanwhile): one error line naming the dead
+    delivery in doubt and its would-be replay, exit 3, no traceback. Once the write goes through, that
+    replay exists exactly once; a keyed replay run again then says it was replayed before and charges
+    nothing."""
     async with _cli_through_cutter(pool, database_url, redis_url, keyring, receiver_factory, monkeypatch) as (
             cutter, account_id, old_id, balance, replay):
-        cutter.arm("hold")
+        cutter.arm("blackout")
         cut = await replay(again)
         assert cut.exit_code == 3, cut.output
         assert cut.exception is None or isinstance(cut.exception, SystemExit), repr(cut.exception)
@@ -161,7 +162,7 @@ async def test_cli_replay_cut_at_its_commit_says_what_is_in_doubt(pool, database
         assert f"in doubt: {old_id}, replayed as " in text, text
         new_id = text.split(f"in doubt: {old_id}, replayed as ")[1].split()[0]
         assert cutter.cuts == 1
-        cutter.release()  # the held COMMIT goes through: the replay is written, once
+        cutter.release()  # the held write goes through: the replay is written, once
         await wait_for(lambda: pool.fetchval("SELECT count(*) = 1 FROM deliveries WHERE id = $1::uuid", new_id))
         assert await pool.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id) == balance - PRICE
         if not again:
@@ -174,7 +175,7 @@ async def test_cli_replay_cut_at_its_commit_says_what_is_in_doubt(pool, database
 
 async def test_cli_replay_cut_before_its_commit_took_effect_says_run_it_again(pool, database_url, redis_url, keyring,
                                                                               receiver_factory, monkeypatch):
-    """The COMMIT never reached the server: the database says so, and the command says PostgreSQL went
+    """The write never reached the server: the database says so, and the command says PostgreSQL went
     away and to run it again (exit 3, no traceback); nothing was written, and running it again replays."""
     async with _cli_through_cutter(pool, database_url, redis_url, keyring, receiver_factory, monkeypatch) as (
             cutter, account_id, old_id, balance, replay):
@@ -195,13 +196,14 @@ async def _cli_through_cutter(pool, database_url, redis_url, keyring, receiver_f
     """Dead deliveries, and `hookledger deliveries replay` run against PostgreSQL through a CommitCutter."""
     from typer.testing import CliRunner
 
+    from billing.message_plan import GATED_WRITE
     from commit_cutter import CommitCutter
     from delivery.cli import app
 
     account_id, endpoint_id, _ = await _dead_deliveries(pool, database_url, redis_url, keyring, receiver_factory)
     old_id = (await dead_letters.list_dead(pool, dead_letters.DeadFilter(endpoint_id=endpoint_id))).rows[0]["id"]
     balance = await pool.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id)
-    cutter = await CommitCutter(database_url).start()
+    cutter = await CommitCutter(database_url, statements=(GATED_WRITE,)).start()
     monkeypatch.setenv("DATABASE_URL", cutter.url())
     monkeypatch.setenv("HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS", "1")
     runner = CliRunner()

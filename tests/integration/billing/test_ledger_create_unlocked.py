@@ -1,0 +1,154 @@
+"""The unlocked create (billing.messages): the read locks nothing, and the one write statement
+writes the batch only if every account still passes what was decided from that read, else nothing,
+and the batch is decided again, locked. Real database, concurrent connections.
+
+Each test makes an account change between the read and the write for certain, by holding the
+account's row lock in a transaction of its own until the write waits on it; the race at the end
+makes it happen by chance, many times."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+
+import asyncpg
+
+from billing import messages
+from billing.errors import AccountNotActive, InsufficientBalance
+from ledger_helpers import add_endpoint, assert_audit_clean, balance, ledger_sum, make_account
+
+RACE_ROUNDS = 12
+
+
+async def _until_the_write_waits(pool: asyncpg.Pool, writers: int = 1) -> None:
+    """Until `writers` unlocked writes wait on a row lock (pg_stat_activity says so)."""
+    for _ in range(400):
+        waiting = await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH locked AS%'")
+        if waiting >= writers:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the unlocked write never waited on the account's row lock")
+
+
+async def _holding(pool: asyncpg.Pool, account_id, creates: list, then: str | None = None) -> list:
+    """Run `creates` while a transaction holds the account's row lock; once their writes wait,
+    run `then` in that transaction and commit. Their results."""
+    async with pool.acquire() as holder:
+        transaction = holder.transaction()
+        await transaction.start()
+        await holder.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
+        task = asyncio.gather(*creates)
+        await _until_the_write_waits(pool, writers=len(creates))
+        if then is not None:
+            await holder.execute(then, account_id)
+        await transaction.commit()
+    return await task
+
+
+async def test_an_account_repriced_between_read_and_write_is_charged_the_new_price(pool):
+    account_id = await make_account(pool, balance=100, price=1)
+    await add_endpoint(pool, account_id)
+    before = messages.WRITES.copy()
+    request = messages.MessageRequest(account_id, "t", b"1")
+    (created,) = await _holding(pool, account_id, [messages.create_message(pool, request, attempts_max=2)],
+                                "UPDATE accounts SET price_per_delivery = 2 WHERE id = $1")
+    assert created.total_charged == 2 and [delivery.price for delivery in created.deliveries] == [2]
+    assert await balance(pool, account_id) == await ledger_sum(pool, account_id) == 98
+    assert messages.WRITES - before == Counter({"fell back": 1})
+    await assert_audit_clean(pool, account_id)
+
+
+async def test_an_account_closed_between_read_and_write_writes_nothing(pool):
+    account_id = await make_account(pool, balance=100, price=1)
+    await add_endpoint(pool, account_id)
+    request = messages.MessageRequest(account_id, "t", b"1")
+    (refused,) = await _holding(pool, account_id, [messages.create_messages(pool, [request], attempts_max=2)],
+                                "UPDATE accounts SET status = 'closing' WHERE id = $1")
+    assert isinstance(refused[0], AccountNotActive), refused
+    assert await pool.fetchval("SELECT count(*) FROM messages WHERE account_id = $1", account_id) == 0
+    assert await balance(pool, account_id) == 100
+
+
+async def test_one_key_in_two_unlocked_writes_charges_once(pool):
+    """Both read before either wrote, so both plan a new message for the key: the second write
+    fails on the unique index, writes nothing, and its batch, decided again, replays the first and
+    writes the batch's other message."""
+    account_id = await make_account(pool, balance=100, price=1)
+    await add_endpoint(pool, account_id)
+    request = messages.MessageRequest(account_id, "t", b"1", "same-key")
+    before, refused_before = messages.WRITES.copy(), messages.REFUSED.copy()
+    first, second = await _holding(pool, account_id, [
+        messages.create_messages(pool, [request, messages.MessageRequest(account_id, "t", b"2")], attempts_max=2),
+        messages.create_messages(pool, [request, messages.MessageRequest(account_id, "t", b"3")], attempts_max=2)])
+    created = [result for result in (first[0], second[0]) if not result.replayed]
+    replayed = [result for result in (first[0], second[0]) if result.replayed]
+    assert len(created) == 1 and len(replayed) == 1 and replayed[0].message_id == created[0].message_id
+    assert not first[1].replayed and not second[1].replayed
+    assert await pool.fetchval("SELECT count(*) FROM messages WHERE account_id = $1", account_id) == 3
+    assert await balance(pool, account_id) == 97
+    assert messages.WRITES - before == Counter({"unlocked": 1, "fell back": 1})
+    assert messages.REFUSED - refused_before == Counter({"UniqueViolationError": 1})
+    await assert_audit_clean(pool, account_id)
+
+
+async def test_a_balance_spent_between_read_and_write_is_never_overspent(pool):
+    """Two batches read a balance of 3 and each plans to spend 2: the second write finds 1 left,
+    writes nothing, and decided again, locked, refuses what 1 cannot cover."""
+    account_id = await make_account(pool, balance=3, price=1)
+    await add_endpoint(pool, account_id)
+    batches = [[messages.MessageRequest(account_id, "t", b"%d-%d" % (batch, n)) for n in range(2)] for batch in range(2)]
+    first, second = await _holding(pool, account_id, [
+        messages.create_messages(pool, batch, attempts_max=2) for batch in batches])
+    outcomes = Counter(type(result).__name__ for result in first + second)
+    assert outcomes == Counter({"MessageCreated": 3, "InsufficientBalance": 1}), outcomes
+    assert await balance(pool, account_id) == await ledger_sum(pool, account_id) == 0
+    await assert_audit_clean(pool, account_id)
+
+
+async def test_concurrent_batches_on_few_accounts_never_overspend(pool):
+    """Eight writers send batches over three accounts with small balances while their prices change,
+    RACE_ROUNDS times. No top-ups, so a balance only falls: ending at or above zero, it never went
+    below. Each account's balance fell by exactly what its created messages were charged, the
+    ledger agrees, and both ways of writing ran."""
+    rng = random.Random(5)
+    before, refused_before = messages.WRITES.copy(), messages.REFUSED.copy()
+    refused = 0
+    for _ in range(RACE_ROUNDS):
+        account_ids = [await make_account(pool, balance=rng.randint(8, 30), price=1) for _ in range(3)]
+        for account_id in account_ids:
+            await add_endpoint(pool, account_id)
+            await add_endpoint(pool, account_id, event_types=["b"])
+        initial = {account_id: await balance(pool, account_id) for account_id in account_ids}
+        charged = Counter()
+
+        async def writer(number: int) -> None:
+            nonlocal refused
+            for n in range(6):
+                batch = [messages.MessageRequest(rng.choice(account_ids), rng.choice("ab"), b"%d-%d-%d" % (number, n, k))
+                         for k in range(rng.randint(1, 6))]
+                for request, result in zip(batch, await messages.create_messages(pool, batch, attempts_max=2),
+                                           strict=True):
+                    if isinstance(result, messages.MessageCreated):
+                        charged[request.account_id] += result.total_charged
+                    else:
+                        assert isinstance(result, InsufficientBalance), result
+                        refused += 1
+
+        async def repricer() -> None:
+            for _ in range(10):
+                await pool.execute("UPDATE accounts SET price_per_delivery = $2 WHERE id = $1",
+                                   rng.choice(account_ids), rng.choice([1, 2]))
+                await asyncio.sleep(0.002)
+
+        await asyncio.gather(*(writer(number) for number in range(8)), repricer())
+        for account_id in account_ids:
+            final = await balance(pool, account_id)
+            assert final >= 0 and initial[account_id] - final == charged[account_id], (initial, final, charged)
+            assert final == await ledger_sum(pool, account_id)
+            await assert_audit_clean(pool, account_id)
+    writes = messages.WRITES - before
+    print(f"\nunlocked race: {dict(writes)}, {refused} refused for balance")
+    assert writes["unlocked"] > 0 and writes["fell back"] > 0 and refused > 0, (writes, refused)
+    assert messages.REFUSED == refused_before  # no write failed: no deadlock, no error, only balances
