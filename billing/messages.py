@@ -7,9 +7,9 @@ request alone, and a refused request writes nothing.
 
 A batch first runs unlocked (`billing.message_plan`): it reads its accounts and endpoints without
 locking them, decides every request in memory, and writes in one autocommit statement that
-locks the accounts in id order and writes an account's messages only if the account still passes
-what was decided (active, the same price, a balance covering the charges), all or nothing. Two
-round trips, not four, and no round trip with a row lock held. A batch that wrote nothing (an
+locks the accounts in id order and writes the batch only if every account still passes what was
+decided (active, the same price, a balance covering its charges), else nothing. Two round trips,
+not four, and no round trip with a row lock held. A batch that wrote nothing (an
 account spent, closed or repriced meanwhile, a key written meanwhile) is then decided again,
 locked: BEGIN, the read locks the accounts in id order, the write, COMMIT. Either way a batch is
 written wholly or not at all. Inside a caller's transaction only the locked way runs. Accounts
