@@ -64,14 +64,13 @@ class MessageCreated:
     replayed: bool  # True when an idempotency key returned an earlier result
 
 
-
 class Plan:
     """What one batch will write, decided in memory after the accounts are read."""
 
     def __init__(self, accounts, endpoints, replays, transaction_id: int, read_at: datetime | None) -> None:
         self.transaction_id = transaction_id  # locked: pg_current_xact_id(), for resolve_outcome
         self.read_at = read_at  # unlocked: when the read ran on this connection's backend, ditto
-        self.accounts = accounts  # account id -> locked row
+        self.accounts = accounts  # account id -> its row as read (locked, or not)
         self.balances = {account_id: row["balance"] for account_id, row in accounts.items()}
         self.endpoints = endpoints  # account id -> [(endpoint id, event types)]
         self.replays = replays  # (account id, key) -> (request hash, MessageCreated)
@@ -100,10 +99,8 @@ class Plan:
                 endpoints[row["id"]].append((row["endpoint_id"], row["event_types"]))
         keyed = [r for r in requests if r.idempotency_key is not None and r.account_id in accounts]
         replays = await _load_replays(connection, keyed) if keyed else {}
-        if not rows:
-            return cls(accounts, endpoints, replays, 0, None)
-        return cls(accounts, endpoints, replays, rows[0]["transaction_id"] if lock else 0,
-                   None if lock else rows[0]["read_at"])
+        transaction_id = rows[0]["transaction_id"] if rows and lock else 0
+        return cls(accounts, endpoints, replays, transaction_id, rows[0]["read_at"] if rows and not lock else None)
 
     def decide(self, request: MessageRequest, attempts_max: int) -> MessageCreated | BillingError:
         account = self.accounts.get(request.account_id)
@@ -206,23 +203,28 @@ LOCK_ACCOUNTS_READ_ENDPOINTS = (
 )
 READ_ACCOUNTS_ENDPOINTS = _READ_ACCOUNTS_ENDPOINTS.format(marker="statement_timestamp() AS read_at")
 
-# One charge per delivery, its id derived from the delivery id (invariant I1), written in the
-# same statement as the delivery, and the balances moved in that statement too.
-WRITE_BATCH = (
-    "WITH message_rows AS ("
+# The batch's rows: its messages, its deliveries, and one charge per delivery, its id derived
+# from the delivery id (invariant I1), written in the same statement as the delivery. {only}
+# limits the inserts (the unlocked write's "ok"); $1 to $12 the columns.
+_INSERT_BATCH = (
+    " message_rows AS ("
     "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash)"
-    "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[])),"
+    "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[]){only}),"
     " delivery_rows AS ("
     "   INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"
-    "   SELECT * FROM unnest($7::uuid[], $8::uuid[], $9::uuid[], $10::uuid[], $11::bigint[], $12::int[])"
+    "   SELECT * FROM unnest($7::uuid[], $8::uuid[], $9::uuid[], $10::uuid[], $11::bigint[], $12::int[]){only}"
     "   RETURNING id, account_id, price),"
     " charge_rows AS ("
     "   INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
     "   SELECT 'charge:' || id, account_id, id, 'charge', -price FROM delivery_rows)"
+)
+
+# The locked write: the rows, and the balances the plan computed ($13, $14), in one statement.
+WRITE_BATCH = (
+    "WITH" + _INSERT_BATCH.format(only="") +
     " UPDATE accounts SET balance = t.balance FROM unnest($13::uuid[], $14::bigint[]) AS t(id, balance)"
     " WHERE accounts.id = t.id"
 )
-
 
 # The unlocked write, one autocommit statement, all or nothing. "locked" takes the row locks of
 # the accounts that still pass, in id order (LockRows above the Sort, as in the locked read, so
@@ -240,18 +242,7 @@ GATED_WRITE = (
     " gate AS ("
     "   UPDATE accounts a SET balance = a.balance - t.total"
     "   FROM unnest($13::uuid[], $14::bigint[]) AS t(id, total), ok WHERE ok.ok AND a.id = t.id),"
-    " message_rows AS ("
-    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash)"
-    "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[])"
-    "   WHERE (SELECT ok FROM ok)),"
-    " delivery_rows AS ("
-    "   INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"
-    "   SELECT * FROM unnest($7::uuid[], $8::uuid[], $9::uuid[], $10::uuid[], $11::bigint[], $12::int[])"
-    "   WHERE (SELECT ok FROM ok)"
-    "   RETURNING id, account_id, price),"
-    " charge_rows AS ("
-    "   INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
-    "   SELECT 'charge:' || id, account_id, id, 'charge', -price FROM delivery_rows)"
+    + _INSERT_BATCH.format(only=" WHERE (SELECT ok FROM ok)") +
     " SELECT ok FROM ok"
 )
 
