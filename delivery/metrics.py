@@ -10,6 +10,10 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from billing import messages
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -67,6 +71,33 @@ COMMIT_OUTCOMES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+
+
+class _CreateWrites(Collector):
+    """billing.messages' counts of how create batches were written, read at each scrape (billing
+    keeps plain counters: it never imports delivery)."""
+
+    def collect(self):
+        written = CounterMetricFamily(
+            "hookledger_create_batches_written",
+            "Create batches that wrote something, by way: unlocked; fell_back (decided again with the accounts"
+            " locked, after the unlocked write wrote nothing: an account spent, closed or repriced meanwhile, a"
+            " key written meanwhile); in_transaction (locked, inside a caller's transaction).",
+            labels=["way"])
+        for way in ("unlocked", "fell back", "in transaction"):
+            written.add_metric([way.replace(" ", "_")], messages.WRITES[way])
+        yield written
+        refused = CounterMetricFamily(
+            "hookledger_create_unlocked_refused",
+            "Unlocked create writes the server refused (nothing written; the batch was then decided locked), by error.",
+            labels=["error"])
+        for error, count in sorted(messages.REFUSED.items()):
+            refused.add_metric([error], count)
+        yield refused
+
+
+REGISTRY.register(_CreateWrites())
+
 API_REQUESTS = Counter(
     "hookledger_api_requests_total",
     "API requests by route template and status code.",
