@@ -25,7 +25,7 @@ from datetime import datetime
 
 import asyncpg
 
-from billing.database import Executor
+from billing.database import Executor, connection_of
 from billing.references import trigger_names
 
 INVARIANTS = {
@@ -339,10 +339,6 @@ def _summarize(report: AuditReport, rows) -> None:
 @contextlib.asynccontextmanager
 async def _snapshot(executor: Executor) -> AsyncIterator[asyncpg.Connection]:
     """A read-only repeatable-read transaction: every check sees the same moment."""
-    if isinstance(executor, asyncpg.Pool):
-        async with executor.acquire() as connection:
-            async with connection.transaction(isolation="repeatable_read", readonly=True):
-                yield connection
-    else:
-        async with executor.transaction(isolation="repeatable_read", readonly=True):
-            yield executor
+    async with connection_of(executor) as connection, \
+            connection.transaction(isolation="repeatable_read", readonly=True):
+        yield connection

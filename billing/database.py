@@ -41,18 +41,24 @@ Executor = asyncpg.Pool | asyncpg.Connection
 
 
 @contextlib.asynccontextmanager
+async def connection_of(executor: Executor) -> AsyncIterator[asyncpg.Connection]:
+    """A connection from the pool for the block, or the given connection."""
+    if isinstance(executor, asyncpg.Pool):
+        async with executor.acquire() as connection:
+            yield connection
+    else:
+        yield executor
+
+
+@contextlib.asynccontextmanager
 async def transaction(executor: Executor) -> AsyncIterator[asyncpg.Connection]:
     """One transaction on a connection from the pool, or on the given connection.
 
     On a connection already inside a transaction this is a savepoint, so an operation called
     from a caller's transaction still rolls back alone when it raises.
     """
-    if isinstance(executor, asyncpg.Pool):
-        async with executor.acquire() as connection, connection.transaction():
-            yield connection
-    else:
-        async with executor.transaction():
-            yield executor
+    async with connection_of(executor) as connection, connection.transaction():
+        yield connection
 
 
 class OutcomeUnknown(Exception):

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -32,6 +30,7 @@ from billing.database import (
     OUTCOME_WAIT_SECONDS,
     Executor,
     OutcomeUnknown,
+    connection_of,
     outcome_after_backend_ends,
     transaction,
     transaction_status,
@@ -53,8 +52,8 @@ ATTEMPTS_MAX_LIMIT = 50  # the schema's bound on deliveries.attempts_max
 TARGET_ENDPOINTS_MAX = 100  # a targeted request (a replay) names at most this many endpoints
 
 # Batches that wrote something, by the way they were written, since this process started:
-# "unlocked"; "fell back" (decided again, locked, after the unlocked write wrote nothing);
-# "in transaction" (locked, inside a caller's transaction).
+# "unlocked"; "fell_back" (decided again, locked, after the unlocked write wrote nothing);
+# "in_transaction" (locked, inside a caller's transaction).
 WRITES: collections.Counter[str] = collections.Counter()
 # Unlocked writes the server refused (nothing written, the batch then decided locked), by error.
 REFUSED: collections.Counter[str] = collections.Counter()
@@ -148,8 +147,8 @@ async def create_messages(
         # the caller's own COMMIT is theirs to resolve.
         top_level = isinstance(executor, asyncpg.Pool) or not executor.is_in_transaction()
         if not top_level or not await _create_unlocked(executor, requests, valid, results, attempts_max):
-            if await _create_locked(executor, requests, valid, results, attempts_max):
-                WRITES["fell back" if top_level else "in transaction"] += 1
+            if await _create_locked(executor, requests, valid, results, attempts_max, top_level):
+                WRITES["fell_back" if top_level else "in_transaction"] += 1
     except CreateOutcomeUnknown as unknown:
         if not isinstance(executor, asyncpg.Pool):
             raise
@@ -166,7 +165,7 @@ _ANSWER_LOST = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError
 async def _create_unlocked(executor: Executor, requests: list[MessageRequest], valid: list[int], results: list,
                            attempts_max: int) -> bool:
     """Decide and write the batch unlocked; whether that settled it. If not, nothing was written."""
-    async with _connection(executor) as connection:
+    async with connection_of(executor) as connection:
         plan = await Plan.load(connection, [requests[index] for index in valid], lock=False)
         for index in valid:
             results[index] = plan.decide(requests[index], attempts_max)
@@ -187,11 +186,9 @@ async def _create_unlocked(executor: Executor, requests: list[MessageRequest], v
 
 
 async def _create_locked(executor: Executor, requests: list[MessageRequest], valid: list[int], results: list,
-                         attempts_max: int) -> bool:
-    """Decide and write the batch locked, in a transaction; whether it wrote anything."""
-    # Only a top-level COMMIT decides; in a caller's transaction this is a savepoint, and the
-    # caller's own COMMIT is theirs to resolve.
-    top_level = isinstance(executor, asyncpg.Pool) or not executor.is_in_transaction()
+                         attempts_max: int, top_level: bool) -> bool:
+    """Decide and write the batch locked, in a transaction (a savepoint if not `top_level`);
+    whether it wrote anything."""
     committing: Plan | None = None
     try:
         async with transaction(executor) as connection:
@@ -207,15 +204,6 @@ async def _create_locked(executor: Executor, requests: list[MessageRequest], val
         raise CreateOutcomeUnknown(results, [row[0] for row in committing.messages],
                                    committing.transaction_id) from error
     return bool(plan.messages)
-
-
-@contextlib.asynccontextmanager
-async def _connection(executor: Executor) -> AsyncIterator[asyncpg.Connection]:
-    if isinstance(executor, asyncpg.Pool):
-        async with executor.acquire() as connection:
-            yield connection
-    else:
-        yield executor
 
 
 async def resolve_outcome(pool: asyncpg.Pool, unknown: CreateOutcomeUnknown, *,

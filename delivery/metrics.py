@@ -84,8 +84,8 @@ class _CreateWrites(Collector):
             " locked, after the unlocked write wrote nothing: an account spent, closed or repriced meanwhile, a"
             " key written meanwhile); in_transaction (locked, inside a caller's transaction).",
             labels=["way"])
-        for way in ("unlocked", "fell back", "in transaction"):
-            written.add_metric([way.replace(" ", "_")], messages.WRITES[way])
+        for way in ("unlocked", "fell_back", "in_transaction"):
+            written.add_metric([way], messages.WRITES[way])
         yield written
         refused = CounterMetricFamily(
             "hookledger_create_unlocked_refused",

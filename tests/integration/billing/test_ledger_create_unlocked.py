@@ -56,7 +56,7 @@ async def test_an_account_repriced_between_read_and_write_is_charged_the_new_pri
                                 "UPDATE accounts SET price_per_delivery = 2 WHERE id = $1")
     assert created.total_charged == 2 and [delivery.price for delivery in created.deliveries] == [2]
     assert await balance(pool, account_id) == await ledger_sum(pool, account_id) == 98
-    assert messages.WRITES - before == Counter({"fell back": 1})
+    assert messages.WRITES - before == Counter({"fell_back": 1})
     await assert_audit_clean(pool, account_id)
 
 
@@ -88,7 +88,7 @@ async def test_one_key_in_two_unlocked_writes_charges_once(pool):
     assert not first[1].replayed and not second[1].replayed
     assert await pool.fetchval("SELECT count(*) FROM messages WHERE account_id = $1", account_id) == 3
     assert await balance(pool, account_id) == 97
-    assert messages.WRITES - before == Counter({"unlocked": 1, "fell back": 1})
+    assert messages.WRITES - before == Counter({"unlocked": 1, "fell_back": 1})
     assert messages.REFUSED - refused_before == Counter({"UniqueViolationError": 1})
     await assert_audit_clean(pool, account_id)
 
@@ -150,5 +150,5 @@ async def test_concurrent_batches_on_few_accounts_never_overspend(pool):
             await assert_audit_clean(pool, account_id)
     writes = messages.WRITES - before
     print(f"\nunlocked race: {dict(writes)}, {refused} refused for balance")
-    assert writes["unlocked"] > 0 and writes["fell back"] > 0 and refused > 0, (writes, refused)
+    assert writes["unlocked"] > 0 and writes["fell_back"] > 0 and refused > 0, (writes, refused)
     assert messages.REFUSED == refused_before  # no write failed: no deadlock, no error, only balances
