@@ -122,7 +122,8 @@ def test_a_worker_started_while_redis_restarts_waits_for_it(database_url: str, p
     private_redis.stop()
     environment = {**os.environ, "HOOKLEDGER_DEV": "1", "HOOKLEDGER_DATA_DIR": str(tmp_path / "data"),
                    "DATABASE_URL": database_url, "REDIS_URL": private_redis.url,
-                   "HOOKLEDGER_SECRET_KEYS": format_keyring(Keyring({"k1": generate_at_rest_key()}, "k1"))}
+                   "HOOKLEDGER_SECRET_KEYS": format_keyring(Keyring({"k1": generate_at_rest_key()}, "k1")),
+                   "HOOKLEDGER_SHUTDOWN_GRACE_SECONDS": "1"}  # shutting down is not what this test is about
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log:
         worker = subprocess.Popen([sys.executable, "-m", "delivery", "worker"], cwd=ROOT, env=environment,
@@ -143,4 +144,8 @@ def test_a_worker_started_while_redis_restarts_waits_for_it(database_url: str, p
         assert "worker started" in text and "does not answer" in text, text  # it said it was waiting
     finally:
         worker.terminate()
-        worker.wait(20)
+        try:
+            worker.wait(20)
+        except subprocess.TimeoutExpired:  # a loaded CI machine; graceful shutdown has tests of its own
+            worker.kill()
+            worker.wait(20)
