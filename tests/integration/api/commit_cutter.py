@@ -3,17 +3,18 @@ cannot know what happened: the server may commit after the client has lost the c
 
 Armed with a mode, it cuts the next connection that sends COMMIT (asyncpg's simple-protocol
 `COMMIT;`) or executes one of the `statements` it was given (an autocommit write, which commits
-as it runs: the create's unlocked write), always closing the client's side first so that no
-answer reaches it. It reads the client's protocol messages to tell which prepared statement an
+as it runs: the create's unlocked write), never letting an answer reach the client. It reads the client's protocol messages to tell which prepared statement an
 Execute runs. Then:
 
-- "after": COMMIT goes on to the server and the server's side is closed: the server commits.
+- "after": COMMIT goes on to the server, which runs it; its answer is dropped, and only then is the
+  client's side closed and the server's after it: the server has committed before the client
+  learns anything, so asking at once must find it committed.
 - "before": COMMIT is dropped and the server's side closed: the server rolls back.
 - "late": COMMIT goes on only after `delay` seconds, the server's side held open till then: the
   server commits, but only well after the client has given up on the connection.
 - "hold": COMMIT is held until `release()`, the server's side open: the transaction stays open
   (in progress) for as long as the test likes, then commits.
-- "linger": COMMIT goes on and the server's side stays open until `release()`: the server has
+- "linger": as "after", but the server's side stays open until `release()`: the server has
   committed, but its backend lingers, as over a half-open connection.
 - "blackout": as "hold", and every other connection through the proxy, new ones too, is held
   until `release()`: the database is unreachable for the client meanwhile.
@@ -62,6 +63,20 @@ class _Messages:
                 self._bound = self._prepared.get(body.split(b"\0", 2)[1])
             elif kind == b"E":
                 found |= self._bound in self._statements
+
+
+async def _answered(server_reader: asyncio.StreamReader) -> None:
+    """Read the server's messages up to its ReadyForQuery: the statement has been run."""
+    buffer = b""
+    async with asyncio.timeout(10):
+        while True:
+            while len(buffer) >= 5 and len(buffer) >= 1 + (size := int.from_bytes(buffer[1:5], "big")):
+                if buffer[:1] == b"Z":
+                    return
+                buffer = buffer[1 + size:]
+            if not (data := await server_reader.read(65536)):
+                return
+            buffer += data
 
 
 class CommitCutter:
@@ -136,9 +151,15 @@ class CommitCutter:
                     mode, self._mode = self._mode, None
                     self.cuts += 1
                     self._blackout = mode == "blackout"
-                    client_writer.transport.abort()  # first: no answer may reach the client
-                    back.cancel()
+                    back.cancel()  # first: no answer may reach the client
                     await asyncio.gather(back, return_exceptions=True)
+                    if mode in ("after", "linger"):
+                        # The server runs it before the client can notice the cut and ask: else an
+                        # answer that ends the backend could end it first, and truly find nothing.
+                        server_writer.write(data)
+                        await server_writer.drain()
+                        await _answered(server_reader)
+                    client_writer.transport.abort()
                     await self._cut(mode, data, server_reader, server_writer)
                     return
                 if self._blackout:
@@ -162,8 +183,9 @@ class CommitCutter:
             await asyncio.sleep(self._delay)
         if mode in ("hold", "blackout"):
             await self._released.wait()
-        server_writer.write(data)
-        await server_writer.drain()
+        if mode not in ("after", "linger"):  # those went on already
+            server_writer.write(data)
+            await server_writer.drain()
         if mode == "linger":
             await self._released.wait()
         # End the stream gracefully and wait for the server to end it too (the backend has read the
