@@ -40,6 +40,12 @@ async def create_pool(database_url: str, *, size_min: int = 2, size_max: int = 1
 Executor = asyncpg.Pool | asyncpg.Connection
 
 
+def runs_alone(executor: Executor) -> bool:
+    """Whether a statement on `executor` is its own transaction: a pool, or a connection outside
+    any transaction (not a caller's, where it is part of theirs)."""
+    return isinstance(executor, asyncpg.Pool) or not executor.is_in_transaction()
+
+
 @contextlib.asynccontextmanager
 async def connection_of(executor: Executor) -> AsyncIterator[asyncpg.Connection]:
     """A connection from the pool for the block, or the given connection."""

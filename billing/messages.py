@@ -32,6 +32,7 @@ from billing.database import (
     OutcomeUnknown,
     connection_of,
     outcome_after_backend_ends,
+    runs_alone,
     transaction,
     transaction_status,
 )
@@ -145,7 +146,7 @@ async def create_messages(
     try:
         # Only a top-level write decides; in a caller's transaction the batch is a savepoint, and
         # the caller's own COMMIT is theirs to resolve.
-        top_level = isinstance(executor, asyncpg.Pool) or not executor.is_in_transaction()
+        top_level = runs_alone(executor)
         if not top_level or not await _create_unlocked(executor, requests, valid, results, attempts_max):
             if await _create_locked(executor, requests, valid, results, attempts_max, top_level):
                 WRITES["fell_back" if top_level else "in_transaction"] += 1

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import asyncpg
 
-from billing.database import Executor, transaction
+from billing.database import Executor, runs_alone, transaction
 from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, settle
 
@@ -137,7 +137,7 @@ async def _fetch_alone(executor: Executor, statement: str, *args: object) -> lis
     """Run one statement as its own transaction: in autocommit it is one already, so no BEGIN and
     COMMIT around it (two round trips fewer per claim; a lost answer is the same either way: the
     lease expires). Inside a caller's transaction, a savepoint, so that it fails alone."""
-    if isinstance(executor, asyncpg.Pool) or not executor.is_in_transaction():
+    if runs_alone(executor):
         return await executor.fetch(statement, *args)
     async with transaction(executor) as connection:
         return await connection.fetch(statement, *args)
