@@ -1,8 +1,8 @@
 """Claim due deliveries for sending, with attempt fencing, in batches.
 
 A claim is one statement, its own transaction: `pending -> sending`, `attempt + 1`, a lease.
-Rows are taken with FOR UPDATE SKIP LOCKED so concurrent workers never wait on each other. A delivery that
-has already used its last attempt (e.g. its final lease expired) is settled
+Rows are taken with FOR UPDATE SKIP LOCKED so concurrent workers never wait on each other. A
+delivery that has already used its last attempt (e.g. its final lease expired) is settled
 (`attempts_exhausted`) instead of claimed again.
 """
 
