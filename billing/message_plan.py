@@ -160,23 +160,26 @@ class Plan:
             message_id, request.account_id, request.event_type, tuple(created), price * len(created), replayed=False
         )
 
+    def _rows(self) -> list:
+        """The write's $1 to $12: the messages' columns, then the deliveries' (empty ones when no
+        message of the batch goes to any endpoint)."""
+        return [*zip(*self.messages), *(list(zip(*self.deliveries)) or [[]] * 6)]
+
     async def write(self, connection) -> None:
         """Locked: the whole batch in one statement: messages, deliveries, their charges, the balances."""
         if not self.messages:
             return
-        deliveries = list(zip(*self.deliveries)) or [[], [], [], [], [], []]
         changed = [(account_id, balance) for account_id, balance in self.balances.items()
                    if balance != self.accounts[account_id]["balance"]]
         balances = list(zip(*changed)) or [[], []]
-        await connection.execute(WRITE_BATCH, *zip(*self.messages), *deliveries, *balances)
+        await connection.execute(WRITE_BATCH, *self._rows(), *balances)
 
     async def write_gated(self, connection) -> bool:
         """Unlocked: one autocommit statement writes the whole batch if every account with new
         messages still passes what the plan assumed, and nothing if one does not; whether it wrote."""
         accounts = sorted({account_id for _, account_id, *_ in self.messages})
-        deliveries = list(zip(*self.deliveries)) or [[], [], [], [], [], []]
         return await connection.fetchval(
-            GATED_WRITE, *zip(*self.messages), *deliveries, accounts,
+            GATED_WRITE, *self._rows(), accounts,
             [self.accounts[account_id]["balance"] - self.balances[account_id] for account_id in accounts],
             [self.accounts[account_id]["price_per_delivery"] for account_id in accounts],
         )
