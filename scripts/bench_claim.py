@@ -23,7 +23,8 @@ import asyncpg
 from billing import accounts
 from billing.database import create_pool, transaction
 from billing.messages import MessageRequest, create_messages
-from delivery import claims, event_loop, migrate, services
+from delivery import claims, event_loop
+from scratch_database import scratch_database  # scripts/, beside this file
 
 LEASE_MS = 60_000
 
@@ -51,12 +52,7 @@ async def main(arguments: argparse.Namespace) -> None:
     server_url = os.environ.get("DATABASE_URL")
     if not server_url:
         raise SystemExit("set DATABASE_URL (a server where this may create and drop a database)")
-    name = f"hookledger_bench_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(server_url)
-    await admin.execute(f"CREATE DATABASE {name}")
-    try:
-        database_url = services.with_database(server_url, name)
-        await migrate.upgrade_async(database_url)
+    async with scratch_database(server_url) as database_url:
         pool = await create_pool(database_url, size_min=1, size_max=1)
         per_round = arguments.claims * arguments.ids
         fresh = iter(await _deliveries(pool, 2 * arguments.rounds * per_round))
@@ -91,9 +87,6 @@ async def main(arguments: argparse.Namespace) -> None:
         print(f"means: alone against in BEGIN ... COMMIT: client CPU"
               f" {_mean(cpu_per_claim[new]) / _mean(cpu_per_claim[old]):.2f}x,"
               f" wall time {_mean(wall_per_claim[new]) / _mean(wall_per_claim[old]):.2f}x")
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ import asyncpg
 from billing import ids
 from billing.message_plan import GATED_WRITE, LOCK_ACCOUNTS_READ_ENDPOINTS, READ_ACCOUNTS_ENDPOINTS, WRITE_BATCH
 from billing.messages import MessageCreated, MessageRequest, create_messages
-from delivery import event_loop, migrate, services
+from delivery import event_loop
+from scratch_database import scratch_database  # scripts/, beside this file
 
 BATCH = 35
 PAYLOAD = b'{"n":1,"text":"hello"}'
@@ -62,12 +63,7 @@ async def main(arguments: argparse.Namespace) -> None:
     server_url = os.environ.get("DATABASE_URL")
     if not server_url:
         raise SystemExit("set DATABASE_URL (a server where this may create and drop a database)")
-    name = f"hookledger_bench_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(server_url)
-    await admin.execute(f"CREATE DATABASE {name}")
-    try:
-        database_url = services.with_database(server_url, name)
-        await migrate.upgrade_async(database_url)
+    async with scratch_database(server_url) as database_url:
         connection = await asyncpg.connect(database_url)
         accounts, endpoints = await _setup(connection)
 
@@ -150,9 +146,6 @@ async def main(arguments: argparse.Namespace) -> None:
               f" {(bare_cpu - 2 * trip) / planned_cpu:.0%}, our planning {(planned_cpu - bare_cpu) / planned_cpu:.0%}")
         per_element = (mean[cases[5][0]] - mean[cases[6][0]]) / (14 * (BATCH - 1))
         print(f"one uuid array element costs {per_element * 1e6:.2f} µs of client CPU to send")
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
 
 
 if __name__ == "__main__":

@@ -13,17 +13,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
 import uuid
 from pathlib import Path
 
-import asyncpg
-
 from billing import accounts, ids, messages
 from billing.database import create_pool
 from billing.settle import DeadReason, settle
-from delivery import config, migrate, services
+from delivery import config, services
+from scratch_database import scratch_database  # scripts/, beside this file
 
 SETTLE_SHARE = 0.5
 
@@ -132,20 +130,12 @@ async def main() -> None:
     arguments = parser.parse_args()
     settings = config.load()
     server = services.database_url(settings.database)
-    name = f"hookledger_bench_{os.getpid()}"
-    admin = await asyncpg.connect(server)
-    await admin.execute(f"CREATE DATABASE {name}")
-    url = services.with_database(server, name)
-    try:
-        await migrate.upgrade_async(url)
+    async with scratch_database(server) as url:
         pool = await create_pool(url, size_min=arguments.concurrency, size_max=arguments.concurrency)
         rows = await scenario(pool, "one hot account", 1, arguments.messages, arguments.concurrency)
         rows += await scenario(pool, f"{arguments.accounts} accounts", arguments.accounts, arguments.messages,
                                arguments.concurrency)
         await pool.close()
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
     print(f"\nledger benchmark: {arguments.messages} messages (fan-out 1), {SETTLE_SHARE:.0%} settled,"
           f" concurrency {arguments.concurrency}")
     print(f"{'scenario':<18} {'operation':<10} {'real /s':>10} {'bare SQL /s':>12} {'ratio':>7}")
