@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import time
 import uuid
 
@@ -24,7 +23,7 @@ from billing import accounts
 from billing.database import create_pool, transaction
 from billing.messages import MessageRequest, create_messages
 from delivery import claims, event_loop
-from scratch_database import scratch_database  # scripts/, beside this file
+from scratch_database import scratch_database, server_url_from_environment  # scripts/, beside this file
 
 LEASE_MS = 60_000
 
@@ -49,10 +48,7 @@ def _mean(values: list[float]) -> float:
 
 
 async def main(arguments: argparse.Namespace) -> None:
-    server_url = os.environ.get("DATABASE_URL")
-    if not server_url:
-        raise SystemExit("set DATABASE_URL (a server where this may create and drop a database)")
-    async with scratch_database(server_url) as database_url:
+    async with scratch_database(server_url_from_environment()) as database_url:
         pool = await create_pool(database_url, size_min=1, size_max=1)
         per_round = arguments.claims * arguments.ids
         fresh = iter(await _deliveries(pool, 2 * arguments.rounds * per_round))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import time
 import uuid
@@ -33,7 +32,7 @@ from billing import ids
 from billing.message_plan import GATED_WRITE, LOCK_ACCOUNTS_READ_ENDPOINTS, READ_ACCOUNTS_ENDPOINTS, WRITE_BATCH
 from billing.messages import MessageCreated, MessageRequest, create_messages
 from delivery import event_loop
-from scratch_database import scratch_database  # scripts/, beside this file
+from scratch_database import scratch_database, server_url_from_environment  # scripts/, beside this file
 
 BATCH = 35
 PAYLOAD = b'{"n":1,"text":"hello"}'
@@ -60,10 +59,7 @@ def _bare_arguments(batch: list[uuid.UUID], endpoints: dict[uuid.UUID, uuid.UUID
 
 
 async def main(arguments: argparse.Namespace) -> None:
-    server_url = os.environ.get("DATABASE_URL")
-    if not server_url:
-        raise SystemExit("set DATABASE_URL (a server where this may create and drop a database)")
-    async with scratch_database(server_url) as database_url:
+    async with scratch_database(server_url_from_environment()) as database_url:
         connection = await asyncpg.connect(database_url)
         accounts, endpoints = await _setup(connection)
 

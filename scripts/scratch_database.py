@@ -4,12 +4,21 @@ ends, on an error too (the throughput benchmarks that start servers against it m
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
 
 from delivery import migrate, services
+
+
+def server_url_from_environment() -> str:
+    """DATABASE_URL, the server the scratch database is made on; exits with a clear line if unset."""
+    server_url = os.environ.get("DATABASE_URL")
+    if not server_url:
+        raise SystemExit("set DATABASE_URL (a server where this may create and drop a database)")
+    return server_url
 
 
 @contextlib.asynccontextmanager
