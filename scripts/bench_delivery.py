@@ -544,7 +544,8 @@ def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: 
     print("CPU ms per 1,000 deliveries, by process (the two cores are shared by all of them):")
     for label, row in rows:
         if row.get("cpu_shares"):
-            print(f"  {label:<28} {cpu_shares.describe(row['cpu_shares'])}")
+            print(f"  {label:<28} {cpu_shares.describe(row['cpu_shares'])};"
+                  f" {cpu_shares.cores_busy(row['cpu_shares'], row['rate'])}")
     bounds = [(label, cpu_shares.database_bound(results["ceiling"].get("cpu_shares", {}), row.get("cpu_shares", {})))
               for label, row in rows[1:]]
     if any(bound for _, bound in bounds):

@@ -185,7 +185,8 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
     ceilings = [ceiling_rate]
     print(f"concurrency {concurrency}")
     print(f"trivial aiohttp handler                {ceilings[0]:9.0f} msg/s")
-    print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(trivial_shares)} (bench: the load generator)")
+    print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(trivial_shares)} (bench: the load generator);"
+          f" {cpu_shares.cores_busy(trivial_shares, ceiling_rate)}")
     for fan_out in arguments.fan_outs:
         for label, these_keys in (("1,000 accounts" if arguments.accounts == 1000 else f"{arguments.accounts} accounts", many_keys),
                                   ("one hot account", hot_key)):
@@ -202,6 +203,7 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
             print(f"API  fan-out {fan_out}  {label:16}      {rate:9.0f} msg/s  {rate / beside:5.0%}"
                   f"  (trivial beside it {beside:.0f}/s)  {statuses}")
             print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(shares)} (bench: the load generator);"
+                  f" {cpu_shares.cores_busy(shares, rate)};"
                   f" {batch_mean:.1f} requests per group-commit transaction, {transaction_ms:.1f} ms each"
                   f" ({(batches_after[2] - batches_before[2]) / seconds:.0%} of the run in one)")
             bound = cpu_shares.database_bound(trivial_shares, shares)

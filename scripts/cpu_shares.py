@@ -82,3 +82,14 @@ def database_bound(ceiling: dict[str, float], run: dict[str, float]) -> str | No
 
 def describe(shares: dict[str, float]) -> str:
     return ", ".join(f"{role} {value:.0f}" for role, value in shares.items())
+
+
+def cores_busy(shares: dict[str, float], rate: float) -> str:
+    """How many cores the roles kept busy at `rate` operations a second, in all and the busiest
+    role: a single-process role near 1.0 is what limits the run; all of them near the machine's
+    cores, the cores do. "" without figures."""
+    busy = {role: value * rate / 1e6 for role, value in shares.items() if value == value}  # nan is not itself
+    if not busy or not rate:
+        return ""
+    busiest = max(busy, key=busy.get)
+    return f"{sum(busy.values()):.2f} of {os.cpu_count()} cores busy, the most by {busiest} ({busy[busiest]:.2f})"
