@@ -38,7 +38,9 @@ BATCH = 35
 PAYLOAD = b'{"n":1,"text":"hello"}'
 
 
-async def _setup(connection: asyncpg.Connection) -> tuple[list[uuid.UUID], dict[uuid.UUID, uuid.UUID]]:
+async def make_accounts(connection: asyncpg.Connection) -> tuple[list[uuid.UUID], dict[uuid.UUID, uuid.UUID]]:
+    """1,000 accounts with a large balance, one catch-all endpoint each, then ANALYZE: (account
+    ids, endpoint id by account id). bench_index_cost.py makes its deliveries on them too."""
     accounts = ids.new_ids(1000)
     endpoints = dict(zip(accounts, ids.new_ids(1000), strict=True))
     await connection.executemany(
@@ -61,7 +63,7 @@ def _bare_arguments(batch: list[uuid.UUID], endpoints: dict[uuid.UUID, uuid.UUID
 async def main(arguments: argparse.Namespace) -> None:
     async with scratch_database(server_url_from_environment()) as database_url:
         connection = await asyncpg.connect(database_url)
-        accounts, endpoints = await _setup(connection)
+        accounts, endpoints = await make_accounts(connection)
 
         def batch() -> list[uuid.UUID]:
             return sorted(random.sample(accounts, BATCH))

@@ -27,7 +27,7 @@ import statistics
 
 import asyncpg
 
-from bench_create_batch import _setup  # scripts/, beside this file
+from bench_create_batch import make_accounts  # scripts/, beside this file
 from billing.messages import MessageRequest, create_messages
 from delivery import claims, event_loop
 from delivery.results import _LOCK_IN_ORDER, _MARK_DELIVERED
@@ -66,7 +66,7 @@ async def main(arguments: argparse.Namespace) -> None:
 
 
 async def _run(connection: asyncpg.Connection, count: int) -> None:
-    accounts, _ = await _setup(connection)
+    accounts, _ = await make_accounts(connection)
     delivery_ids = []
     while len(delivery_ids) < count:
         requests = [MessageRequest(random.choice(accounts), "bench", b'{"n":1}') for _ in range(CHUNK)]
