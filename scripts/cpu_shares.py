@@ -7,6 +7,7 @@ there are no figures (nan).
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def cores_busy(shares: dict[str, float], rate: float) -> str:
     """How many cores the roles kept busy at `rate` operations a second, in all and the busiest
     role: a single-process role near 1.0 is what limits the run; all of them near the machine's
     cores, the cores do. "" without figures."""
-    busy = {role: value * rate / 1e6 for role, value in shares.items() if value == value}  # nan is not itself
+    busy = {role: value * rate / 1e6 for role, value in shares.items() if not math.isnan(value)}
     if not busy or not rate:
         return ""
     busiest = max(busy, key=busy.get)
