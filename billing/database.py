@@ -129,6 +129,28 @@ async def transaction_status(pool: asyncpg.Pool, transaction_id: int, *, wait_se
     return None
 
 
+# Connections whose backend was seen alive, remembered for backend_alive_at: keyed by asyncpg's
+# settings object, of which each connection has one for its life (a pool hands out a new proxy on
+# every acquire, and neither proxies nor settings take weak references). Bounded: a forgotten
+# connection costs one round trip more, once.
+_ALIVE_AT_REMEMBERED_MAX = 1024
+_alive_at: dict[object, datetime] = {}
+
+
+async def backend_alive_at(connection: asyncpg.Connection) -> datetime:
+    """A moment (PostgreSQL's clock) at which this connection's backend was alive, which tells it
+    from a later backend given the same pid (`outcome_after_backend_ends`). Asked once per
+    connection, one round trip, and remembered: a connection keeps its backend for its life."""
+    key = connection.get_settings()
+    alive_at = _alive_at.get(key)
+    if alive_at is None:
+        alive_at = await connection.fetchval("SELECT statement_timestamp()")
+        if len(_alive_at) >= _ALIVE_AT_REMEMBERED_MAX:
+            del _alive_at[next(iter(_alive_at))]  # the oldest: dicts keep insertion order
+        _alive_at[key] = alive_at
+    return alive_at
+
+
 async def outcome_after_backend_ends(pool: asyncpg.Pool, pid: int, alive_at: datetime, written: str, *args,
                                      wait_seconds: float) -> bool | None:
     """Whether an autocommit statement whose answer was lost took effect: True or False, or None

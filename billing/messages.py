@@ -5,15 +5,19 @@ API's group commit feeds it (concurrent requests coalesced), and a single create
 one. Each request succeeds or fails on its own: one request's insufficient balance refuses that
 request alone, and a refused request writes nothing.
 
-A batch first runs unlocked (`billing.message_plan`): it reads its accounts and endpoints without
-locking them, decides every request in memory, and writes in one autocommit statement that
-locks the accounts in id order and writes the batch only if every account still passes what was
-decided (active, the same price, a balance covering its charges), else nothing. Two round trips,
-not four, and no round trip with a row lock held. A batch that wrote nothing (an
-account spent, closed or repriced meanwhile, a key written meanwhile) is then decided again,
-locked: BEGIN, the read locks the accounts in id order, the write, COMMIT. Either way a batch is
-written wholly or not at all. Inside a caller's transaction only the locked way runs. Accounts
-are locked in id order either way, so two batches never deadlock.
+A batch first goes direct (`billing.message_direct`): one autocommit statement in which
+PostgreSQL fans out, locks the accounts in id order, and writes the batch only if every request
+passes (every account active and covering its share, no key seen before), else nothing. One
+round trip, and nothing decided in Python. A batch it does not take (one that targets endpoints,
+a replay) or that it wrote nothing of goes planned (`billing.message_plan`), unlocked first: it
+reads its accounts and endpoints without locking them, decides every request in memory, and
+writes in one autocommit statement that locks the accounts in id order and writes the batch only
+if every account still passes what was decided (active, the same price, a balance covering its
+charges), else nothing. A batch that wrote nothing there either (an account spent, closed or
+repriced meanwhile, a key written meanwhile) is then decided again, locked: BEGIN, the read locks
+the accounts in id order, the write, COMMIT. Every way writes a batch wholly or not at all, and
+inside a caller's transaction only the locked way runs. Accounts are locked in id order every
+way, so two batches never deadlock.
 """
 
 from __future__ import annotations
@@ -26,10 +30,13 @@ from datetime import datetime
 
 import asyncpg
 
+from billing import message_direct
 from billing.database import (
     OUTCOME_WAIT_SECONDS,
     Executor,
     OutcomeUnknown,
+    ask_within,
+    backend_alive_at,
     connection_of,
     outcome_after_backend_ends,
     runs_alone,
@@ -37,6 +44,7 @@ from billing.database import (
     transaction_status,
 )
 from billing.errors import BillingError, InvalidInput
+from billing.message_direct import DIRECT_READ_BACK, DIRECT_WRITE, DirectBatch
 from billing.message_plan import CreatedDelivery, MessageCreated, MessageRequest, Plan
 
 __all__ = [
@@ -53,9 +61,12 @@ ATTEMPTS_MAX_LIMIT = 50  # the schema's bound on deliveries.attempts_max
 TARGET_ENDPOINTS_MAX = 100  # a targeted request (a replay) names at most this many endpoints
 
 # Batches that wrote something, by the way they were written, since this process started:
-# "unlocked"; "fell_back" (decided again, locked, after the unlocked write wrote nothing);
-# "in_transaction" (locked, inside a caller's transaction).
+# "direct"; "unlocked"; "fell_back" (decided again, locked, after the unlocked write wrote
+# nothing); "in_transaction" (locked, inside a caller's transaction).
 WRITES: collections.Counter[str] = collections.Counter()
+# Direct writes that wrote nothing (the batch then went planned): "not_ok" (a request did not
+# pass), or the name of the error the server refused it with (a key written meanwhile).
+DECLINED: collections.Counter[str] = collections.Counter()
 # Unlocked writes the server refused (nothing written, the batch then decided locked), by error.
 REFUSED: collections.Counter[str] = collections.Counter()
 
@@ -70,13 +81,14 @@ class CreateOutcomeUnknown(OutcomeUnknown):
     """
 
     def __init__(self, results: list, message_ids: list[uuid.UUID], transaction_id: int, *,
-                 unlocked: _UnlockedWrite | None = None) -> None:
+                 unlocked: _UnlockedWrite | None = None, direct: _DirectWrite | None = None) -> None:
         lost = f"transaction {transaction_id}" if unlocked is None else f"backend {unlocked.backend_pid}"
         super().__init__(f"the answer to the write of {len(message_ids)} new messages was lost ({lost})",
                          transaction_id, "it among your deliveries")
-        self.results = results  # what the batch answers if it was written
+        self.results = results  # what the batch answers if it was written (a direct one's: once read back)
         self.message_ids = message_ids  # the batch's new messages: all exist if it was written, none if not
-        self.unlocked = unlocked  # how to ask about an unlocked write; None: ask about transaction_id
+        self.unlocked = unlocked  # how to ask about an autocommit write; None: ask about transaction_id
+        self.direct = direct  # a direct write's batch, whose deliveries are read back if it was written
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,14 @@ class _UnlockedWrite:
     backend_pid: int  # the backend that ran it...
     alive_at: datetime  # ...and a moment it was alive (PostgreSQL's clock), to tell it from a later one
     message_id: uuid.UUID  # one of its new messages: it exists if the write took effect
+
+
+@dataclass(frozen=True)
+class _DirectWrite:
+    """What a direct write whose answer was lost needs to fill in its results, if it was written:
+    the deliveries it made were in that answer."""
+    batch: DirectBatch
+    valid: list[int]  # where the batch's requests stand in the results
 
 
 def validate(request: MessageRequest) -> None:
@@ -147,7 +167,9 @@ async def create_messages(
         # Only a top-level write decides; in a caller's transaction the batch is a savepoint, and
         # the caller's own COMMIT is theirs to resolve.
         top_level = runs_alone(executor)
-        if not top_level or not await _create_unlocked(executor, requests, valid, results, attempts_max):
+        if top_level and await _create_direct(executor, requests, valid, results, attempts_max):
+            pass
+        elif not top_level or not await _create_unlocked(executor, requests, valid, results, attempts_max):
             if await _create_locked(executor, requests, valid, results, attempts_max, top_level):
                 WRITES["fell_back" if top_level else "in_transaction"] += 1
     except CreateOutcomeUnknown as unknown:
@@ -161,6 +183,35 @@ async def create_messages(
 # What a write whose answer was lost fails with: the connection broke, or was closed under it.
 # An error the server sent (any other PostgresError) means the statement did not take effect.
 _ANSWER_LOST = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
+
+
+async def _create_direct(executor: Executor, requests: list[MessageRequest], valid: list[int], results: list,
+                         attempts_max: int) -> bool:
+    """Write the batch direct, if it can go that way and every request passes; whether it did.
+    If not, nothing was written and the results are as they were."""
+    batch_requests = [requests[index] for index in valid]
+    if not message_direct.applies(batch_requests):
+        return False
+    batch = DirectBatch(batch_requests, attempts_max)
+    async with connection_of(executor) as connection:
+        alive_at = await backend_alive_at(connection)
+        backend_pid = connection.get_server_pid()  # asked now: a connection that breaks is detached at once
+        try:
+            row = await connection.fetchrow(DIRECT_WRITE, *batch.arguments())
+        except _ANSWER_LOST as error:
+            unlocked = _UnlockedWrite(backend_pid, alive_at, batch.message_ids[0])
+            raise CreateOutcomeUnknown(results, batch.message_ids, 0, unlocked=unlocked,
+                                       direct=_DirectWrite(batch, valid)) from error
+        except asyncpg.PostgresError as error:
+            DECLINED[type(error).__name__] += 1
+            return False  # refused (a key written meanwhile): nothing written
+    if not row["ok"]:
+        DECLINED["not_ok"] += 1
+        return False
+    for index, result in zip(valid, batch.results(row), strict=True):
+        results[index] = result
+    WRITES["direct"] += 1
+    return True
 
 
 async def _create_unlocked(executor: Executor, requests: list[MessageRequest], valid: list[int], results: list,
@@ -212,11 +263,12 @@ async def resolve_outcome(pool: asyncpg.Pool, unknown: CreateOutcomeUnknown, *,
     """Whether the batch behind `unknown` was written: its results if it was, None if nothing was.
 
     A locked batch: asks PostgreSQL for the status of its transaction (`transaction_status`). An
-    unlocked one has no transaction id before its statement runs: this ends the backend that ran
-    it and waits until it has exited (`outcome_after_backend_ends`), after which the statement has taken effect
-    or not for good, and then looks for one of its messages. Raises `unknown` again if it cannot
-    tell within `wait_seconds`: the database unreachable all that time, or (locked) the
-    transaction still open.
+    unlocked or direct one has no transaction id before its statement runs: this ends the backend
+    that ran it and waits until it has exited (`outcome_after_backend_ends`), after which the
+    statement has taken effect or not for good, and then looks for one of its messages. A direct
+    batch that was written then reads back the deliveries it made, which were in the lost answer.
+    Raises `unknown` again if it cannot tell within `wait_seconds`: the database unreachable all
+    that time, or (locked) the transaction still open.
     """
     unlocked = unknown.unlocked
     if unlocked is None:
@@ -226,7 +278,16 @@ async def resolve_outcome(pool: asyncpg.Pool, unknown: CreateOutcomeUnknown, *,
                                                      unlocked.message_id, wait_seconds=wait_seconds)
     if committed is None:
         raise unknown
-    return unknown.results if committed else None
+    if not committed:
+        return None
+    if unknown.direct is not None:
+        try:
+            row = await ask_within(pool.fetchrow(DIRECT_READ_BACK, unknown.message_ids), wait_seconds)
+        except _ANSWER_LOST + (asyncpg.PostgresError,):
+            raise unknown from None  # written, but what it made cannot be read back now
+        for index, result in zip(unknown.direct.valid, unknown.direct.batch.results(row), strict=True):
+            unknown.results[index] = result
+    return unknown.results
 
 
 _MESSAGE_EXISTS = "SELECT EXISTS (SELECT FROM messages WHERE id = $1)"

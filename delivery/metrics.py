@@ -80,13 +80,23 @@ class _CreateWrites(Collector):
     def collect(self):
         written = CounterMetricFamily(
             "hookledger_create_batches_written",
-            "Create batches that wrote something, by way: unlocked; fell_back (decided again with the accounts"
+            "Create batches that wrote something, by way: direct (one statement that fans out and checks in the"
+            " database); unlocked; fell_back (decided again with the accounts"
             " locked, after the unlocked write wrote nothing: an account spent, closed or repriced meanwhile, a"
             " key written meanwhile); in_transaction (locked, inside a caller's transaction).",
             labels=["way"])
-        for way in ("unlocked", "fell_back", "in_transaction"):
+        for way in ("direct", "unlocked", "fell_back", "in_transaction"):
             written.add_metric([way], messages.WRITES[way])
         yield written
+        declined = CounterMetricFamily(
+            "hookledger_create_direct_declined",
+            "Direct create writes that wrote nothing (the batch then went the planned way), by reason: not_ok (a"
+            " request did not pass: an account inactive or short of credits, a key used before), or the error"
+            " the server refused it with.",
+            labels=["reason"])
+        for reason, count in sorted(messages.DECLINED.items()):
+            declined.add_metric([reason], count)
+        yield declined
         refused = CounterMetricFamily(
             "hookledger_create_unlocked_refused",
             "Unlocked create writes the server refused (nothing written; the batch was then decided locked), by error.",

@@ -1,7 +1,8 @@
 """A create whose COMMIT answer is lost (the connection breaks while COMMIT is in flight) asks the
-database what happened. A create runs unlocked first: its write is one autocommit statement, which
-commits as it runs, so there the cut is at that statement, and the database is asked by ending the
-backend that ran it and then looking for its messages. Written: its requests get their results, as if nothing had broken. Not
+database what happened. A create runs direct first (or, targeted, unlocked): its write is one
+autocommit statement, which commits as it runs, so there the cut is at that statement, and the
+database is asked by ending the backend that ran it and then looking for its messages (a direct
+batch then reads back the deliveries it made). Written: its requests get their results, as if nothing had broken. Not
 written: 503 write-failed, which is then true. No answer in time: 503 write-outcome-unknown, and a
 retry with the same Idempotency-Key returns the message if it was written, never a second one.
 
@@ -22,6 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from billing import accounts
 from billing.audit import audit
 from billing.database import create_pool
+from billing.message_direct import DIRECT_WRITE
 from billing.message_plan import GATED_WRITE
 from billing.messages import CreateOutcomeUnknown, MessageCreated, MessageRequest, create_messages, resolve_outcome
 from delivery import metrics
@@ -33,7 +35,7 @@ from commit_cutter import CommitCutter
 
 @pytest.fixture
 async def cutter(database_url):
-    cutter = await CommitCutter(database_url, statements=(GATED_WRITE,)).start()
+    cutter = await CommitCutter(database_url, statements=(DIRECT_WRITE, GATED_WRITE)).start()
     yield cutter
     await cutter.close()
 
@@ -54,6 +56,10 @@ async def _account(pool: asyncpg.Pool, balance: int) -> uuid.UUID:
     await pool.execute("INSERT INTO endpoints (id, account_id, url) VALUES ($1, $2, 'https://example.com')",
                        uuid.uuid4(), account.id)
     return account.id
+
+
+async def _endpoint(pool: asyncpg.Pool, account_id: uuid.UUID) -> uuid.UUID:
+    return await pool.fetchval("SELECT id FROM endpoints WHERE account_id = $1", account_id)
 
 
 def _outcomes(outcome: str) -> float:
@@ -155,15 +161,18 @@ async def test_create_messages_on_a_pool_resolves_the_outcome_itself(pool, cut_p
 async def test_a_batch_decided_again_locked_asks_about_its_transaction(pool, database_url, mode):
     """The account is repriced between the unlocked read and write (a transaction holds its row lock
     until the write waits on it), so the batch is decided again the locked way, and that COMMIT is
-    cut: written, it answers at the new price; not written, the connection's error, nothing written."""
+    cut: written, it answers at the new price; not written, the connection's error, nothing written.
+    The request targets its endpoint, so it goes the planned way (a direct write has no read to
+    be overtaken: it would take the new price in its one statement)."""
     cutter = await CommitCutter(database_url).start()  # cuts at COMMIT only
     cut_pool = await create_pool(cutter.url(), size_min=1, size_max=2)
     try:
         account_id = await _account(pool, 100)
+        targeted = MessageRequest(account_id, "t", b"1", endpoint_ids=(await _endpoint(pool, account_id),))
         cutter.arm(mode)
         async with pool.acquire() as holder, holder.transaction():
             await holder.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
-            task = asyncio.create_task(create_messages(cut_pool, [MessageRequest(account_id, "t", b"1")], attempts_max=3))
+            task = asyncio.create_task(create_messages(cut_pool, [targeted], attempts_max=3))
             await _until(lambda: pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
                                                " AND query LIKE 'WITH locked AS%'"), 1)
             await holder.execute("UPDATE accounts SET price_per_delivery = 2 WHERE id = $1", account_id)
@@ -183,7 +192,8 @@ async def test_a_batch_decided_again_locked_asks_about_its_transaction(pool, dat
 
 async def test_create_messages_on_a_connection_leaves_the_outcome_to_the_caller(pool, cut_pool, cutter):
     """The unknown names the backend that ran the write; asked through a database that cannot be
-    reached, it stays unknown; asked through one that can, it is written."""
+    reached, it stays unknown; asked through one that can, it is written, and the direct write's
+    results, lost with its answer, are read back: the delivery it made, at its price."""
     account_id = await _account(pool, 100)
     cutter.arm("after")
     async with cut_pool.acquire() as connection:
@@ -200,7 +210,13 @@ async def test_create_messages_on_a_connection_leaves_the_outcome_to_the_caller(
             await resolve_outcome(unreachable, unknown, wait_seconds=0.5)
     finally:
         await unreachable.close()
-    assert await resolve_outcome(pool, unknown) == unknown.results
+    assert unknown.results == [None]  # a direct write's results came in the answer that was lost
+    (created,) = await resolve_outcome(pool, unknown)
+    assert isinstance(created, MessageCreated) and created.message_id == unknown.message_ids[0]
+    (delivery,) = created.deliveries
+    stored = await pool.fetchrow("SELECT message_id, endpoint_id, price FROM deliveries WHERE id = $1", delivery.id)
+    assert tuple(stored) == (created.message_id, await _endpoint(pool, account_id), 1) and delivery.price == 1
+    assert created.total_charged == 1 and not created.replayed
     assert await _state(pool, account_id) == (set(unknown.message_ids), 99)
 
 

@@ -40,18 +40,18 @@ async def test_metrics_expose_the_named_series_and_the_queue_depth(api):
     """/metrics has the delivery, attempt, latency, refund series and a queue depth equal to the due pending count."""
     _, headers = await api.account(balance=10)
     await api.endpoint(headers)
-    unlocked_before = messages.WRITES["unlocked"]
+    direct_before = messages.WRITES["direct"]
     for _ in range(3):
         await api.send(headers)
     text = await (await api.client.get("/metrics")).text()
     for name in ("hookledger_deliveries_total", "hookledger_delivery_attempts_total",
                  "hookledger_delivery_latency_seconds", "hookledger_refunds_total", "hookledger_group_commit_batch_requests",
                  "hookledger_group_commit_seconds", "hookledger_create_batches_written",
-                 "hookledger_create_unlocked_refused"):
+                 "hookledger_create_unlocked_refused", "hookledger_create_direct_declined"):
         assert f"# TYPE {name.removesuffix('_total')}" in text
     assert "hookledger_queue_depth 3.0" in text
     # The create counts are billing's own counters, read at the scrape: the three creates, one batch each.
-    assert f'hookledger_create_batches_written_total{{way="unlocked"}} {unlocked_before + 3.0}' in text, text
+    assert f'hookledger_create_batches_written_total{{way="direct"}} {direct_before + 3.0}' in text, text
 
 
 async def test_openapi_document_and_docs_page(api):

@@ -2,6 +2,10 @@
 writes the batch only if every account still passes what was decided from that read, else nothing,
 and the batch is decided again, locked. Real database, concurrent connections.
 
+A batch goes direct first (billing.message_direct, tested in test_ledger_create_direct.py) unless
+a request targets endpoints of its own, as a replay does; the requests here target theirs, so
+they go the unlocked way (the race at the end mixes both kinds of batch).
+
 Each test makes an account change between the read and the write for certain, by holding the
 account's row lock in a transaction of its own until the write waits on it; the race at the end
 makes it happen by chance, many times."""
@@ -49,9 +53,9 @@ async def _holding(pool: asyncpg.Pool, account_id, creates: list, then: str | No
 
 async def test_an_account_repriced_between_read_and_write_is_charged_the_new_price(pool):
     account_id = await make_account(pool, balance=100, price=1)
-    await add_endpoint(pool, account_id)
+    endpoint_id = await add_endpoint(pool, account_id)
     before = messages.WRITES.copy()
-    request = messages.MessageRequest(account_id, "t", b"1")
+    request = messages.MessageRequest(account_id, "t", b"1", endpoint_ids=(endpoint_id,))
     (created,) = await _holding(pool, account_id, [messages.create_message(pool, request, attempts_max=2)],
                                 "UPDATE accounts SET price_per_delivery = 2 WHERE id = $1")
     assert created.total_charged == 2 and [delivery.price for delivery in created.deliveries] == [2]
@@ -62,8 +66,8 @@ async def test_an_account_repriced_between_read_and_write_is_charged_the_new_pri
 
 async def test_an_account_closed_between_read_and_write_writes_nothing(pool):
     account_id = await make_account(pool, balance=100, price=1)
-    await add_endpoint(pool, account_id)
-    request = messages.MessageRequest(account_id, "t", b"1")
+    endpoint_id = await add_endpoint(pool, account_id)
+    request = messages.MessageRequest(account_id, "t", b"1", endpoint_ids=(endpoint_id,))
     (refused,) = await _holding(pool, account_id, [messages.create_messages(pool, [request], attempts_max=2)],
                                 "UPDATE accounts SET status = 'closing' WHERE id = $1")
     assert isinstance(refused[0], AccountNotActive), refused
@@ -76,12 +80,14 @@ async def test_one_key_in_two_unlocked_writes_charges_once(pool):
     fails on the unique index, writes nothing, and its batch, decided again, replays the first and
     writes the batch's other message."""
     account_id = await make_account(pool, balance=100, price=1)
-    await add_endpoint(pool, account_id)
-    request = messages.MessageRequest(account_id, "t", b"1", "same-key")
+    targets = (await add_endpoint(pool, account_id),)
+    request = messages.MessageRequest(account_id, "t", b"1", "same-key", endpoint_ids=targets)
     before, refused_before = messages.WRITES.copy(), messages.REFUSED.copy()
     first, second = await _holding(pool, account_id, [
-        messages.create_messages(pool, [request, messages.MessageRequest(account_id, "t", b"2")], attempts_max=2),
-        messages.create_messages(pool, [request, messages.MessageRequest(account_id, "t", b"3")], attempts_max=2)])
+        messages.create_messages(pool, [request, messages.MessageRequest(account_id, "t", b"2", endpoint_ids=targets)],
+                                 attempts_max=2),
+        messages.create_messages(pool, [request, messages.MessageRequest(account_id, "t", b"3", endpoint_ids=targets)],
+                                 attempts_max=2)])
     created = [result for result in (first[0], second[0]) if not result.replayed]
     replayed = [result for result in (first[0], second[0]) if result.replayed]
     assert len(created) == 1 and len(replayed) == 1 and replayed[0].message_id == created[0].message_id
@@ -97,8 +103,9 @@ async def test_a_balance_spent_between_read_and_write_is_never_overspent(pool):
     """Two batches read a balance of 3 and each plans to spend 2: the second write finds 1 left,
     writes nothing, and decided again, locked, refuses what 1 cannot cover."""
     account_id = await make_account(pool, balance=3, price=1)
-    await add_endpoint(pool, account_id)
-    batches = [[messages.MessageRequest(account_id, "t", b"%d-%d" % (batch, n)) for n in range(2)] for batch in range(2)]
+    targets = (await add_endpoint(pool, account_id),)
+    batches = [[messages.MessageRequest(account_id, "t", b"%d-%d" % (batch, n), endpoint_ids=targets) for n in range(2)]
+               for batch in range(2)]
     first, second = await _holding(pool, account_id, [
         messages.create_messages(pool, batch, attempts_max=2) for batch in batches])
     outcomes = Counter(type(result).__name__ for result in first + second)
@@ -111,14 +118,16 @@ async def test_concurrent_batches_on_few_accounts_never_overspend(pool):
     """Eight writers send batches over three accounts with small balances while their prices change,
     RACE_ROUNDS times. No top-ups, so a balance only falls: ending at or above zero, it never went
     below. Each account's balance fell by exactly what its created messages were charged, the
-    ledger agrees, and both ways of writing ran."""
+    ledger agrees, and every way of writing ran: half the batches target each account's catch-all
+    endpoint (the planned ways), half do not (direct first)."""
     rng = random.Random(5)
-    before, refused_before = messages.WRITES.copy(), messages.REFUSED.copy()
+    before, declined_before, refused_before = messages.WRITES.copy(), messages.DECLINED.copy(), messages.REFUSED.copy()
     refused = 0
     for _ in range(RACE_ROUNDS):
         account_ids = [await make_account(pool, balance=rng.randint(8, 30), price=1) for _ in range(3)]
+        catch_all = {}
         for account_id in account_ids:
-            await add_endpoint(pool, account_id)
+            catch_all[account_id] = await add_endpoint(pool, account_id)
             await add_endpoint(pool, account_id, event_types=["b"])
         initial = {account_id: await balance(pool, account_id) for account_id in account_ids}
         charged = Counter()
@@ -126,8 +135,13 @@ async def test_concurrent_batches_on_few_accounts_never_overspend(pool):
         async def writer(number: int) -> None:
             nonlocal refused
             for n in range(6):
-                batch = [messages.MessageRequest(rng.choice(account_ids), rng.choice("ab"), b"%d-%d-%d" % (number, n, k))
-                         for k in range(rng.randint(1, 6))]
+                targeted = rng.random() < 0.5
+                batch = []
+                for k in range(rng.randint(1, 6)):
+                    account_id = rng.choice(account_ids)
+                    batch.append(messages.MessageRequest(
+                        account_id, rng.choice("ab"), b"%d-%d-%d" % (number, n, k),
+                        endpoint_ids=(catch_all[account_id],) if targeted else None))
                 for request, result in zip(batch, await messages.create_messages(pool, batch, attempts_max=2),
                                            strict=True):
                     if isinstance(result, messages.MessageCreated):
@@ -147,8 +161,11 @@ async def test_concurrent_batches_on_few_accounts_never_overspend(pool):
             final = await balance(pool, account_id)
             assert final >= 0 and initial[account_id] - final == charged[account_id], (initial, final, charged)
             assert final == await ledger_sum(pool, account_id)
+            assert await pool.fetchval(
+                "SELECT coalesce(sum(price), 0) FROM deliveries WHERE account_id = $1", account_id) == charged[account_id]
             await assert_audit_clean(pool, account_id)
-    writes = messages.WRITES - before
-    print(f"\nunlocked race: {dict(writes)}, {refused} refused for balance")
-    assert writes["unlocked"] > 0 and writes["fell_back"] > 0 and refused > 0, (writes, refused)
+    writes, declined = messages.WRITES - before, messages.DECLINED - declined_before
+    print(f"\nunlocked and direct race: {dict(writes)}, declined {dict(declined)}, {refused} refused for balance")
+    assert writes["direct"] > 0 and writes["unlocked"] > 0 and writes["fell_back"] > 0 and refused > 0, (writes, refused)
     assert messages.REFUSED == refused_before  # no write failed: no deadlock, no error, only balances
+    assert declined["not_ok"] > 0 and set(declined) == {"not_ok"}, declined
