@@ -93,7 +93,7 @@ class CreateOutcomeUnknown(OutcomeUnknown):
 
 @dataclass(frozen=True)
 class _UnlockedWrite:
-    """What resolve_outcome needs to tell whether an unlocked write took effect."""
+    """What resolve_outcome needs to tell whether an autocommit write (unlocked or direct) took effect."""
     backend_pid: int  # the backend that ran it...
     alive_at: datetime  # ...and a moment it was alive (PostgreSQL's clock), to tell it from a later one
     message_id: uuid.UUID  # one of its new messages: it exists if the write took effect
@@ -167,11 +167,10 @@ async def create_messages(
         # Only a top-level write decides; in a caller's transaction the batch is a savepoint, and
         # the caller's own COMMIT is theirs to resolve.
         top_level = runs_alone(executor)
-        if top_level and await _create_direct(executor, requests, valid, results, attempts_max):
-            pass
-        elif not top_level or not await _create_unlocked(executor, requests, valid, results, attempts_max):
-            if await _create_locked(executor, requests, valid, results, attempts_max, top_level):
-                WRITES["fell_back" if top_level else "in_transaction"] += 1
+        settled = top_level and (await _create_direct(executor, requests, valid, results, attempts_max)
+                                 or await _create_unlocked(executor, requests, valid, results, attempts_max))
+        if not settled and await _create_locked(executor, requests, valid, results, attempts_max, top_level):
+            WRITES["fell_back" if top_level else "in_transaction"] += 1
     except CreateOutcomeUnknown as unknown:
         if not isinstance(executor, asyncpg.Pool):
             raise
