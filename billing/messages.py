@@ -286,6 +286,9 @@ async def resolve_outcome(pool: asyncpg.Pool, unknown: CreateOutcomeUnknown, *,
             raise unknown from None  # written, but what it made cannot be read back now
         for index, result in zip(unknown.direct.valid, unknown.direct.batch.results(row), strict=True):
             unknown.results[index] = result
+    # Written after all: counted by its way, as a batch whose answer came back is. A lost COMMIT
+    # is always a top-level locked batch's, which only runs after an unlocked write wrote nothing.
+    WRITES["direct" if unknown.direct is not None else "unlocked" if unlocked is not None else "fell_back"] += 1
     return unknown.results
 
 

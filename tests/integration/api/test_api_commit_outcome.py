@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
+from collections import Counter
 
 import asyncpg
 import pytest
@@ -25,7 +26,7 @@ from billing.audit import audit
 from billing.database import create_pool
 from billing.message_direct import DIRECT_WRITE
 from billing.message_plan import GATED_WRITE
-from billing.messages import CreateOutcomeUnknown, MessageCreated, MessageRequest, create_messages, resolve_outcome
+from billing.messages import WRITES, CreateOutcomeUnknown, MessageCreated, MessageRequest, create_messages, resolve_outcome
 from delivery import metrics
 from delivery.api.app import create_app
 from delivery.api.group_commit import BatchFailed, BatchOutcomeUnknown, Coalescer
@@ -169,6 +170,7 @@ async def test_a_batch_decided_again_locked_asks_about_its_transaction(pool, dat
     try:
         account_id = await _account(pool, 100)
         targeted = MessageRequest(account_id, "t", b"1", endpoint_ids=(await _endpoint(pool, account_id),))
+        writes_before = WRITES.copy()
         cutter.arm(mode)
         async with pool.acquire() as holder, holder.transaction():
             await holder.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
@@ -180,10 +182,12 @@ async def test_a_batch_decided_again_locked_asks_about_its_transaction(pool, dat
             (created,) = await task
             assert created.total_charged == 2
             assert await _state(pool, account_id) == ({created.message_id}, 98)
+            assert WRITES - writes_before == Counter({"fell_back": 1})  # written, found so, and counted
         else:
             with pytest.raises(asyncpg.PostgresConnectionError):
                 await task
             assert await _state(pool, account_id) == (set(), 100)
+            assert WRITES == writes_before
         assert cutter.cuts == 1
     finally:
         await cut_pool.close()
