@@ -7,7 +7,9 @@ through the code under test; the few tests that must bypass the app say so where
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 
@@ -175,3 +177,38 @@ async def execute_unchecked(connection: asyncpg.Connection, table: str, statemen
     await connection.execute(f"ALTER TABLE {table} DISABLE TRIGGER {table}_references")
     await connection.execute(statement, *arguments)
     await connection.execute(f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {table}_references")
+
+
+async def until_statements_wait(pool: asyncpg.Pool, query_prefix: str, count: int = 1) -> None:
+    """Until `count` statements of this database whose text starts with `query_prefix` wait on a
+    lock (pg_stat_activity says so)."""
+    for _ in range(500):
+        waiting = await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query LIKE $1 || '%'", query_prefix)
+        if waiting >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"fewer than {count} statements starting {query_prefix!r} ever waited on a lock")
+
+
+async def holding_account_lock(pool: asyncpg.Pool, account_id: uuid.UUID, creates: list, *, waiting: str,
+                               then: Callable[[asyncpg.Connection], Awaitable] | None = None) -> list:
+    """Run `creates` while a transaction holds the account's row lock; once as many statements
+    starting with `waiting` wait on it, run `then(holder)` in that transaction and commit. The
+    creates' results. This makes an account change between a create's read and its write, or while
+    its one statement waits, for certain."""
+    async with pool.acquire() as holder:
+        transaction = holder.transaction()
+        await transaction.start()
+        try:
+            await holder.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
+            task = asyncio.gather(*creates)
+            await until_statements_wait(pool, waiting, count=len(creates))
+            if then is not None:
+                await then(holder)
+        except BaseException:
+            await transaction.rollback()
+            raise
+        await transaction.commit()
+    return await task

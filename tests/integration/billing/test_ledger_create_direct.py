@@ -47,7 +47,15 @@ from billing.errors import (
     InvalidInput,
 )
 from billing.message_direct import DIRECT_WRITE
-from ledger_helpers import add_endpoint, assert_audit_clean, balance, ledger_sum, make_account, row_counts
+from ledger_helpers import (
+    add_endpoint,
+    assert_audit_clean,
+    balance,
+    holding_account_lock,
+    ledger_sum,
+    make_account,
+    row_counts,
+)
 
 RACE_ROUNDS = 12
 
@@ -61,35 +69,10 @@ def _deltas(before: tuple[Counter, Counter, Counter]) -> tuple[Counter, Counter,
     return tuple(now - then for now, then in zip(_counters(), before, strict=True))  # type: ignore[return-value]
 
 
-async def _until_the_direct_write_waits(pool: asyncpg.Pool, writers: int = 1) -> None:
-    """Until `writers` direct statements of this test's database wait on a lock (pg_stat_activity)."""
-    for _ in range(500):
-        waiting = await pool.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND query LIKE 'WITH request AS%'")
-        if waiting >= writers:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"fewer than {writers} direct writes ever waited on the account's row lock")
-
-
-async def _holding(pool: asyncpg.Pool, account_id: uuid.UUID, creates: list, then=None) -> list:
+def _holding(pool: asyncpg.Pool, account_id: uuid.UUID, creates: list, then=None):
     """Run `creates` while a transaction holds the account's row lock; once all their direct
     statements wait on it, run `then(holder)` in that transaction and commit. Their results."""
-    async with pool.acquire() as holder:
-        transaction = holder.transaction()
-        await transaction.start()
-        try:
-            await holder.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
-            task = asyncio.gather(*creates)
-            await _until_the_direct_write_waits(pool, writers=len(creates))
-            if then is not None:
-                await then(holder)
-        except BaseException:
-            await transaction.rollback()
-            raise
-        await transaction.commit()
-    return await task
+    return holding_account_lock(pool, account_id, creates, waiting="WITH request AS", then=then)
 
 
 async def _rows_of(pool: asyncpg.Pool, account_id: uuid.UUID) -> tuple[int, int, int]:

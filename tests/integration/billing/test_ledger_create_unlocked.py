@@ -20,35 +20,16 @@ import asyncpg
 
 from billing import messages
 from billing.errors import AccountNotActive, InsufficientBalance
-from ledger_helpers import add_endpoint, assert_audit_clean, balance, ledger_sum, make_account
+from ledger_helpers import add_endpoint, assert_audit_clean, balance, holding_account_lock, ledger_sum, make_account
 
 RACE_ROUNDS = 12
 
 
-async def _until_the_write_waits(pool: asyncpg.Pool, writers: int = 1) -> None:
-    """Until `writers` unlocked writes wait on a row lock (pg_stat_activity says so)."""
-    for _ in range(400):
-        waiting = await pool.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH locked AS%'")
-        if waiting >= writers:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the unlocked write never waited on the account's row lock")
-
-
-async def _holding(pool: asyncpg.Pool, account_id, creates: list, then: str | None = None) -> list:
-    """Run `creates` while a transaction holds the account's row lock; once their writes wait,
-    run `then` in that transaction and commit. Their results."""
-    async with pool.acquire() as holder:
-        transaction = holder.transaction()
-        await transaction.start()
-        await holder.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
-        task = asyncio.gather(*creates)
-        await _until_the_write_waits(pool, writers=len(creates))
-        if then is not None:
-            await holder.execute(then, account_id)
-        await transaction.commit()
-    return await task
+def _holding(pool: asyncpg.Pool, account_id, creates: list, then: str | None = None):
+    """Run `creates` while a transaction holds the account's row lock; once their unlocked writes
+    wait on it, run the statement `then` (given the account id) in that transaction and commit."""
+    change = None if then is None else (lambda holder: holder.execute(then, account_id))
+    return holding_account_lock(pool, account_id, creates, waiting="WITH locked AS", then=change)
 
 
 async def test_an_account_repriced_between_read_and_write_is_charged_the_new_price(pool):
