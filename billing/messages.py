@@ -269,6 +269,7 @@ async def resolve_outcome(pool: asyncpg.Pool, unknown: CreateOutcomeUnknown, *,
     Raises `unknown` again if it cannot tell within `wait_seconds`: the database unreachable all
     that time, or (locked) the transaction still open.
     """
+    deadline = asyncio.get_running_loop().time() + wait_seconds
     unlocked = unknown.unlocked
     if unlocked is None:
         committed = await transaction_status(pool, unknown.transaction_id, wait_seconds=wait_seconds)
@@ -281,7 +282,11 @@ async def resolve_outcome(pool: asyncpg.Pool, unknown: CreateOutcomeUnknown, *,
         return None
     if unknown.direct is not None:
         try:
-            row = await ask_within(pool.fetchrow(DIRECT_READ_BACK, unknown.message_ids), wait_seconds)
+            # Within what is left of the same wait: the caller was promised an answer by then.
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise asyncio.TimeoutError()
+            row = await ask_within(pool.fetchrow(DIRECT_READ_BACK, unknown.message_ids), remaining)
         except _ANSWER_LOST + (asyncpg.PostgresError,):
             raise unknown from None  # written, but what it made cannot be read back now
         for index, result in zip(unknown.direct.valid, unknown.direct.batch.results(row), strict=True):
