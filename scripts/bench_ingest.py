@@ -9,13 +9,17 @@ In one run, on one fresh database:
     one hot account, at fan-out 1 and fan-out 4;
   - the bare-SQL rate of the create transaction: one transaction per message through
     `billing.messages.create_message` on asyncpg directly (no HTTP, no coalescing).
+With `--without-writes`, each API run is followed by one of the same API with its group commit
+answering every batch at once without writing (`serve_api_without_writes`): the HTTP side's
+share alone, so that the gap between the API and the trivial handler splits into what the HTTP
+path costs and what the database writes cost.
 The load generator (this process) is an aiohttp client with C concurrent requests (each C of
 `--concurrency`, the trivial handler beside the API at the same C). It prints
 messages/s and each rate as a share of the trivial handler's, the CPU each process spent per
 1,000 messages, and the share that the CPU PostgreSQL and Redis spent leaves room for.
 
 Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest.py [--seconds 5] [--concurrency 96[,192...]] [--accounts 1000]
-       [--event-loop auto|uvloop|asyncio] [--fan-outs 1,4] [--no-bare-sql]
+       [--event-loop auto|uvloop|asyncio] [--fan-outs 1,4] [--no-bare-sql] [--without-writes]
 """
 
 from __future__ import annotations
@@ -64,6 +68,27 @@ def serve_trivial(port: int, choice: str) -> None:
     app = web.Application()
     app.router.add_post("/v1/messages", handler)
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=event_loop.new_event_loop(choice))
+
+
+# The HTTP side alone: the API with nothing written.
+
+
+def serve_api_without_writes() -> None:
+    """`hookledger api` as it runs, except that the group commit answers each batch at once, one
+    made-up delivery per message, without writing: authentication, validation, the coalescer, the
+    response and the wake-up all run; the write statement and its round trip do not."""
+    from billing.message_plan import CreatedDelivery
+    from delivery import cli_api
+    from delivery.api import group_commit
+
+    async def answer_unwritten(executor, requests, *, attempts_max):
+        await asyncio.sleep(0)  # a turn of the loop, as an answer from the database would take
+        return [messages.MessageCreated(uuid.uuid4(), request.account_id, request.event_type,
+                                        (CreatedDelivery(uuid.uuid4(), uuid.uuid4(), 1),), 1, replayed=False)
+                for request in requests]
+
+    group_commit.create_messages = answer_unwritten
+    cli_api.api()
 
 
 async def wait_ready(url: str, process: subprocess.Popen) -> None:
@@ -198,6 +223,14 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
             transactions = batches_after[1] - batches_before[1]
             batch_mean = (batches_after[0] - batches_before[0]) / transactions if transactions else float("nan")
             transaction_ms = (batches_after[2] - batches_before[2]) / transactions * 1000 if transactions else float("nan")
+            unwritten = None
+            if arguments.without_writes:
+                roles_unwritten = {"api": [servers[2].pid]}
+                before_unwritten = cpu_shares.snapshot(roles_unwritten)
+                unwritten_rate, unwritten_statuses = await load(
+                    arguments.unwritten_url, these_keys, BODIES[fan_out], seconds, concurrency)
+                unwritten = (unwritten_rate, unwritten_statuses, cpu_shares.per_thousand(
+                    before_unwritten, cpu_shares.snapshot(roles_unwritten), unwritten_statuses.get(202, 0)))
             ceilings.append((await load(trivial_url, hot_key, BODIES[1], seconds, concurrency))[0])
             beside = (ceilings[-2] + ceilings[-1]) / 2
             print(f"API  fan-out {fan_out}  {label:16}      {rate:9.0f} msg/s  {rate / beside:5.0%}"
@@ -210,6 +243,14 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
             if bound:
                 print(f"     what the database alone allows: {bound} of the trivial handler, if the API and the"
                       f" load generator cost no more than beside the trivial handler")
+            if unwritten is not None:
+                unwritten_rate, unwritten_statuses, unwritten_shares = unwritten
+                print(f"     the same API without writes  {unwritten_rate:9.0f} msg/s  {unwritten_rate / beside:5.0%}"
+                      f"  {unwritten_statuses}; CPU ms per 1,000 messages: {cpu_shares.describe(unwritten_shares)}")
+                report["api_without_writes"].append({
+                    "concurrency": concurrency, "fan_out": fan_out, "accounts": label,
+                    "messages_per_second": unwritten_rate, "share_of_trivial": unwritten_rate / beside,
+                    "cpu_shares": unwritten_shares, "statuses": {str(k): v for k, v in unwritten_statuses.items()}})
             report["api"].append({"concurrency": concurrency, "fan_out": fan_out, "accounts": label,
                                   "messages_per_second": rate, "trivial_beside": beside, "share_of_trivial": rate / beside,
                                   "cpu_shares": shares, "requests_per_transaction": batch_mean,
@@ -230,7 +271,7 @@ async def main(arguments: argparse.Namespace) -> None:
     await admin.execute(f"CREATE DATABASE {name}")
     database_url = services.with_database(server_url, name)
     await migrate.upgrade_async(database_url)
-    api_port, trivial_port = free_port(), free_port()
+    api_port, trivial_port, unwritten_port = free_port(), free_port(), free_port()
     environment = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
                    "HOOKLEDGER_OPERATOR_KEY": OPERATOR_KEY, "HOOKLEDGER_SECRET_KEYS": KEYRING,
                    "HOOKLEDGER_API_PORT": str(api_port), "HOOKLEDGER_LOG_LEVEL": "warning",
@@ -241,15 +282,23 @@ async def main(arguments: argparse.Namespace) -> None:
         subprocess.Popen([sys.executable, __file__, "--serve-trivial", str(trivial_port), "--event-loop", arguments.event_loop]),
     ]
     api_url, trivial_url = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{trivial_port}"
+    arguments.unwritten_url = f"http://127.0.0.1:{unwritten_port}"
+    if arguments.without_writes:
+        servers.append(subprocess.Popen([sys.executable, __file__, "--serve-api-without-writes"],
+                                        env={**environment, "HOOKLEDGER_API_PORT": str(unwritten_port)}))
     try:
         await wait_ready(f"{api_url}/readyz", servers[0])
         await wait_ready(f"{trivial_url}/v1/messages", servers[1])
+        if arguments.without_writes:
+            await wait_ready(f"{arguments.unwritten_url}/readyz", servers[2])
         keys, account_ids = await _setup_accounts(api_url, arguments.accounts + 1)
         many_keys, hot_key = keys[:-1], keys[-1:]
         many_ids, hot_id = account_ids[:-1], account_ids[-1:]
         seconds, concurrencies = arguments.seconds, arguments.concurrency
         await load(trivial_url, hot_key, BODIES[1], 1, concurrencies[0])  # warm up both servers
         await load(api_url, many_keys, BODIES[1], 1, concurrencies[0])
+        if arguments.without_writes:
+            await load(arguments.unwritten_url, many_keys, BODIES[1], 1, concurrencies[0])
         # Planner statistics as autovacuum keeps them in a running system (it analyzes a table once a
         # tenth of it changed, within a minute); a database made seconds ago has none, and PostgreSQL
         # then plans the create's account and endpoint read as scans of whole tables.
@@ -258,7 +307,7 @@ async def main(arguments: argparse.Namespace) -> None:
         print(f"the API and the trivial handler run on the {loop_name} event loop (--event-loop {arguments.event_loop})")
         report = {"benchmark": "ingest", "event_loop": loop_name, "seconds": seconds, "concurrency": concurrencies,
                   "accounts": arguments.accounts, "group_commit_concurrency": arguments.group_commit_concurrency,
-                  "api": [], "bare_sql": [], "trivial": []}
+                  "api": [], "api_without_writes": [], "bare_sql": [], "trivial": []}
         ceilings_by_concurrency = [
             await _measure_at(concurrency, arguments, api_url, trivial_url, servers, many_keys, hot_key, report)
             for concurrency in concurrencies]
@@ -296,7 +345,10 @@ if __name__ == "__main__":
     parser.add_argument("--fan-outs", type=lambda text: [int(n) for n in text.split(",")], default=[1, 4],
                         help="the fan-outs to measure, of 1 and 4 (default: both)")
     parser.add_argument("--no-bare-sql", dest="bare_sql", action="store_false", help="skip the bare-SQL runs")
+    parser.add_argument("--without-writes", action="store_true",
+                        help="after each API run, run the same API with its group commit answering without writing")
     parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-api-without-writes", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--event-loop", choices=event_loop.CHOICES, default=config.load().event_loop,
                         help="the loop of the API and of the trivial handler (one loop for both, so the ceiling is fair)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
@@ -305,5 +357,7 @@ if __name__ == "__main__":
         parser.error(f"--fan-outs takes a comma-separated list of {', '.join(map(str, BODIES))}")
     if parsed.serve_trivial:
         serve_trivial(parsed.serve_trivial, parsed.event_loop)
+    elif parsed.serve_api_without_writes:
+        serve_api_without_writes()
     else:
         asyncio.run(main(parsed))
