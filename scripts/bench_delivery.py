@@ -45,7 +45,6 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import asyncpg
@@ -61,6 +60,7 @@ from delivery.sender import SESSION_HEADERS, Sender, SendRequest
 from delivery.signer_cache import SignerCache, endpoint_secret_context
 import cpu_shares  # scripts/, beside this file
 from bench_ingest import free_port, wait_ready  # scripts/, beside this file
+from scratch_database import dedicated_redis, flush_redis  # scripts/, beside this file
 from signing import Keyring, encrypt_secret, format_keyring, generate_at_rest_key, generate_secret, parse_keyring, verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -446,32 +446,15 @@ def _stop(processes: list[subprocess.Popen]) -> None:
             process.wait(10)
 
 
-def _dedicated_redis(url: str, database: int) -> str:
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        return urlunsplit(parts._replace(query=f"db={database}"))
-    return urlunsplit(parts._replace(path=f"/{database}"))
-
-
-async def _flush(redis_url: str) -> None:
-    import redis.asyncio as redis_asyncio
-
-    client = redis_asyncio.Redis.from_url(redis_url)
-    try:
-        await client.flushdb()
-    finally:
-        await client.aclose()
-
-
 async def orchestrate(arguments) -> None:
     settings = config.load()
     server = services.database_url(settings.database)
-    redis_url = _dedicated_redis(services.redis_url(settings.redis), arguments.redis_db)
+    redis_url = dedicated_redis(services.redis_url(settings.redis), arguments.redis_db)
     name = f"hookledger_bench_delivery_{os.getpid()}"
     admin = await asyncpg.connect(server)
     await admin.execute(f"CREATE DATABASE {name}")
     database_url = services.with_database(server, name)
-    await _flush(redis_url)
+    await flush_redis(redis_url)
     keyring, secret = Keyring({"k1": generate_at_rest_key()}, "k1"), generate_secret()
     bench = Bench(arguments, database_url, redis_url, keyring, secret)
     receiver = subprocess.Popen([sys.executable, __file__, "--serve-receiver", "0"], cwd=ROOT, stdout=subprocess.PIPE,
@@ -507,7 +490,7 @@ async def orchestrate(arguments) -> None:
         await bench.close()
     finally:
         _stop([receiver])
-        await _flush(redis_url)
+        await flush_redis(redis_url)
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await admin.close()
     report(arguments, results, concurrency, sender_settings.sends_per_endpoint_max, bench.logs)

@@ -44,6 +44,7 @@ from billing import messages
 from billing.database import create_pool
 from delivery import config, event_loop, migrate, services
 import cpu_shares  # scripts/, beside this file
+from scratch_database import dedicated_redis, flush_redis  # scripts/, beside this file
 
 OPERATOR_KEY = "op_bench_" + "b" * 32
 BARE_SQL_CONNECTIONS = 16  # the server is shared; one transaction per message needs no more to saturate it
@@ -266,6 +267,10 @@ async def main(arguments: argparse.Namespace) -> None:
     server_url, redis_url = os.environ.get("DATABASE_URL"), os.environ.get("REDIS_URL")
     if not server_url or not redis_url:
         raise SystemExit("set DATABASE_URL (a server where this may create and drop a database) and REDIS_URL")
+    # No worker runs here, so the API's wake-up jobs stay queued: they go to a Redis database of
+    # the run's own, emptied afterwards, not into the queue of the database REDIS_URL names.
+    redis_url = dedicated_redis(redis_url, arguments.redis_db)
+    await flush_redis(redis_url)
     name = f"hookledger_bench_{uuid.uuid4().hex[:10]}"
     admin = await asyncpg.connect(server_url)
     await admin.execute(f"CREATE DATABASE {name}")
@@ -332,6 +337,7 @@ async def main(arguments: argparse.Namespace) -> None:
             process.wait(timeout=20)
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await admin.close()
+        await flush_redis(redis_url)
 
 
 if __name__ == "__main__":
@@ -351,6 +357,8 @@ if __name__ == "__main__":
     parser.add_argument("--serve-api-without-writes", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--event-loop", choices=event_loop.CHOICES, default=config.load().event_loop,
                         help="the loop of the API and of the trivial handler (one loop for both, so the ceiling is fair)")
+    parser.add_argument("--redis-db", type=int, default=15,
+                        help="a Redis database number of the bench's own, emptied before and after (default: 15)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parsed = parser.parse_args()
     if not parsed.fan_outs or set(parsed.fan_outs) - set(BODIES):

@@ -1,5 +1,6 @@
 """A migrated database of a benchmark's own on the server it is given, dropped when the benchmark
-ends, on an error too (the throughput benchmarks that start servers against it manage their own)."""
+ends, on an error too (the throughput benchmarks that start servers against it manage their own);
+and a Redis database of a benchmark's own, emptied before and after it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -36,3 +38,22 @@ async def scratch_database(server_url: str) -> AsyncIterator[str]:
             await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     finally:
         await admin.close()
+
+
+def dedicated_redis(url: str, database: int) -> str:
+    """The same Redis server, database `database` (redis:// and rediss:// name it in the path, unix:// in `db=`)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return urlunsplit(parts._replace(query=f"db={database}"))
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+async def flush_redis(redis_url: str) -> None:
+    """Empty that Redis database (a benchmark's own: its jobs must not outlive it)."""
+    import redis.asyncio as redis_asyncio
+
+    client = redis_asyncio.Redis.from_url(redis_url)
+    try:
+        await client.flushdb()
+    finally:
+        await client.aclose()
