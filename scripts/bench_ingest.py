@@ -75,18 +75,24 @@ def serve_trivial(port: int, choice: str) -> None:
 
 
 def serve_api_without_writes() -> None:
-    """`hookledger api` as it runs, except that the group commit answers each batch at once, one
-    made-up delivery per message, without writing: authentication, validation, the coalescer, the
-    response and the wake-up all run; the write statement and its round trip do not."""
+    """`hookledger api` as it runs, except that the group commit answers each batch at once,
+    without writing, with as many made-up deliveries per message as the benchmark's accounts
+    subscribe to its event type: authentication, validation, the coalescer, the response and the
+    wake-ups all run; the write statement and its round trip do not."""
     from billing.message_plan import CreatedDelivery
     from delivery import cli_api
     from delivery.api import group_commit
 
+    fan_outs = {f"fanout{fan_out}": fan_out for fan_out in BODIES}
+
     async def answer_unwritten(executor, requests, *, attempts_max):
         await asyncio.sleep(0)  # a turn of the loop, as an answer from the database would take
-        return [messages.MessageCreated(uuid.uuid4(), request.account_id, request.event_type,
-                                        (CreatedDelivery(uuid.uuid4(), uuid.uuid4(), 1),), 1, replayed=False)
-                for request in requests]
+        results = []
+        for request in requests:
+            deliveries = tuple(CreatedDelivery(uuid.uuid4(), uuid.uuid4(), 1) for _ in range(fan_outs[request.event_type]))
+            results.append(messages.MessageCreated(uuid.uuid4(), request.account_id, request.event_type, deliveries,
+                                                   len(deliveries), replayed=False))
+        return results
 
     group_commit.create_messages = answer_unwritten
     cli_api.api()
@@ -197,8 +203,19 @@ async def admin_database(database_url: str, statement: str) -> None:
         await connection.close()
 
 
+async def _load_unwritten(unwritten: tuple[str, int], keys: list[str], fan_out: int, seconds: float,
+                          concurrency: int) -> dict:
+    """One run of the API without writes (its URL and pid): its rate, statuses and CPU shares."""
+    url, pid = unwritten
+    before = cpu_shares.snapshot({"api": [pid]})
+    rate, statuses = await load(url, keys, BODIES[fan_out], seconds, concurrency)
+    return {"messages_per_second": rate, "statuses": statuses,
+            "cpu_shares": cpu_shares.per_thousand(before, cpu_shares.snapshot({"api": [pid]}), statuses.get(202, 0))}
+
+
 async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: str, trivial_url: str, servers: list,
-                      many_keys: list[str], hot_key: list[str], report: dict) -> list[float]:
+                      unwritten: tuple[str, int] | None, many_keys: list[str], hot_key: list[str],
+                      report: dict) -> list[float]:
     """The API's runs at one concurrency, each beside the trivial handler at that concurrency; the
     trivial handler's rates."""
     seconds = arguments.seconds
@@ -224,14 +241,8 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
             transactions = batches_after[1] - batches_before[1]
             batch_mean = (batches_after[0] - batches_before[0]) / transactions if transactions else float("nan")
             transaction_ms = (batches_after[2] - batches_before[2]) / transactions * 1000 if transactions else float("nan")
-            unwritten = None
-            if arguments.without_writes:
-                roles_unwritten = {"api": [servers[2].pid]}
-                before_unwritten = cpu_shares.snapshot(roles_unwritten)
-                unwritten_rate, unwritten_statuses = await load(
-                    arguments.unwritten_url, these_keys, BODIES[fan_out], seconds, concurrency)
-                unwritten = (unwritten_rate, unwritten_statuses, cpu_shares.per_thousand(
-                    before_unwritten, cpu_shares.snapshot(roles_unwritten), unwritten_statuses.get(202, 0)))
+            unwritten_run = None if unwritten is None else await _load_unwritten(
+                unwritten, these_keys, fan_out, seconds, concurrency)
             ceilings.append((await load(trivial_url, hot_key, BODIES[1], seconds, concurrency))[0])
             beside = (ceilings[-2] + ceilings[-1]) / 2
             print(f"API  fan-out {fan_out}  {label:16}      {rate:9.0f} msg/s  {rate / beside:5.0%}"
@@ -244,14 +255,15 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
             if bound:
                 print(f"     what the database alone allows: {bound} of the trivial handler, if the API and the"
                       f" load generator cost no more than beside the trivial handler")
-            if unwritten is not None:
-                unwritten_rate, unwritten_statuses, unwritten_shares = unwritten
+            if unwritten_run is not None:
+                unwritten_rate = unwritten_run["messages_per_second"]
                 print(f"     the same API without writes  {unwritten_rate:9.0f} msg/s  {unwritten_rate / beside:5.0%}"
-                      f"  {unwritten_statuses}; CPU ms per 1,000 messages: {cpu_shares.describe(unwritten_shares)}")
+                      f"  {unwritten_run['statuses']}; CPU ms per 1,000 messages:"
+                      f" {cpu_shares.describe(unwritten_run['cpu_shares'])}")
                 report["api_without_writes"].append({
-                    "concurrency": concurrency, "fan_out": fan_out, "accounts": label,
-                    "messages_per_second": unwritten_rate, "share_of_trivial": unwritten_rate / beside,
-                    "cpu_shares": unwritten_shares, "statuses": {str(k): v for k, v in unwritten_statuses.items()}})
+                    **unwritten_run, "concurrency": concurrency, "fan_out": fan_out, "accounts": label,
+                    "share_of_trivial": unwritten_rate / beside,
+                    "statuses": {str(k): v for k, v in unwritten_run["statuses"].items()}})
             report["api"].append({"concurrency": concurrency, "fan_out": fan_out, "accounts": label,
                                   "messages_per_second": rate, "trivial_beside": beside, "share_of_trivial": rate / beside,
                                   "cpu_shares": shares, "requests_per_transaction": batch_mean,
@@ -287,23 +299,24 @@ async def main(arguments: argparse.Namespace) -> None:
         subprocess.Popen([sys.executable, __file__, "--serve-trivial", str(trivial_port), "--event-loop", arguments.event_loop]),
     ]
     api_url, trivial_url = f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{trivial_port}"
-    arguments.unwritten_url = f"http://127.0.0.1:{unwritten_port}"
+    unwritten = None  # the API without writes: its URL and pid
     if arguments.without_writes:
         servers.append(subprocess.Popen([sys.executable, __file__, "--serve-api-without-writes"],
                                         env={**environment, "HOOKLEDGER_API_PORT": str(unwritten_port)}))
+        unwritten = (f"http://127.0.0.1:{unwritten_port}", servers[2].pid)
     try:
         await wait_ready(f"{api_url}/readyz", servers[0])
         await wait_ready(f"{trivial_url}/v1/messages", servers[1])
-        if arguments.without_writes:
-            await wait_ready(f"{arguments.unwritten_url}/readyz", servers[2])
+        if unwritten is not None:
+            await wait_ready(f"{unwritten[0]}/readyz", servers[2])
         keys, account_ids = await _setup_accounts(api_url, arguments.accounts + 1)
         many_keys, hot_key = keys[:-1], keys[-1:]
         many_ids, hot_id = account_ids[:-1], account_ids[-1:]
         seconds, concurrencies = arguments.seconds, arguments.concurrency
         await load(trivial_url, hot_key, BODIES[1], 1, concurrencies[0])  # warm up both servers
         await load(api_url, many_keys, BODIES[1], 1, concurrencies[0])
-        if arguments.without_writes:
-            await load(arguments.unwritten_url, many_keys, BODIES[1], 1, concurrencies[0])
+        if unwritten is not None:
+            await load(unwritten[0], many_keys, BODIES[1], 1, concurrencies[0])
         # Planner statistics as autovacuum keeps them in a running system (it analyzes a table once a
         # tenth of it changed, within a minute); a database made seconds ago has none, and PostgreSQL
         # then plans the create's account and endpoint read as scans of whole tables.
@@ -314,7 +327,7 @@ async def main(arguments: argparse.Namespace) -> None:
                   "accounts": arguments.accounts, "group_commit_concurrency": arguments.group_commit_concurrency,
                   "api": [], "api_without_writes": [], "bare_sql": [], "trivial": []}
         ceilings_by_concurrency = [
-            await _measure_at(concurrency, arguments, api_url, trivial_url, servers, many_keys, hot_key, report)
+            await _measure_at(concurrency, arguments, api_url, trivial_url, servers, unwritten, many_keys, hot_key, report)
             for concurrency in concurrencies]
         # The bare-SQL runs use the first concurrency, so they are set beside its trivial handler.
         ceiling = sum(ceilings_by_concurrency[0]) / len(ceilings_by_concurrency[0])

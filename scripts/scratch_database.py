@@ -8,7 +8,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -41,10 +41,12 @@ async def scratch_database(server_url: str) -> AsyncIterator[str]:
 
 
 def dedicated_redis(url: str, database: int) -> str:
-    """The same Redis server, database `database` (redis:// and rediss:// name it in the path, unix:// in `db=`)."""
+    """The same Redis server, database `database` (redis:// and rediss:// name it in the path,
+    unix:// in `db=`, beside the URL's other parameters)."""
     parts = urlsplit(url)
     if parts.scheme == "unix":
-        return urlunsplit(parts._replace(query=f"db={database}"))
+        query = [(key, value) for key, value in parse_qsl(parts.query) if key != "db"] + [("db", str(database))]
+        return urlunsplit(parts._replace(query=urlencode(query)))
     return urlunsplit(parts._replace(path=f"/{database}"))
 
 
