@@ -107,7 +107,7 @@ class ApiSettings:
     allowed_networks: tuple[str, ...] = ()
     group_commit_batch_max: int = 500
     group_commit_concurrency: int = 2
-    group_commit_parallel_waiting_min: int = 48
+    group_commit_parallel_waiting_min: int = 80
     group_commit_stall_ms: int = 50
     group_commit_queue_max: int = 10_000
     # A create whose COMMIT answer was lost asks the database this long whether it was written
@@ -238,7 +238,7 @@ def _api(environ: Mapping[str, str]) -> ApiSettings:
         allowed_networks=_networks(environ),
         group_commit_batch_max=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_BATCH_MAX", 500, 1, 1000),
         group_commit_concurrency=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_CONCURRENCY", 2, 1, 32),
-        group_commit_parallel_waiting_min=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_PARALLEL_WAITING_MIN", 48, 1, 10_000),
+        group_commit_parallel_waiting_min=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_PARALLEL_WAITING_MIN", 80, 1, 10_000),
         group_commit_stall_ms=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_STALL_MS", 50, 0, 60_000),
         group_commit_queue_max=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_QUEUE_MAX", 10_000, 1, 1_000_000),
         commit_outcome_wait_seconds=_integer(environ, "HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS", 10, 1, 300),

@@ -19,7 +19,7 @@ def test_defaults_without_any_setting() -> None:
     assert settings.redis.start_wait_seconds == 30
     assert settings.api.commit_outcome_wait_seconds == 10
     assert config.load({"HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS": "3"}).api.commit_outcome_wait_seconds == 3
-    assert (settings.api.group_commit_parallel_waiting_min, settings.api.group_commit_stall_ms) == (48, 50)
+    assert (settings.api.group_commit_parallel_waiting_min, settings.api.group_commit_stall_ms) == (80, 50)
     tuned = config.load({"HOOKLEDGER_GROUP_COMMIT_PARALLEL_WAITING_MIN": "1", "HOOKLEDGER_GROUP_COMMIT_STALL_MS": "0"})
     assert (tuned.api.group_commit_parallel_waiting_min, tuned.api.group_commit_stall_ms) == (1, 0)
     assert settings.secret_keyring is None and settings.api.operator_key is None

@@ -285,6 +285,39 @@ async def test_enough_waiting_requests_start_a_second_batch_at_once(pool):
     assert isinstance(await asyncio.wait_for(first, 10), messages.MessageCreated)
 
 
+async def test_waiting_requests_weigh_as_many_deliveries_as_the_last_batch_made_per_message(pool):
+    """parallel_waiting_min counts deliveries: after a batch at fan-out 4, each waiting request
+    weighs 4, so with a threshold of 6 one waiting request still waits beside a stuck batch and two
+    start a second transaction at once (at fan-out 1 they would wait for the stall, far longer
+    than the test)."""
+    stuck, narrow = await _account_with_endpoint(pool, 100), await _account_with_endpoint(pool, 100)
+    wide = await _account_with_endpoint(pool, 100)
+    for _ in range(3):
+        await pool.execute("INSERT INTO endpoints (id, account_id, url) VALUES ($1, $2, 'https://example.com')",
+                           uuid.uuid4(), wide)
+    coalescer = Coalescer(pool, attempts_max=3, concurrency=2, parallel_waiting_min=6, stall_seconds=60)
+    holder = held = None
+    try:
+        made = await asyncio.wait_for(coalescer.submit(messages.MessageRequest(wide, "t", b"wide")), 10)
+        assert len(made.deliveries) == 4
+        holder, held = await _hold_account_lock(pool, stuck)
+        first = asyncio.create_task(coalescer.submit(messages.MessageRequest(stuck, "t", b"1")))
+        await asyncio.sleep(0.05)
+        lone = asyncio.create_task(coalescer.submit(messages.MessageRequest(narrow, "t", b"lone")))
+        await asyncio.sleep(0.2)
+        assert not lone.done() and coalescer.waiting == 1  # 4 deliveries' worth: below 6, it waits
+        other = coalescer.submit(messages.MessageRequest(narrow, "t", b"other"))
+        results = await asyncio.wait_for(asyncio.gather(lone, other), 10)
+        assert all(isinstance(result, messages.MessageCreated) for result in results)
+        assert not first.done()
+    finally:
+        if holder is not None:
+            await _release_and_close(pool, holder, held, coalescer)
+        else:
+            await asyncio.wait_for(coalescer.close(), 10)
+    assert isinstance(await asyncio.wait_for(first, 10), messages.MessageCreated)
+
+
 async def _release_and_close(pool, holder, held, coalescer) -> None:
     """Let the stuck batch go and close the coalescer, which returns its connections (a failed
     assertion must not leave them held: the pool's teardown would wait for them)."""
