@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""What a group-commit batch's size does to the create's cost per message.
+
+On a migrated scratch database with 1,000 accounts (one catch-all endpoint each), one connection
+on the platform's event loop, it runs `billing.messages.create_messages` (the direct create, as the
+API's group commit sends it) on batches of each size, to random accounts and to one hot account,
+and prints per message PostgreSQL's CPU (its backend's, from /proc, where the server runs on this
+machine) and ours, and the wall time per batch. Each statement has a fixed cost whatever its size;
+this is what `delivery.api.group_commit`'s threshold for a second transaction weighs.
+
+Usage: DATABASE_URL=... scripts/bench_batch_size.py [--sizes 1,5,15,35,70,140] [--messages 24000] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import asyncpg
+
+from billing import messages
+from billing.messages import MessageRequest, create_messages
+from delivery import event_loop
+import cpu_shares  # scripts/, beside this file
+from bench_create_batch import PAYLOAD, make_accounts  # scripts/, beside this file
+from scratch_database import scratch_database, server_url_from_environment
+
+
+async def main(arguments: argparse.Namespace) -> None:
+    async with scratch_database(server_url_from_environment()) as database_url:
+        connection = await asyncpg.connect(database_url)
+        try:
+            accounts, _ = await make_accounts(connection)
+            print(f"per message: PostgreSQL's CPU, ours, and the wall time per batch; {arguments.messages} messages a case")
+            for round_number in range(1, arguments.rounds + 1):
+                for hot in (False, True):
+                    for size in arguments.sizes:
+                        calls = max(20, arguments.messages // size)
+                        batches = [[MessageRequest(account, "bench", PAYLOAD)
+                                    for account in ([accounts[0]] * size if hot else random.sample(accounts, size))]
+                                   for _ in range(calls)]
+                        roles = {"postgres": [connection.get_server_pid()]}
+                        before, cpu, wall = cpu_shares.snapshot(roles), time.process_time(), time.perf_counter()
+                        for batch in batches:
+                            await create_messages(connection, batch, attempts_max=8)
+                        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                        backend = cpu_shares.per_thousand(before, cpu_shares.snapshot(roles), calls * size)["postgres"]
+                        label = "one hot account" if hot else "1,000 accounts "
+                        print(f"round {round_number}  {label}  batch {size:4}:  PostgreSQL {backend:6.1f} µs"
+                              f"  ours {cpu / calls / size * 1e6:5.1f} µs  wall {wall / calls * 1e3:6.2f} ms a batch",
+                              flush=True)
+            print(f"writes by way: {dict(messages.WRITES)}")
+        finally:
+            await connection.close()
+
+
+def sizes(text: str) -> list[int]:
+    values = [int(n) for n in text.split(",")]
+    if not values or min(values) < 1 or max(values) > 1000:
+        raise argparse.ArgumentTypeError("sizes are 1 to 1000, comma-separated")
+    return values
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=sizes, default=[1, 5, 15, 35, 70, 140])
+    parser.add_argument("--messages", type=int, default=24_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    event_loop.run(main(parser.parse_args()))
