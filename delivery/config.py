@@ -14,6 +14,7 @@ from pathlib import Path
 import platformdirs
 
 from delivery import event_loop, gc_tuning
+from delivery.api.group_commit import PARALLEL_WAITING_MIN, STALL_SECONDS
 from delivery.engine import EngineSettings
 from delivery.retry import RetrySchedule, RetrySettings
 from delivery.sender import SenderSettings
@@ -107,8 +108,8 @@ class ApiSettings:
     allowed_networks: tuple[str, ...] = ()
     group_commit_batch_max: int = 500
     group_commit_concurrency: int = 2
-    group_commit_parallel_waiting_min: int = 80
-    group_commit_stall_ms: int = 50
+    group_commit_parallel_waiting_min: int = PARALLEL_WAITING_MIN
+    group_commit_stall_ms: int = round(STALL_SECONDS * 1000)
     group_commit_queue_max: int = 10_000
     # A create whose COMMIT answer was lost asks the database this long whether it was written
     # (billing.messages.resolve_outcome) before it answers 503 write-outcome-unknown.
@@ -238,8 +239,8 @@ def _api(environ: Mapping[str, str]) -> ApiSettings:
         allowed_networks=_networks(environ),
         group_commit_batch_max=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_BATCH_MAX", 500, 1, 1000),
         group_commit_concurrency=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_CONCURRENCY", 2, 1, 32),
-        group_commit_parallel_waiting_min=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_PARALLEL_WAITING_MIN", 80, 1, 10_000),
-        group_commit_stall_ms=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_STALL_MS", 50, 0, 60_000),
+        group_commit_parallel_waiting_min=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_PARALLEL_WAITING_MIN", PARALLEL_WAITING_MIN, 1, 10_000),
+        group_commit_stall_ms=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_STALL_MS", round(STALL_SECONDS * 1000), 0, 60_000),
         group_commit_queue_max=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_QUEUE_MAX", 10_000, 1, 1_000_000),
         commit_outcome_wait_seconds=_integer(environ, "HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS", 10, 1, 300),
         auth_cache_ttl_ms=_integer(environ, "HOOKLEDGER_AUTH_CACHE_TTL_MS", 30_000, 0, 600_000),

@@ -6,7 +6,10 @@ on the platform's event loop, it runs `billing.messages.create_messages` (the di
 API's group commit sends it) on batches of each size, to random accounts and to one hot account,
 and prints per message PostgreSQL's CPU (its backend's, from /proc, where the server runs on this
 machine) and ours, and the wall time per batch. Each statement has a fixed cost whatever its size;
-this is what `delivery.api.group_commit`'s threshold for a second transaction weighs.
+this is what `delivery.api.group_commit`'s threshold for a second transaction weighs. (A batch of
+one also pays for planning: PostgreSQL plans it anew on each call, where bigger batches run the
+cached generic plan.) It stops with an error if any batch refused a request or went another way
+than direct, which would make the figures another path's.
 
 Usage: DATABASE_URL=... scripts/bench_batch_size.py [--sizes 1,5,15,35,70,140] [--messages 24000] [--rounds 2]
 """
@@ -20,7 +23,7 @@ import time
 import asyncpg
 
 from billing import messages
-from billing.messages import MessageRequest, create_messages
+from billing.messages import MessageCreated, MessageRequest, create_messages
 from delivery import event_loop
 import cpu_shares  # scripts/, beside this file
 from bench_create_batch import PAYLOAD, make_accounts  # scripts/, beside this file
@@ -41,18 +44,28 @@ async def main(arguments: argparse.Namespace) -> None:
                                     for account in ([accounts[0]] * size if hot else random.sample(accounts, size))]
                                    for _ in range(calls)]
                         roles = {"postgres": [connection.get_server_pid()]}
+                        direct_before, results = messages.WRITES["direct"], []
                         before, cpu, wall = cpu_shares.snapshot(roles), time.process_time(), time.perf_counter()
                         for batch in batches:
-                            await create_messages(connection, batch, attempts_max=8)
+                            results.append(await create_messages(connection, batch, attempts_max=8))
                         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                        _check(results, messages.WRITES["direct"] - direct_before)
                         backend = cpu_shares.per_thousand(before, cpu_shares.snapshot(roles), calls * size)["postgres"]
                         label = "one hot account" if hot else "1,000 accounts "
                         print(f"round {round_number}  {label}  batch {size:4}:  PostgreSQL {backend:6.1f} µs"
                               f"  ours {cpu / calls / size * 1e6:5.1f} µs  wall {wall / calls * 1e3:6.2f} ms a batch",
                               flush=True)
-            print(f"writes by way: {dict(messages.WRITES)}")
         finally:
             await connection.close()
+
+
+def _check(results: list[list], direct: int) -> None:
+    """Every batch wrote all its messages, the direct way."""
+    refused = [result for batch in results for result in batch if not isinstance(result, MessageCreated)]
+    if refused:
+        raise SystemExit(f"the create refused {len(refused)} requests: {refused[0]!r}")
+    if direct != len(results):
+        raise SystemExit(f"{len(results) - direct} of {len(results)} batches did not go direct: {dict(messages.WRITES)}")
 
 
 def sizes(text: str) -> list[int]:

@@ -13,8 +13,9 @@ Up to `concurrency` transactions run at once, but a batch beside a running one s
 the waiting requests are worth `parallel_waiting_min` deliveries (each weighs the deliveries per
 message of the last batch that made any), or when the youngest running batch has run
 `stall_seconds` (stuck on a row lock, a slow disk). One transaction at a time carries bigger
-batches, and every transaction has a fixed cost (some 400 µs of PostgreSQL's CPU and 200 µs of
-ours, measured); two transactions on one hot account only wait on each other's row lock. Starting
+batches, and every statement has a fixed cost (about 370 µs of PostgreSQL's CPU: for one hot
+account its CPU per message fell from 40 µs at batches of 35 to 32 at 140,
+`scripts/bench_batch_size.py`); two transactions on one hot account only wait on each other's row lock. Starting
 the second at once, as before, made batches half the size and ingest up to 7 points slower; at
 fan-out 1 a threshold of 80 gained 3 to 6 points over 48, while fan-out 4, whose messages weigh
 4 each, still starts its second batch at 20 waiting requests (README, Performance).
