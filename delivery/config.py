@@ -14,7 +14,7 @@ from pathlib import Path
 import platformdirs
 
 from delivery import event_loop, gc_tuning
-from delivery.api.group_commit import PARALLEL_WAITING_MIN, STALL_SECONDS
+from delivery.api import group_commit
 from delivery.engine import EngineSettings
 from delivery.retry import RetrySchedule, RetrySettings
 from delivery.sender import SenderSettings
@@ -106,11 +106,11 @@ class ApiSettings:
     payload_bytes_max: int = 262_144
     dev_mode: bool = False
     allowed_networks: tuple[str, ...] = ()
-    group_commit_batch_max: int = 500
-    group_commit_concurrency: int = 2
-    group_commit_parallel_waiting_min: int = PARALLEL_WAITING_MIN
-    group_commit_stall_ms: int = round(STALL_SECONDS * 1000)
-    group_commit_queue_max: int = 10_000
+    group_commit_batch_max: int = group_commit.BATCH_MAX
+    group_commit_concurrency: int = group_commit.CONCURRENCY
+    group_commit_parallel_waiting_min: int = group_commit.PARALLEL_WAITING_MIN
+    group_commit_stall_ms: int = round(group_commit.STALL_SECONDS * 1000)
+    group_commit_queue_max: int = group_commit.QUEUE_MAX
     # A create whose COMMIT answer was lost asks the database this long whether it was written
     # (billing.messages.resolve_outcome) before it answers 503 write-outcome-unknown.
     commit_outcome_wait_seconds: int = 10
@@ -141,13 +141,15 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         database=DatabaseSettings(
             url=environ.get("DATABASE_URL") or None,
             data_dir=data_dir / "postgres",
-            pool_size_min=_integer(environ, "HOOKLEDGER_DB_POOL_MIN", 2, 1, 100),
-            pool_size_max=_integer(environ, "HOOKLEDGER_DB_POOL_MAX", 10, 1, 500),
+            pool_size_min=_integer(environ, "HOOKLEDGER_DB_POOL_MIN", DatabaseSettings.pool_size_min, 1, 100),
+            pool_size_max=_integer(environ, "HOOKLEDGER_DB_POOL_MAX", DatabaseSettings.pool_size_max, 1, 500),
         ),
         redis=RedisSettings(url=environ.get("REDIS_URL") or None,
-                            start_wait_seconds=_integer(environ, "HOOKLEDGER_REDIS_START_WAIT_SECONDS", 30, 0, 3600)),
+                            start_wait_seconds=_integer(environ, "HOOKLEDGER_REDIS_START_WAIT_SECONDS",
+                                                        RedisSettings.start_wait_seconds, 0, 3600)),
         ledger=LedgerSettings(
-            price_per_delivery_default=_integer(environ, "HOOKLEDGER_PRICE_PER_DELIVERY", 1, 0, 10**12),
+            price_per_delivery_default=_integer(environ, "HOOKLEDGER_PRICE_PER_DELIVERY",
+                                                LedgerSettings.price_per_delivery_default, 0, 10**12),
             attempts_max=_attempts_max(environ),
         ),
         worker=_worker(environ),
@@ -191,35 +193,41 @@ def _networks(environ: Mapping[str, str]) -> tuple[str, ...]:
 
 def _worker(environ: Mapping[str, str]) -> WorkerSettings:
     sender = SenderSettings(
-        timeout_ms_default=_integer(environ, "HOOKLEDGER_SEND_TIMEOUT_MS", 15_000, 1000, 60_000),
-        timeout_ms_max=_integer(environ, "HOOKLEDGER_SEND_TIMEOUT_MS_MAX", 60_000, 1000, 60_000),
-        connections_max=_integer(environ, "HOOKLEDGER_CONNECTIONS_MAX", 256, 1, 100_000),
-        connections_per_host_max=_integer(environ, "HOOKLEDGER_CONNECTIONS_PER_HOST_MAX", 64, 1, 100_000),
-        sends_per_endpoint_max=_integer(environ, "HOOKLEDGER_SENDS_PER_ENDPOINT_MAX", 16, 1, 100_000),
+        timeout_ms_default=_integer(environ, "HOOKLEDGER_SEND_TIMEOUT_MS",
+                                    SenderSettings.timeout_ms_default, 1000, 60_000),
+        timeout_ms_max=_integer(environ, "HOOKLEDGER_SEND_TIMEOUT_MS_MAX", SenderSettings.timeout_ms_max, 1000, 60_000),
+        connections_max=_integer(environ, "HOOKLEDGER_CONNECTIONS_MAX", SenderSettings.connections_max, 1, 100_000),
+        connections_per_host_max=_integer(environ, "HOOKLEDGER_CONNECTIONS_PER_HOST_MAX",
+                                          SenderSettings.connections_per_host_max, 1, 100_000),
+        sends_per_endpoint_max=_integer(environ, "HOOKLEDGER_SENDS_PER_ENDPOINT_MAX",
+                                        SenderSettings.sends_per_endpoint_max, 1, 100_000),
         allowed_networks=_networks(environ),
         allow_loopback=_flag(environ, "HOOKLEDGER_DEV"),
     )
     engine = EngineSettings(
-        batch_size=_integer(environ, "HOOKLEDGER_CLAIM_BATCH", 200, 1, 1000),
-        lease_ms=_integer(environ, "HOOKLEDGER_LEASE_MS", 90_000, 1000, 3_600_000),
-        sweep_lanes=_integer(environ, "HOOKLEDGER_SWEEP_LANES", 4, 1, 64),
+        batch_size=_integer(environ, "HOOKLEDGER_CLAIM_BATCH", EngineSettings.batch_size, 1, 1000),
+        lease_ms=_integer(environ, "HOOKLEDGER_LEASE_MS", EngineSettings.lease_ms, 1000, 3_600_000),
+        sweep_lanes=_integer(environ, "HOOKLEDGER_SWEEP_LANES", EngineSettings.sweep_lanes, 1, 64),
         retry=RetrySettings(schedule=_schedule(environ)),
     )
     return WorkerSettings(
-        jobs_max=_integer(environ, "HOOKLEDGER_WORKER_JOBS", 20, 1, 1000),
-        poll_ms=_integer(environ, "HOOKLEDGER_WORKER_POLL_MS", 10, 1, 1000),
-        sweep_interval_seconds=_integer(environ, "HOOKLEDGER_SWEEP_SECONDS", 5, 1, 60),
-        shutdown_grace_seconds=_integer(environ, "HOOKLEDGER_SHUTDOWN_GRACE_SECONDS", 10, 0, 300),
-        audit_interval_minutes=_integer(environ, "HOOKLEDGER_AUDIT_MINUTES", 10, 0, 60),
-        metrics_port=_integer(environ, "HOOKLEDGER_WORKER_METRICS_PORT", 0, 0, 65535),
-        gc_gen0_threshold=_gc_threshold(environ, "HOOKLEDGER_WORKER_GC_GEN0"),
+        jobs_max=_integer(environ, "HOOKLEDGER_WORKER_JOBS", WorkerSettings.jobs_max, 1, 1000),
+        poll_ms=_integer(environ, "HOOKLEDGER_WORKER_POLL_MS", WorkerSettings.poll_ms, 1, 1000),
+        sweep_interval_seconds=_integer(environ, "HOOKLEDGER_SWEEP_SECONDS",
+                                        WorkerSettings.sweep_interval_seconds, 1, 60),
+        shutdown_grace_seconds=_integer(environ, "HOOKLEDGER_SHUTDOWN_GRACE_SECONDS",
+                                        WorkerSettings.shutdown_grace_seconds, 0, 300),
+        audit_interval_minutes=_integer(environ, "HOOKLEDGER_AUDIT_MINUTES",
+                                        WorkerSettings.audit_interval_minutes, 0, 60),
+        metrics_port=_integer(environ, "HOOKLEDGER_WORKER_METRICS_PORT", WorkerSettings.metrics_port, 0, 65535),
+        gc_gen0_threshold=_gc_threshold(environ, "HOOKLEDGER_WORKER_GC_GEN0", WorkerSettings.gc_gen0_threshold),
         engine=engine,
         sender=sender,
     )
 
 
-def _gc_threshold(environ: Mapping[str, str], name: str) -> int:
-    value = _integer(environ, name, 50_000, 0, gc_tuning.GEN0_MAX)
+def _gc_threshold(environ: Mapping[str, str], name: str, default: int) -> int:
+    value = _integer(environ, name, default, 0, gc_tuning.GEN0_MAX)
     if 0 < value < gc_tuning.GEN0_MIN:
         raise ConfigError(f"{name} must be 0 (Python's defaults) or"
                           f" {gc_tuning.GEN0_MIN} to {gc_tuning.GEN0_MAX}, got {value}")
@@ -232,19 +240,27 @@ def _api(environ: Mapping[str, str]) -> ApiSettings:
         raise ConfigError(f"HOOKLEDGER_LOG_LEVEL must be debug, info, warning or error, got {log_level!r}")
     return ApiSettings(
         host=environ.get("HOOKLEDGER_API_HOST") or "127.0.0.1",
-        port=_integer(environ, "HOOKLEDGER_API_PORT", 8000, 0, 65535),
+        port=_integer(environ, "HOOKLEDGER_API_PORT", ApiSettings.port, 0, 65535),
         operator_key=environ.get("HOOKLEDGER_OPERATOR_KEY") or None,
-        payload_bytes_max=_integer(environ, "HOOKLEDGER_PAYLOAD_BYTES_MAX", 262_144, 1, 1_048_576),
+        payload_bytes_max=_integer(environ, "HOOKLEDGER_PAYLOAD_BYTES_MAX",
+                                   ApiSettings.payload_bytes_max, 1, 1_048_576),
         dev_mode=_flag(environ, "HOOKLEDGER_DEV"),
         allowed_networks=_networks(environ),
-        group_commit_batch_max=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_BATCH_MAX", 500, 1, 1000),
-        group_commit_concurrency=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_CONCURRENCY", 2, 1, 32),
-        group_commit_parallel_waiting_min=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_PARALLEL_WAITING_MIN", PARALLEL_WAITING_MIN, 1, 10_000),
-        group_commit_stall_ms=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_STALL_MS", round(STALL_SECONDS * 1000), 0, 60_000),
-        group_commit_queue_max=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_QUEUE_MAX", 10_000, 1, 1_000_000),
-        commit_outcome_wait_seconds=_integer(environ, "HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS", 10, 1, 300),
-        auth_cache_ttl_ms=_integer(environ, "HOOKLEDGER_AUTH_CACHE_TTL_MS", 30_000, 0, 600_000),
-        secret_rotation_overlap_seconds=_integer(environ, "HOOKLEDGER_SECRET_ROTATION_OVERLAP_SECONDS", 86_400, 0, 604_800),
+        group_commit_batch_max=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_BATCH_MAX",
+                                        ApiSettings.group_commit_batch_max, 1, group_commit.BATCH_MAX_LIMIT),
+        group_commit_concurrency=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_CONCURRENCY",
+                                          ApiSettings.group_commit_concurrency, 1, group_commit.CONCURRENCY_LIMIT),
+        group_commit_parallel_waiting_min=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_PARALLEL_WAITING_MIN",
+                                                   ApiSettings.group_commit_parallel_waiting_min, 1, 10_000),
+        group_commit_stall_ms=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_STALL_MS",
+                                       ApiSettings.group_commit_stall_ms, 0, 60_000),
+        group_commit_queue_max=_integer(environ, "HOOKLEDGER_GROUP_COMMIT_QUEUE_MAX",
+                                        ApiSettings.group_commit_queue_max, 1, 1_000_000),
+        commit_outcome_wait_seconds=_integer(environ, "HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS",
+                                             ApiSettings.commit_outcome_wait_seconds, 1, 300),
+        auth_cache_ttl_ms=_integer(environ, "HOOKLEDGER_AUTH_CACHE_TTL_MS", ApiSettings.auth_cache_ttl_ms, 0, 600_000),
+        secret_rotation_overlap_seconds=_integer(environ, "HOOKLEDGER_SECRET_ROTATION_OVERLAP_SECONDS",
+                                                 ApiSettings.secret_rotation_overlap_seconds, 0, 604_800),
         log_level=log_level,
-        gc_gen0_threshold=_gc_threshold(environ, "HOOKLEDGER_API_GC_GEN0"),
+        gc_gen0_threshold=_gc_threshold(environ, "HOOKLEDGER_API_GC_GEN0", ApiSettings.gc_gen0_threshold),
     )

@@ -59,6 +59,11 @@ logger = logging.getLogger(__name__)
 WAKE_IDS_PENDING_MAX = 100_000  # delivery ids waiting for a wake-up; past this they are left to the sweeper
 WAKE_INTERVAL_SECONDS = 0.01  # at most ~100 wake-up calls a second; each carries every id that waited
 WAKE_RETRY_SECONDS = 1.0  # between wake-up calls while they fail (Redis down)
+BATCH_MAX = 500  # requests in one transaction at most (of BATCH_MAX_LIMIT)
+BATCH_MAX_LIMIT = 1000
+CONCURRENCY = 2  # transactions in flight at once at most (of CONCURRENCY_LIMIT)
+CONCURRENCY_LIMIT = 32
+QUEUE_MAX = 10_000  # requests waiting at most; past this, Overloaded (503)
 PARALLEL_WAITING_MIN = 80  # deliveries' worth of requests waiting before a batch starts beside a running one...
 STALL_SECONDS = 0.05  # ...or how long the youngest running batch has run (0: at once, as before)
 
@@ -95,15 +100,15 @@ class Coalescer:
         pool: asyncpg.Pool,
         *,
         attempts_max: int,
-        batch_max: int = 500,
-        concurrency: int = 2,
-        queue_max: int = 10_000,
+        batch_max: int = BATCH_MAX,
+        concurrency: int = CONCURRENCY,
+        queue_max: int = QUEUE_MAX,
         wake: Waker | None = None,
         outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS,
         parallel_waiting_min: int = PARALLEL_WAITING_MIN,
         stall_seconds: float = STALL_SECONDS,
     ) -> None:
-        assert 1 <= batch_max <= 1000 and 1 <= concurrency <= 32 and queue_max >= 1
+        assert 1 <= batch_max <= BATCH_MAX_LIMIT and 1 <= concurrency <= CONCURRENCY_LIMIT and queue_max >= 1
         assert parallel_waiting_min >= 1 and stall_seconds >= 0
         self._pool = pool
         self._attempts_max = attempts_max

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from delivery import config
+from delivery.api import group_commit
 from delivery.errors import DeliveryError
 
 
@@ -23,6 +26,33 @@ def test_defaults_without_any_setting() -> None:
     tuned = config.load({"HOOKLEDGER_GROUP_COMMIT_PARALLEL_WAITING_MIN": "1", "HOOKLEDGER_GROUP_COMMIT_STALL_MS": "0"})
     assert (tuned.api.group_commit_parallel_waiting_min, tuned.api.group_commit_stall_ms) == (1, 0)
     assert settings.secret_keyring is None and settings.api.operator_key is None
+
+
+def _defaults_differing(settings, path: str = "") -> list[str]:
+    """Every field of these settings (nested ones too) whose value is not its class's default."""
+    differing = []
+    for field in dataclasses.fields(settings):
+        value = getattr(settings, field.name)
+        if dataclasses.is_dataclass(value):
+            differing += _defaults_differing(value, f"{path}{field.name}.")
+        elif field.default is not dataclasses.MISSING and value != field.default:
+            differing.append(f"{path}{field.name}: {value!r} != {field.default!r}")
+    return differing
+
+
+def test_an_empty_environment_gives_each_settings_class_its_own_defaults() -> None:
+    """Each default is written once, on its settings class: load() falls back to it, not to a copy."""
+    assert _defaults_differing(config.load({})) == []
+    # The guard catches a difference: a setting given in the environment is not its default.
+    assert _defaults_differing(config.load({"HOOKLEDGER_WORKER_POLL_MS": "11"})) == ["worker.poll_ms: 11 != 10"]
+    assert (config.ApiSettings.group_commit_batch_max, config.ApiSettings.group_commit_queue_max) == (
+        group_commit.BATCH_MAX, group_commit.QUEUE_MAX)
+    top = str(group_commit.BATCH_MAX_LIMIT)
+    assert config.load({"HOOKLEDGER_GROUP_COMMIT_BATCH_MAX": top}).api.group_commit_batch_max == group_commit.BATCH_MAX_LIMIT
+    with pytest.raises(config.ConfigError, match="between 1 and 1000"):
+        config.load({"HOOKLEDGER_GROUP_COMMIT_BATCH_MAX": str(group_commit.BATCH_MAX_LIMIT + 1)})
+    with pytest.raises(config.ConfigError, match="between 1 and 32"):
+        config.load({"HOOKLEDGER_GROUP_COMMIT_CONCURRENCY": str(group_commit.CONCURRENCY_LIMIT + 1)})
 
 
 def test_settings_are_read_from_the_mapping_given() -> None:
