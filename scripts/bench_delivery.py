@@ -47,20 +47,19 @@ import uuid
 from pathlib import Path
 
 import aiohttp
-import asyncpg
 from aiohttp import web
 
 from billing import accounts, ids
 from billing.database import create_pool
 from billing.messages import MessageRequest, create_messages
-from delivery import claims, config, event_loop, migrate, presend, queue as job_queue, services
+from delivery import claims, config, event_loop, presend, queue as job_queue, services
 from delivery.api import api_keys
 from delivery.results import AttemptResult, record_results
 from delivery.sender import SESSION_HEADERS, Sender, SendRequest
 from delivery.signer_cache import SignerCache, endpoint_secret_context
 import cpu_shares  # scripts/, beside this file
 from bench_ingest import free_port, wait_ready  # scripts/, beside this file
-from scratch_database import dedicated_redis, flush_redis  # scripts/, beside this file
+from scratch_database import add_redis_db_argument, scratch_database, scratch_redis  # scripts/, beside this file
 from signing import Keyring, encrypt_secret, format_keyring, generate_at_rest_key, generate_secret, parse_keyring, verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -448,13 +447,12 @@ def _stop(processes: list[subprocess.Popen]) -> None:
 
 async def orchestrate(arguments) -> None:
     settings = config.load()
-    server = services.database_url(settings.database)
-    redis_url = dedicated_redis(services.redis_url(settings.redis), arguments.redis_db)
-    name = f"hookledger_bench_delivery_{os.getpid()}"
-    admin = await asyncpg.connect(server)
-    await admin.execute(f"CREATE DATABASE {name}")
-    database_url = services.with_database(server, name)
-    await flush_redis(redis_url)
+    async with (scratch_database(services.database_url(settings.database)) as database_url,
+                scratch_redis(services.redis_url(settings.redis), arguments.redis_db) as redis_url):
+        await _measure(arguments, database_url, redis_url)
+
+
+async def _measure(arguments, database_url: str, redis_url: str) -> None:
     keyring, secret = Keyring({"k1": generate_at_rest_key()}, "k1"), generate_secret()
     bench = Bench(arguments, database_url, redis_url, keyring, secret)
     receiver = subprocess.Popen([sys.executable, __file__, "--serve-receiver", "0"], cwd=ROOT, stdout=subprocess.PIPE,
@@ -463,7 +461,6 @@ async def orchestrate(arguments) -> None:
     concurrency = min(sender_settings.connections_max, sender_settings.connections_per_host_max)
     results: dict = {"event_loop": event_loop.name(asyncio.get_running_loop())}
     try:
-        await migrate.upgrade_async(database_url)
         bench.receiver_pid = receiver.pid
         await bench.setup(int(receiver.stdout.readline()))
         # The machine is shared, so the ceiling is measured right before and after every drain
@@ -490,9 +487,6 @@ async def orchestrate(arguments) -> None:
         await bench.close()
     finally:
         _stop([receiver])
-        await flush_redis(redis_url)
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
     report(arguments, results, concurrency, sender_settings.sends_per_endpoint_max, bench.logs)
     if arguments.json:
         arguments.json.write_text(json.dumps({
@@ -564,7 +558,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=500.0, help="deliveries per second offered in the latency run")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency run (0 skips it)")
     parser.add_argument("--body-bytes", type=int, default=512)
-    parser.add_argument("--redis-db", type=int, default=15, help="a Redis database number of the bench's own")
+    add_redis_db_argument(parser)
     parser.add_argument("--serve-receiver", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--naive-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--event-loop", choices=event_loop.CHOICES, default=config.load().event_loop,

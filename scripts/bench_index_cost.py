@@ -20,7 +20,6 @@ Usage: DATABASE_URL=... scripts/bench_index_cost.py [--deliveries 20000]
 from __future__ import annotations
 
 import argparse
-import asyncio
 import random
 import re
 import statistics

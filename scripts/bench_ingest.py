@@ -42,9 +42,9 @@ from aiohttp import web
 
 from billing import messages
 from billing.database import create_pool
-from delivery import config, event_loop, migrate, services
+from delivery import config, event_loop
 import cpu_shares  # scripts/, beside this file
-from scratch_database import dedicated_redis, flush_redis  # scripts/, beside this file
+from scratch_database import add_redis_db_argument, scratch_database, scratch_redis  # scripts/, beside this file
 
 OPERATOR_KEY = "op_bench_" + "b" * 32
 BARE_SQL_CONNECTIONS = 16  # the server is shared; one transaction per message needs no more to saturate it
@@ -281,13 +281,11 @@ async def main(arguments: argparse.Namespace) -> None:
         raise SystemExit("set DATABASE_URL (a server where this may create and drop a database) and REDIS_URL")
     # No worker runs here, so the API's wake-up jobs stay queued: they go to a Redis database of
     # the run's own, emptied afterwards, not into the queue of the database REDIS_URL names.
-    redis_url = dedicated_redis(redis_url, arguments.redis_db)
-    await flush_redis(redis_url)
-    name = f"hookledger_bench_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(server_url)
-    await admin.execute(f"CREATE DATABASE {name}")
-    database_url = services.with_database(server_url, name)
-    await migrate.upgrade_async(database_url)
+    async with scratch_database(server_url) as database_url, scratch_redis(redis_url, arguments.redis_db) as redis_url:
+        await _run(arguments, database_url, redis_url)
+
+
+async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str) -> None:
     api_port, trivial_port, unwritten_port = free_port(), free_port(), free_port()
     environment = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
                    "HOOKLEDGER_OPERATOR_KEY": OPERATOR_KEY, "HOOKLEDGER_SECRET_KEYS": KEYRING,
@@ -348,9 +346,6 @@ async def main(arguments: argparse.Namespace) -> None:
         for process in servers:
             process.terminate()
             process.wait(timeout=20)
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
-        await flush_redis(redis_url)
 
 
 if __name__ == "__main__":
@@ -370,8 +365,7 @@ if __name__ == "__main__":
     parser.add_argument("--serve-api-without-writes", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--event-loop", choices=event_loop.CHOICES, default=config.load().event_loop,
                         help="the loop of the API and of the trivial handler (one loop for both, so the ceiling is fair)")
-    parser.add_argument("--redis-db", type=int, default=15,
-                        help="a Redis database number of the bench's own, emptied before and after (default: 15)")
+    add_redis_db_argument(parser)
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parsed = parser.parse_args()
     if not parsed.fan_outs or set(parsed.fan_outs) - set(BODIES):

@@ -28,16 +28,12 @@ import os
 import statistics
 import subprocess
 import sys
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import asyncpg
-
 import bench_ingest  # scripts/, beside this file
 import cpu_shares  # scripts/, beside this file
-from delivery import migrate, services
-from scratch_database import dedicated_redis, flush_redis  # scripts/, beside this file
+from scratch_database import add_redis_db_argument, scratch_database, scratch_redis  # scripts/, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = 96
@@ -77,15 +73,14 @@ async def main(arguments: argparse.Namespace) -> None:
     configurations: list[Configuration] = arguments.configurations
     if len({c.name for c in configurations}) != len(configurations):
         raise SystemExit("configuration names must differ")
-    redis_url = dedicated_redis(redis_url, arguments.redis_db)
-    await flush_redis(redis_url)
-    name = f"hookledger_bench_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(server_url)
-    await admin.execute(f"CREATE DATABASE {name}")
-    database_url = services.with_database(server_url, name)
+    async with scratch_database(server_url) as database_url, scratch_redis(redis_url, arguments.redis_db) as redis_url:
+        await _run(arguments, configurations, database_url, redis_url)
+
+
+async def _run(arguments: argparse.Namespace, configurations: list[Configuration], database_url: str,
+               redis_url: str) -> None:
     processes: list[subprocess.Popen] = []
     try:
-        await migrate.upgrade_async(database_url)
         environment = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
                        "HOOKLEDGER_OPERATOR_KEY": bench_ingest.OPERATOR_KEY, "HOOKLEDGER_SECRET_KEYS": bench_ingest.KEYRING,
                        "HOOKLEDGER_LOG_LEVEL": "warning"}
@@ -148,9 +143,6 @@ async def main(arguments: argparse.Namespace) -> None:
         for process in processes:
             process.terminate()
             process.wait(timeout=20)
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
-        await flush_redis(redis_url)
 
 
 if __name__ == "__main__":
@@ -159,8 +151,7 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--fan-out", type=int, choices=sorted(bench_ingest.BODIES), default=1)
-    parser.add_argument("--redis-db", type=int, default=15,
-                        help="a Redis database number of the bench's own, emptied before and after (default: 15)")
+    add_redis_db_argument(parser)
     parsed = parser.parse_args()
     if parsed.rounds < 1 or parsed.seconds <= 0:
         parser.error("--rounds must be at least 1 and --seconds above 0")

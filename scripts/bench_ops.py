@@ -21,17 +21,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
 import uuid
 from datetime import datetime
 from pathlib import Path
 
-import asyncpg
-
 from billing.audit import audit
 from billing.database import create_pool
-from delivery import config, deletion, migrate, services
+from delivery import config, deletion, services
+from scratch_database import scratch_database  # scripts/, beside this file
 
 ACCOUNTS_FOR_AUDIT = 1000
 PRICE = 2
@@ -167,19 +165,12 @@ async def main() -> None:
     parser.add_argument("--ledger", type=int, default=1_000_000, help="ledger entries in the audited database")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     arguments = parser.parse_args()
-    server = services.database_url(config.load().database)
-    name = f"hookledger_bench_ops_{os.getpid()}"
-    admin = await asyncpg.connect(server)
-    await admin.execute(f"CREATE DATABASE {name}")
-    url = services.with_database(server, name)
-    try:
-        await migrate.upgrade_async(url)
+    async with scratch_database(services.database_url(config.load().database)) as url:
         pool = await create_pool(url, size_min=2, size_max=4)
-        rows = await run(pool, arguments.live, arguments.ledger)
-        await pool.close()
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
+        try:
+            rows = await run(pool, arguments.live, arguments.ledger)
+        finally:
+            await pool.close()
     print(f"\n{'operation':<44} {'real s':>8} {'bare SQL s':>11} {'ratio':>7}")
     for operation, real, bare in rows:
         print(f"{operation:<44} {real:>8.2f} {bare:>11.2f} {real / bare:>6.2f}x")

@@ -1,9 +1,10 @@
-"""A migrated database of a benchmark's own on the server it is given, dropped when the benchmark
-ends, on an error too (the throughput benchmarks that start servers against it manage their own);
-and a Redis database of a benchmark's own, emptied before and after it."""
+"""A migrated database of a benchmark's own on the server it is given, and a Redis database of
+its own, each emptied or dropped when the benchmark ends, on an error too. A benchmark that
+starts servers against them stops those servers inside the `async with`, before the drop."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import uuid
@@ -38,6 +39,23 @@ async def scratch_database(server_url: str) -> AsyncIterator[str]:
             await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     finally:
         await admin.close()
+
+
+@contextlib.asynccontextmanager
+async def scratch_redis(url: str, database: int) -> AsyncIterator[str]:
+    """Database `database` of the Redis server at `url`, emptied before and after: no worker
+    reads it, so the API's wake-up jobs would otherwise stay queued there."""
+    redis_url = dedicated_redis(url, database)
+    await flush_redis(redis_url)
+    try:
+        yield redis_url
+    finally:
+        await flush_redis(redis_url)
+
+
+def add_redis_db_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis-db", type=int, default=15,
+                        help="a Redis database number of the bench's own, emptied before and after (default: 15)")
 
 
 def dedicated_redis(url: str, database: int) -> str:
