@@ -43,8 +43,8 @@ async def scratch_database(server_url: str) -> AsyncIterator[str]:
 
 @contextlib.asynccontextmanager
 async def scratch_redis(url: str, database: int) -> AsyncIterator[str]:
-    """Database `database` of the Redis server at `url`, emptied before and after: no worker
-    reads it, so the API's wake-up jobs would otherwise stay queued there."""
+    """Database `database` of the Redis server at `url`, emptied before and after: a benchmark's
+    jobs must not outlive it (where no worker runs, the API's wake-up jobs would stay queued)."""
     redis_url = dedicated_redis(url, database)
     await flush_redis(redis_url)
     try:
