@@ -37,7 +37,6 @@ import asyncio
 import base64
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -58,7 +57,7 @@ from delivery.results import AttemptResult, record_results
 from delivery.sender import SESSION_HEADERS, Sender, SendRequest
 from delivery.signer_cache import SignerCache, endpoint_secret_context
 import cpu_shares  # scripts/, beside this file
-from bench_ingest import free_port, wait_ready  # scripts/, beside this file
+from bench_ingest import free_port, stop_servers, wait_ready  # scripts/, beside this file
 from scratch_database import add_redis_db_argument, scratch_database, scratch_redis  # scripts/, beside this file
 from signing import Keyring, encrypt_secret, format_keyring, generate_at_rest_key, generate_secret, parse_keyring, verify
 
@@ -308,7 +307,7 @@ class Bench:
         try:
             stats = await self.wait_for_arrivals(count, processes=processes)
         finally:
-            _stop(processes)
+            stop_servers(processes)
         return {**_rates(stats, count, started), **await self.check(delivery_ids, stats),
                 "cpu_ms_per_1000": stats.get("cpu_ms_per_1000", float("nan")), "cpu_shares": stats.get("cpu_shares", {})}
 
@@ -335,7 +334,7 @@ class Bench:
             await asyncio.gather(*wakes)
             return await self._latencies(committed, offered)
         finally:
-            _stop([process])
+            stop_servers([process])
 
     async def _latencies(self, sent: dict[str, float], offered: float) -> dict:
         """Wait until every delivery in `sent` (id -> time.time() it counts from) arrived; p50/p99/max to arrival."""
@@ -385,7 +384,7 @@ class Bench:
             await asyncio.gather(*posts)
             return {**await self._latencies(accepted, offered), "refused": len(refused)}
         finally:
-            _stop([worker, api])
+            stop_servers([worker, api])
 
     async def naive(self, count: int) -> dict:
         await self.reset_receiver(VERIFIED_PER_PHASE)
@@ -399,7 +398,7 @@ class Bench:
         try:
             stats = await self.wait_for_arrivals(count, processes=[process])
         finally:
-            _stop([process])
+            stop_servers([process])
         return {**_rates(stats, count, started), **await self.check(delivery_ids, stats),
                 "cpu_ms_per_1000": stats.get("cpu_ms_per_1000", float("nan")), "cpu_shares": stats.get("cpu_shares", {})}
 
@@ -431,18 +430,6 @@ def _percentile(values: list[float], share: float) -> float:
     if not values:
         return float("nan")
     return values[min(len(values) - 1, int(share * len(values)))]
-
-
-def _stop(processes: list[subprocess.Popen]) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    for process in processes:
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
 
 
 async def orchestrate(arguments) -> None:
@@ -486,7 +473,7 @@ async def _measure(arguments, database_url: str, redis_url: str) -> None:
             print(f"naive: {results['naive']}", flush=True)
         await bench.close()
     finally:
-        _stop([receiver])
+        stop_servers([receiver])
     report(arguments, results, concurrency, sender_settings.sends_per_endpoint_max, bench.logs)
     if arguments.json:
         arguments.json.write_text(json.dumps({

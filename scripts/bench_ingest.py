@@ -113,6 +113,19 @@ async def wait_ready(url: str, process: subprocess.Popen) -> None:
     raise SystemExit(f"{url} did not come up")
 
 
+def stop_servers(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM to all at once, then wait for each; one that does not stop in 30 s is killed."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
 async def load(base_url: str, keys: list[str], body: bytes, seconds: float, concurrency: int) -> tuple[float, dict]:
     """POST body round-robin over the keys for `seconds`; messages accepted per second and status counts."""
     statuses: dict[int, int] = {}
@@ -343,9 +356,7 @@ async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str)
         if arguments.json:
             arguments.json.write_text(json.dumps(report, indent=2) + "\n")
     finally:
-        for process in servers:
-            process.terminate()
-            process.wait(timeout=20)
+        stop_servers(servers)
 
 
 if __name__ == "__main__":

@@ -140,9 +140,7 @@ async def _run(arguments: argparse.Namespace, configurations: list[Configuration
                       f"  {statistics.median(ratios):5.1%} ({min(ratios):.0%} to {max(ratios):.0%})"
                       f"  CPU ms per 1,000: {cpu_shares.describe(cpu)}")
     finally:
-        for process in processes:
-            process.terminate()
-            process.wait(timeout=20)
+        bench_ingest.stop_servers(processes)
 
 
 if __name__ == "__main__":
