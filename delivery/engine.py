@@ -34,6 +34,13 @@ from delivery.signer_cache import SignerCache
 
 logger = logging.getLogger(__name__)
 _UNSIGNED = SendResult(None, 0, "not sent: the endpoint has no signing secret", "", None, False, False)
+_UNDECRYPTABLE = SendResult(None, 0, "not sent: the endpoint's signing secret cannot be decrypted", "", None, False, False)
+
+
+def _settled_future(result: SendResult) -> asyncio.Future[SendResult]:
+    future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+    future.set_result(result)
+    return future
 
 
 @dataclass(frozen=True)
@@ -162,13 +169,17 @@ class Engine:
     def _submit(self, item: Outgoing) -> asyncio.Future[SendResult]:
         delivery_id = str(item.claimed.id)
         timestamp_seconds = int(time.time())
-        signer = self.signers.signer(item.claimed.endpoint_id, item.secret, item.previous_secret)
+        try:
+            signer = self.signers.signer(item.claimed.endpoint_id, item.secret, item.previous_secret)
+        except Exception as error:  # noqa: BLE001 - one endpoint's secret must not fail its whole batch
+            # Sealed under a key the keyring no longer holds, tampered with, or no keyring at all.
+            logger.error("endpoint %s: its signing secret cannot be decrypted (%r); not sent",
+                         item.claimed.endpoint_id, error)
+            return _settled_future(_UNDECRYPTABLE)
         if signer is None:
             # Every request must carry a signed delivery id (I9): without a secret nothing is
             # sent, and the attempt fails like any other until the delivery dies, refunded.
-            unsigned: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
-            unsigned.set_result(_UNSIGNED)
-            return unsigned
+            return _settled_future(_UNSIGNED)
         headers = signer.headers(delivery_id, timestamp_seconds, item.payload)
         return self.sender.submit(
             SendRequest(delivery_id, item.claimed.attempt, item.url, item.payload, headers,

@@ -43,6 +43,10 @@ SESSION_HEADERS = {"content-type": "application/json", "user-agent": USER_AGENT,
 TIMEOUT_MS_MIN = 1_000
 TIMEOUT_MS_MAX = 60_000
 ERROR_CHARS_MAX = 512
+# delivery_attempts keeps at most this many characters of a response (its excerpt_length CHECK).
+EXCERPT_BYTES_MAX_LIMIT = 4096
+# What delivery_attempts.status_code holds (its status_code_range CHECK); aiohttp parses any three digits.
+STATUS_CODES_STORABLE = range(100, 600)
 # Bounds on the sender's own caches; each is emptied when full, which costs only a re-parse.
 PARSED_URLS_MAX = 4096
 TIMEOUTS_CACHED_MAX = 256
@@ -76,7 +80,7 @@ class SenderSettings:
                 f"need {TIMEOUT_MS_MIN} <= timeout_ms_min <= timeout_ms_default <= timeout_ms_max <= {TIMEOUT_MS_MAX}"
             )
         for name, low, high in (
-            ("excerpt_bytes_max", 0, 1 << 20),
+            ("excerpt_bytes_max", 0, EXCERPT_BYTES_MAX_LIMIT),
             ("connections_max", 1, 100_000),
             ("connections_per_host_max", 1, 100_000),
             ("sends_per_endpoint_max", 1, 100_000),
@@ -300,6 +304,10 @@ class Sender:
 
     async def _result_from(self, response: aiohttp.ClientResponse, started: float, timeout_ms: int) -> SendResult:
         status_code = response.status
+        if status_code not in STATUS_CODES_STORABLE:
+            # Not HTTP, whatever it parses as: a failed attempt without a status, like a broken connection.
+            response.close()
+            return _failure(f"invalid http status {status_code}", _elapsed_ms(started))
         body_error = None
         chunks: list[bytes] = []
         try:
@@ -322,7 +330,7 @@ class Sender:
             status_code=status_code,
             latency_ms=_elapsed_ms(started),
             error=error,
-            response_excerpt=b"".join(chunks).decode("utf-8", "replace"),
+            response_excerpt=storable(b"".join(chunks).decode("utf-8", "replace")),
             retry_after_seconds=retry_after_seconds,
             gone=status_code == retry.GONE_STATUS,
             success=success,
@@ -426,7 +434,20 @@ def _status_text(status_code: int, reason: str | None) -> str:
 
 
 def _bounded(text: str) -> str:
+    text = storable(text)
     return text if len(text) <= ERROR_CHARS_MAX else text[: ERROR_CHARS_MAX - 3] + "..."
+
+
+def storable(text: str) -> str:
+    """Text a receiver controls, made fit for a PostgreSQL text column: NUL (valid UTF-8, refused by
+    PostgreSQL) and lone surrogates (from aiohttp's surrogateescape decoding of a reason phrase, which
+    cannot be encoded) become replacement characters. One unstorable answer would otherwise fail the
+    transaction recording its whole batch."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    if not text.isascii():
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def _elapsed_ms(started: float) -> int:

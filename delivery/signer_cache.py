@@ -6,11 +6,13 @@ never sign with a secret the database no longer holds. Bounded; emptied when ful
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 
 from signing import Keyring, Signer, decrypt_secret
 
+logger = logging.getLogger(__name__)
 SIGNERS_CACHED_MAX = 10_000
 
 
@@ -32,7 +34,15 @@ class SignerCache:
         if signer is None and key not in self._signers:
             if len(self._signers) >= SIGNERS_CACHED_MAX:
                 self._signers.clear()
-            secrets = [self._decrypt(ct, endpoint_id) for ct in (secret, previous_secret) if ct is not None]
+            secrets = [] if secret is None else [self._decrypt(secret, endpoint_id)]
+            if previous_secret is not None:
+                try:
+                    secrets.append(self._decrypt(previous_secret, endpoint_id))
+                except Exception as error:  # noqa: BLE001 - the current secret still signs
+                    # A receiver still on the old secret fails to verify until it moves: better
+                    # than sending nothing to the ones already on the new one.
+                    logger.warning("endpoint %s: its previous signing secret cannot be decrypted (%r);"
+                                   " signing with the current one only", endpoint_id, error)
             signer = Signer(secrets) if secrets else None
             self._signers[key] = signer
         return signer

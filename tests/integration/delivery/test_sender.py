@@ -17,8 +17,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from delivery.errors import SenderOverloadedError
-from delivery.sender import USER_AGENT, Sender, SenderSettings, SendRequest
+from delivery.errors import SenderOverloadedError, SenderSettingsError
+from delivery.sender import EXCERPT_BYTES_MAX_LIMIT, USER_AGENT, Sender, SenderSettings, SendRequest
 
 LOOPBACK_ALLOWED = SenderSettings(allowed_networks=("127.0.0.0/8",))
 BODY = b'{"type":"invoice.paid","data":{"id":"in_1","amount":1200}}'
@@ -491,3 +491,11 @@ async def test_many_concurrent_sends_keep_every_bound_and_each_endpoints_order(r
         late = [(index, number) for index, number in enumerate(numbers)
                 if position[number] > index + bounds["endpoint"] - 1]
         assert not late, f"{endpoint}'s sends started out of order: {late[:3]}"
+
+
+def test_an_excerpt_longer_than_the_database_keeps_is_refused() -> None:
+    """delivery_attempts keeps 4,096 characters of a response: a larger excerpt setting would
+    fail the record of every batch holding a long answer, so it is refused at start."""
+    assert SenderSettings(excerpt_bytes_max=EXCERPT_BYTES_MAX_LIMIT).excerpt_bytes_max == 4096
+    with pytest.raises(SenderSettingsError, match="excerpt_bytes_max must be 0 to 4096"):
+        SenderSettings(excerpt_bytes_max=EXCERPT_BYTES_MAX_LIMIT + 1)
