@@ -1,11 +1,12 @@
 """Record what sends did, quoting the attempt, in batches; and expire lost leases.
 
-A result only changes a delivery still on the attempt it quotes (fencing): a failure only
-while it is `sending`; a success also when its lease already expired and it waits, `pending`
-on that same attempt, for a retry nobody has claimed yet (it did arrive: sending it again
-would only make a duplicate, and dying later would refund a delivery that arrived). A write
-that matches nothing is stale and changes nothing, with one exception: a stale success on a
-delivery that was meanwhile dead-lettered and refunded takes the refund back once
+A failure only changes a delivery still `sending` on the attempt it quotes (fencing). A success
+marks the delivery delivered whenever it is still live, `sending` or `pending`, on that attempt
+or a later one: its lease expired and a retry waits or is already on the wire, but the webhook
+did arrive, so sending it again only makes a duplicate (receivers dedupe on webhook-id), and
+dying later would refund a delivery that arrived. The later attempt's own result then matches
+nothing. A write that matches nothing is stale and changes nothing, with one exception: a stale
+success on a delivery that was meanwhile dead-lettered and refunded takes the refund back once
 (billing.settle.reclaim). A failure on the last attempt settles the delivery
 (`out_of_retries`). Rows are locked in id order, the one order every batched writer uses.
 """
@@ -56,7 +57,7 @@ _LOCK_IN_ORDER = "SELECT id, state, attempt, attempts_max FROM deliveries WHERE 
 _MARK_DELIVERED = (
     "UPDATE deliveries d SET state = 'delivered', leased_until = NULL, finished_at = now()"
     " FROM unnest($1::uuid[], $2::int[]) AS r(id, attempt)"
-    " WHERE d.id = r.id AND d.attempt = r.attempt AND d.state IN ('sending', 'pending') RETURNING d.id"
+    " WHERE d.id = r.id AND d.attempt >= r.attempt AND d.state IN ('sending', 'pending') RETURNING d.id"
 )
 _SCHEDULE_RETRY = (
     "UPDATE deliveries d SET state = 'pending', leased_until = NULL,"

@@ -48,9 +48,8 @@ async def _dead_and_refunded_by_exhaustion(pool, account_id):
     return claimed
 
 
-@pytest.mark.parametrize("success", [True, False])
-async def test_a_result_for_an_old_attempt_changes_nothing(pool, success):
-    """A success or failure quoting attempt 1 while the delivery is sending attempt 2 leaves the delivery untouched."""
+async def test_a_failure_for_an_old_attempt_changes_nothing(pool):
+    """A failure quoting attempt 1 while the delivery is sending attempt 2 leaves the delivery untouched."""
     account_id = await make_account(pool, balance=10)
     await add_endpoint(pool, account_id)
     delivery_id = await one_delivery(pool, account_id, attempts_max=3)
@@ -60,7 +59,7 @@ async def test_a_result_for_an_old_attempt_changes_nothing(pool, success):
     before = await delivery(pool, delivery_id)
     attempts_before = await _attempt_rows(pool, delivery_id)
 
-    summary = await results.record_results(pool, [_result(first, account_id, success=success)])
+    summary = await results.record_results(pool, [_result(first, account_id, success=False)])
 
     assert (summary.stale, summary.delivered, summary.retrying, summary.settled, summary.reclaimed) == (
         [delivery_id], [], [], [], [])
@@ -98,23 +97,34 @@ async def test_a_late_success_after_lease_expiry_on_the_same_attempt_delivers(po
     await assert_audit_clean(pool, account_id)
 
 
-async def test_a_late_success_after_a_retry_was_claimed_changes_nothing(pool):
-    """Once the retry is claimed (attempt 2), attempt 1's late success is stale: nothing changes."""
+async def test_a_late_success_after_a_retry_was_claimed_delivers_and_fences_the_retry(pool):
+    """Attempt 1's late success while attempt 2 is on the wire: the webhook arrived, so the delivery
+    is delivered and charged once; attempt 2's failure then matches nothing, and nothing is refunded
+    when attempt 2 was the last (before, it died out_of_retries and refunded a delivery that arrived)."""
     account_id = await make_account(pool, balance=10)
     await add_endpoint(pool, account_id)
-    delivery_id = await one_delivery(pool, account_id, attempts_max=3)
+    delivery_id = await one_delivery(pool, account_id, attempts_max=2)
     claimed = await claim(pool, delivery_id)
     await expire_lease(pool, delivery_id)
     await results.expire_leases(pool, batch_size=10, delay_seconds=lambda attempt: 0.0)
-    await claim(pool, delivery_id)
+    retry = await claim(pool, delivery_id)
     before = await delivery(pool, delivery_id)
     assert (before["state"], before["attempt"]) == ("sending", 2)
 
     summary = await results.record_results(pool, [_result(claimed, account_id, success=True)])
 
-    assert (summary.delivered, summary.stale, summary.reclaimed) == ([], [delivery_id], [])
-    assert await delivery(pool, delivery_id) == before
+    assert (summary.delivered, summary.stale, summary.reclaimed) == ([delivery_id], [], [])
+    after = await delivery(pool, delivery_id)
+    assert (after["state"], after["attempt"], after["leased_until"]) == ("delivered", 2, None)
+    assert await _attempt_rows(pool, delivery_id) == [(1, 200, None, False)]
+
+    summary = await results.record_results(pool, [_result(retry, account_id, success=False)])
+
+    assert (summary.stale, summary.delivered, summary.retrying, summary.settled) == ([delivery_id], [], [], [])
+    assert (await delivery(pool, delivery_id))["state"] == "delivered"
+    assert await _attempt_rows(pool, delivery_id) == [(1, 200, None, False), (2, 500, "HTTP 500", True)]
     assert await entries_of(pool, delivery_id) == {ids.charge_id(delivery_id): -1}
+    assert await balance(pool, account_id) == 9
     await assert_audit_clean(pool, account_id)
 
 
