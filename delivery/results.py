@@ -151,9 +151,12 @@ _EXPIRED_LEASES = (
     " WHERE state = 'sending' AND leased_until < now()"
     " ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
 )
+# A delivery whose last attempt's lease expired has no next attempt to wait for: it is due at
+# once, so the next sweep settles it (the lease outlived the send's timeout, so its result is
+# not coming; a late 2xx after the refund still reclaims).
 _RETURN_TO_PENDING = (
     "UPDATE deliveries d SET state = 'pending', leased_until = NULL,"
-    "   next_attempt_at = now() + r.delay * interval '1 second'"
+    "   next_attempt_at = now() + CASE WHEN d.attempt >= d.attempts_max THEN 0 ELSE r.delay END * interval '1 second'"
     " FROM unnest($1::uuid[], $2::float8[]) AS r(id, delay) WHERE d.id = r.id"
 )
 
@@ -164,7 +167,8 @@ async def expire_leases(
     """Treat expired `sending` leases as failed attempts (the worker died or stalled).
 
     The delivery goes back to pending with the backoff for its next attempt. One that used its
-    last attempt is left pending at the limit; the next claim settles it (attempts_exhausted).
+    last attempt is left pending at the limit, due at once; the next sweep settles it
+    (attempts_exhausted).
     """
     async with pool.acquire() as connection, connection.transaction():
         rows = await connection.fetch(_EXPIRED_LEASES, batch_size)

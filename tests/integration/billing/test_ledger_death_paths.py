@@ -123,6 +123,23 @@ async def test_attempts_exhausted_refunds_once(pool):
     await _settle_again_adds_nothing(pool, delivery_id, DeadReason.ATTEMPTS_EXHAUSTED, claimed.attempt)
 
 
+async def test_an_expired_last_attempt_is_settled_at_once_whatever_the_backoff(pool):
+    """The backoff after a failed attempt is for the next one; after the last there is none, so
+    the refund does not wait for it (it waited the schedule's last delay, 10 h by default)."""
+    account_id = await make_account(pool, balance=10, price=4)
+    await add_endpoint(pool, account_id)
+    last, earlier = await one_delivery(pool, account_id, attempts_max=1), await one_delivery(pool, account_id, attempts_max=2)
+    for delivery_id in (last, earlier):
+        await claim(pool, delivery_id)
+        await expire_lease(pool, delivery_id)
+    assert sorted(await results.expire_leases(pool, batch_size=10, delay_seconds=lambda attempt: 36_000.0)) == sorted([last, earlier])
+    due = dict(await pool.fetch("SELECT id, next_attempt_at <= now() FROM deliveries WHERE id = ANY($1)", [last, earlier]))
+    assert due == {last: True, earlier: False}
+    assert await claims.settle_exhausted(pool, batch_size=10) == 1
+    await assert_settled_once(pool, last, "attempts_exhausted")
+    assert (await pool.fetchrow("SELECT state, attempt FROM deliveries WHERE id = $1", earlier))["state"] == "pending"
+
+
 async def test_account_deleted_refunds_every_live_delivery_once(pool):
     """begin_closing, bulk_settle, close_out: every live delivery refunded once, delivered ones untouched, balance closed out."""
     account_id = await make_account(pool, balance=20, price=2)
