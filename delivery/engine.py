@@ -29,10 +29,14 @@ from delivery.presend import Outgoing
 from delivery.queue import IDS_PER_JOB_MAX, Queue
 from delivery.results import AttemptResult, RecordSummary, expire_leases, record_results
 from delivery.send_budget import SendBudget
-from delivery.sender import Sender, SendRequest, SendResult
+from delivery.sender import NOT_SENT_LATE, Sender, SendRequest, SendResult
 from delivery.signer_cache import SignerCache
 
 logger = logging.getLogger(__name__)
+# A batch's sends end this long before its lease does (the larger of the two), to record them in time.
+LEASE_MARGIN_SECONDS_MIN = 1.0
+LEASE_MARGIN_SHARE = 0.05
+RELEASED_WAKE_SECONDS = 1  # a claim given back unsent is woken again after this (the sweep finds it too)
 _UNSIGNED = SendResult(None, 0, "not sent: the endpoint has no signing secret", "", None, False, False)
 _UNDECRYPTABLE = SendResult(None, 0, "not sent: the endpoint's signing secret cannot be decrypted", "", None, False, False)
 
@@ -114,10 +118,12 @@ class Engine:
         try:
             if not self.accepting:  # shutdown began while this batch waited for room
                 return BatchReport()
+            # Taken before the claim's statement leaves, so the lease ends no earlier than this says.
+            claimed_at = time.monotonic()
             loaded = await claim()
             self.budget.give(held - len(loaded))
             held = len(loaded)
-            return await self.process_loaded(loaded)
+            return await self.process_loaded(loaded, claimed_at)
         finally:
             self.budget.give(held)
 
@@ -143,14 +149,28 @@ class Engine:
         # Several lanes, so one batch's slowest send does not hold up the next batch's claim.
         return sum(await asyncio.gather(*(lane() for _ in range(self.settings.sweep_lanes))))
 
-    async def process_loaded(self, loaded: list[tuple[claims.Claimed, asyncpg.Record]]) -> BatchReport:
-        """Check, send and record deliveries claimed with their pre-send rows (one round trip)."""
+    async def process_loaded(self, loaded: list[tuple[claims.Claimed, asyncpg.Record]], claimed_at: float) -> BatchReport:
+        """Check, send and record deliveries claimed (at time.monotonic() `claimed_at`, or just
+        after) with their pre-send rows (one round trip)."""
         report = BatchReport(claimed=len(loaded))
         if not loaded:
             return report
-        return await self._send_and_record(report, *await presend.check_loaded(self.pool, loaded))
+        outgoing, settled = await presend.check_loaded(self.pool, loaded)
+        return await self._send_and_record(report, outgoing, settled, self._sends_end_by(claimed_at))
 
-    async def _send_and_record(self, report: BatchReport, outgoing: list[Outgoing], settled: list) -> BatchReport:
+    def _sends_end_by(self, claimed_at: float) -> float:
+        """When a batch's sends must have ended: its lease's end, less time to record them.
+
+        A batch of hundreds for one slow endpoint queues behind that endpoint's concurrency
+        bound; sent after the lease ended, another worker would send each again and this
+        worker's results would be stale. So a send that cannot end in time is not started, and
+        its claim is given back unused (record_results: released), due again at once.
+        """
+        lease_seconds = self.settings.lease_ms / 1000
+        return claimed_at + lease_seconds - max(LEASE_MARGIN_SECONDS_MIN, lease_seconds * LEASE_MARGIN_SHARE)
+
+    async def _send_and_record(self, report: BatchReport, outgoing: list[Outgoing], settled: list,
+                               not_after: float) -> BatchReport:
         report.settled_before_send = len(settled)
         for item in settled:
             if item.reason is not None:
@@ -158,15 +178,16 @@ class Engine:
         if not outgoing:
             return report
         # Futures, not tasks: the sender runs the sends in its own runners (see Sender.submit).
-        sent = await asyncio.gather(*[self._submit(item) for item in outgoing])
-        report.sent = len(sent)
+        sent = await asyncio.gather(*[self._submit(item, not_after) for item in outgoing])
         results = [self._result(item, result) for item, result in zip(outgoing, sent)]
         report.summary = await record_results(self.pool, results)
-        metrics.count_results(results, report.summary)
+        attempted = [result for result in results if not result.released]
+        report.sent = len(attempted)
+        metrics.count_results(attempted, report.summary)
         await self._after_record(outgoing, sent, results, report.summary)
         return report
 
-    def _submit(self, item: Outgoing) -> asyncio.Future[SendResult]:
+    def _submit(self, item: Outgoing, not_after: float) -> asyncio.Future[SendResult]:
         delivery_id = str(item.claimed.id)
         timestamp_seconds = int(time.time())
         try:
@@ -183,10 +204,13 @@ class Engine:
         headers = signer.headers(delivery_id, timestamp_seconds, item.payload)
         return self.sender.submit(
             SendRequest(delivery_id, item.claimed.attempt, item.url, item.payload, headers,
-                        item.timeout_ms, str(item.claimed.endpoint_id))
+                        item.timeout_ms, str(item.claimed.endpoint_id), not_after)
         )
 
     def _result(self, item: Outgoing, sent: SendResult) -> AttemptResult:
+        if sent is NOT_SENT_LATE:
+            return AttemptResult(item.claimed.id, item.claimed.attempt, item.claimed.account_id, False, 0,
+                                 released=True)
         delay = 0.0
         if not sent.success:
             delay = self._next_delay(item.claimed.attempt, sent.retry_after_seconds)
@@ -203,6 +227,7 @@ class Engine:
         for endpoint_id in failing:
             await self.health.check_failing(endpoint_id)
         await self._wake_retries(results, set(summary.retrying))
+        await self._wake_released(summary.released)
 
     async def _wake_retries(self, results: list[AttemptResult], retrying: set[uuid.UUID]) -> None:
         if self.queue is None or not retrying or not self.queue_reachable:
@@ -217,6 +242,14 @@ class Engine:
                 await self.queue.defer_by(ids, timedelta(seconds=delay))
         except Exception as error:  # noqa: BLE001 - Redis is a hint; the sweeper finds what is lost.
             logger.warning("could not enqueue retries (%r); the sweeper will find them", error)
+
+    async def _wake_released(self, released: list[uuid.UUID]) -> None:
+        if self.queue is None or not released or not self.queue_reachable:
+            return  # due at once: the sweep finds them
+        try:
+            await self.queue.defer_by(released, timedelta(seconds=RELEASED_WAKE_SECONDS))
+        except Exception as error:  # noqa: BLE001 - Redis is a hint; the sweeper finds what is lost.
+            logger.warning("could not enqueue released deliveries (%r); the sweeper will find them", error)
 
     def _next_delay(self, failed_attempt: int, retry_after_seconds: float | None = None) -> float:
         """The backoff before the next attempt. Past the schedule's end (an attempt limit set

@@ -42,6 +42,7 @@ class AttemptResult(NamedTuple):
     error: str | None = None
     response_excerpt: str | None = None
     retry_delay_seconds: float = 0.0  # used when the attempt failed and another is left
+    released: bool = False  # never sent (it could not have ended within its lease): the claim is given back
 
 
 @dataclass
@@ -51,6 +52,7 @@ class RecordSummary:
     settled: list[uuid.UUID] = field(default_factory=list)  # out_of_retries, refunded now
     stale: list[uuid.UUID] = field(default_factory=list)
     reclaimed: list[uuid.UUID] = field(default_factory=list)
+    released: list[uuid.UUID] = field(default_factory=list)  # claims given back unsent, due again
 
 
 _LOCK_IN_ORDER = "SELECT id, state, attempt, attempts_max FROM deliveries WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE"
@@ -65,6 +67,14 @@ _SCHEDULE_RETRY = (
     " FROM unnest($1::uuid[], $2::int[], $3::float8[]) AS r(id, attempt, delay)"
     " WHERE d.id = r.id AND d.attempt = r.attempt AND d.state = 'sending' AND d.attempt < d.attempts_max"
     " RETURNING d.id"
+)
+# A claim given back unused: the attempt it took is handed back too, so a send that never left
+# costs no attempt. Fenced like a result; once the lease expired it matches nothing and the
+# lease expiry stands.
+_RELEASE = (
+    "UPDATE deliveries d SET state = 'pending', attempt = d.attempt - 1, leased_until = NULL, next_attempt_at = now()"
+    " FROM unnest($1::uuid[], $2::int[]) AS r(id, attempt)"
+    " WHERE d.id = r.id AND d.attempt = r.attempt AND d.state = 'sending' RETURNING d.id"
 )
 # A lease-expiry placeholder is replaced by the real result when the slow send reports in.
 _INSERT_ATTEMPTS = (
@@ -84,12 +94,18 @@ async def record_results(pool: asyncpg.Pool, results: list[AttemptResult]) -> Re
     """Apply a batch of send results; settle and reclaim afterwards, each in its own transaction."""
     if not 1 <= len(results) <= RESULT_BATCH_MAX:
         raise ValueError(f"a result batch holds 1 to {RESULT_BATCH_MAX} results")
+    released = [r for r in results if r.released]
+    if released:
+        results = [r for r in results if not r.released]
     successes = [r for r in results if r.success]
     failures = [r for r in results if not r.success]
     summary = RecordSummary()
     async with pool.acquire() as connection, connection.transaction():
-        rows = await connection.fetch(_LOCK_IN_ORDER, [r.delivery_id for r in results])
+        rows = await connection.fetch(_LOCK_IN_ORDER, [r.delivery_id for r in (*results, *released)])
         current = {row["id"]: row for row in rows}
+        if released:
+            summary.released = [row["id"] for row in await connection.fetch(
+                _RELEASE, [r.delivery_id for r in released], [r.attempt for r in released])]
         if successes:
             summary.delivered = [row["id"] for row in await connection.fetch(
                 _MARK_DELIVERED, [r.delivery_id for r in successes], [r.attempt for r in successes])]
@@ -105,7 +121,8 @@ async def record_results(pool: asyncpg.Pool, results: list[AttemptResult]) -> Re
             if r.delivery_id not in applied and _on_attempt(current.get(r.delivery_id), r.attempt, "sending")
         ]
         fenced = {r.delivery_id for r in last_attempt_failures} | applied
-        await connection.execute(_INSERT_ATTEMPTS, *_attempt_columns(results, fenced))
+        if results:
+            await connection.execute(_INSERT_ATTEMPTS, *_attempt_columns(results, fenced))
     for result in last_attempt_failures:
         try:
             settled = await settle(pool, result.delivery_id, DeadReason.OUT_OF_RETRIES, attempt=result.attempt)

@@ -110,6 +110,9 @@ class SendRequest(NamedTuple):
     headers: Mapping[str, str]
     timeout_ms: int
     endpoint_id: str
+    # time.monotonic() by which the send must have ended (its lease's end, less a margin): one
+    # still queued when its timeout no longer fits before then is not started (NOT_SENT_LATE).
+    not_after: float | None = None
 
 
 _Queued = tuple  # (SendRequest, URL, asyncio.Future[SendResult])
@@ -133,6 +136,10 @@ class SendResult(NamedTuple):
     @property
     def outcome(self) -> retry.Outcome:
         return retry.classify(self.status_code)
+
+
+# A send that waited in its endpoint's queue until it could no longer end before its not_after.
+NOT_SENT_LATE = SendResult(None, 0, "not sent: it could not have ended within its lease", "", None, False, False)
 
 
 class Sender:
@@ -239,7 +246,10 @@ class Sender:
             request, url, future = queued
             try:
                 if not future.done():  # a caller that gave up before the send started
-                    result = await self._attempt(request, url)
+                    if request.not_after is not None and not self._fits(request):
+                        result = NOT_SENT_LATE
+                    else:
+                        result = await self._attempt(request, url)
                     if not future.done():
                         future.set_result(result)
             except asyncio.CancelledError:
@@ -280,6 +290,11 @@ class Sender:
             self._parsed_urls.clear()
         self._parsed_urls[raw_url] = checked
         return checked
+
+    def _fits(self, request: SendRequest) -> bool:
+        """Whether the send, timing out at the latest, would still end by its not_after."""
+        timeout_ms, _ = self._timeout(request.timeout_ms)
+        return time.monotonic() + timeout_ms / 1000 <= request.not_after
 
     def _timeout(self, timeout_ms: int) -> tuple[int, aiohttp.ClientTimeout]:
         settings = self._settings

@@ -94,13 +94,15 @@ async def test_stale_success_after_lease_expiry_is_reclaimed_once(
     account_id = await add_account(pool)
     await add_endpoint(pool, account_id, receiver, keyring, timeout_ms=10_000)
     delivery_id = await _create(pool, account_id, attempts_max=1)
-    # The paused worker: an engine whose lease (1 s) is shorter than its send, exactly what a
-    # worker stopped by the scheduler or a long GC pause looks like to everyone else.
+    # The paused worker: its send is on the wire when, to everyone else, its lease runs out, exactly
+    # what a worker stopped by the scheduler or a long GC pause looks like (its own clock says the
+    # send fits the lease, so it was sent; the database's says the lease is over).
     paused = engine_module.Engine(
         pool, Sender(SenderSettings(allow_loopback=True, timeout_ms_default=10_000, timeout_ms_max=10_000)), None, SignerCache(keyring),
-        engine_module.EngineSettings(lease_ms=1000), random.Random(1))
+        engine_module.EngineSettings(lease_ms=60_000), random.Random(1))
     send = asyncio.create_task(paused.deliver_ids([delivery_id]))
     await wait_for(lambda: asyncio.sleep(0, result=len(receiver.received) == 1))
+    await pool.execute("UPDATE deliveries SET leased_until = now() - interval '1 second' WHERE id = $1", delivery_id)
     async with running_worker(settings, pool):
         await wait_for(lambda: pool.fetchval("SELECT state = 'dead' FROM deliveries WHERE id = $1", delivery_id))
     row = (await states(pool, [delivery_id]))[delivery_id]
