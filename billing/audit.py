@@ -272,6 +272,19 @@ WHERE d.state = 'dead' AND a.status <> 'active' AND ($1::uuid IS NULL OR d.accou
   AND EXISTS (SELECT 1 FROM delivery_attempts t WHERE t.delivery_id = d.id AND t.status_code BETWEEN 200 AND 299)
 """
 
+# A late 2xx on an active account is reclaimed when it is recorded, or by the next sweep when
+# that step was lost (delivery.results.reclaim_late_successes): one still dead minutes later
+# kept a refund for a delivery that arrived.
+UNRECLAIMED_AFTER = "5 minutes"
+_UNRECLAIMED_LATE_SUCCESS = """
+SELECT d.account_id, d.id AS delivery_id,
+    'I2:a send succeeded after the delivery died and was refunded, and the refund was not reclaimed' AS problem
+FROM deliveries d JOIN accounts a ON a.id = d.account_id
+WHERE d.state = 'dead' AND a.status = 'active' AND ($1::uuid IS NULL OR d.account_id = $1) {scope_notices}
+  AND EXISTS (SELECT 1 FROM delivery_attempts t WHERE t.delivery_id = d.id AND t.status_code BETWEEN 200 AND 299
+              AND t.finished_at < now() - interval '""" + UNRECLAIMED_AFTER + """')
+"""
+
 
 async def _reference_trigger_violations(connection) -> list[Violation]:
     tables, names = zip(*trigger_names())
@@ -310,7 +323,8 @@ async def audit(
         if await connection.fetchval(_TRIGGER_CHECK) != 2:
             report.violations.append(Violation("I5", None, None, "the append-only triggers are missing or disabled"))
         report.violations.extend(await _reference_trigger_violations(connection))
-        for query in (_scoped(_FENCING_CHECK, since), _scoped(_ENTRY_ACCOUNT_CHECK, since), negative_charge):
+        for query in (_scoped(_FENCING_CHECK, since), _scoped(_ENTRY_ACCOUNT_CHECK, since), negative_charge,
+                      _scoped(_UNRECLAIMED_LATE_SUCCESS, since)):
             report.violations.extend(_violation(row) for row in await connection.fetch(query, *arguments))
         report.notices.extend(
             Violation("notice", row["account_id"], row["delivery_id"], row["problem"])

@@ -27,7 +27,7 @@ from delivery import claims, metrics, presend, retry
 from delivery.endpoint_health import EndpointHealth
 from delivery.presend import Outgoing
 from delivery.queue import IDS_PER_JOB_MAX, Queue
-from delivery.results import AttemptResult, RecordSummary, expire_leases, record_results
+from delivery.results import AttemptResult, RecordSummary, expire_leases, reclaim_late_successes, record_results
 from delivery.send_budget import SendBudget
 from delivery.sender import NOT_SENT_LATE, Sender, SendRequest, SendResult
 from delivery.signer_cache import SignerCache
@@ -128,10 +128,13 @@ class Engine:
             self.budget.give(held)
 
     async def sweep(self) -> int:
-        """Find what Redis may have lost: expired leases, exhausted deliveries, due deliveries."""
+        """Find what Redis may have lost: expired leases, exhausted deliveries, lost reclaims, due deliveries."""
         await expire_leases(self.pool, batch_size=claims.CLAIM_BATCH_MAX, delay_seconds=self._lease_expiry_delay)
         exhausted = await claims.settle_exhausted(self.pool, batch_size=claims.CLAIM_BATCH_MAX)
         metrics.count_deaths("attempts_exhausted", exhausted)
+        reclaimed = await reclaim_late_successes(self.pool, batch_size=claims.CLAIM_BATCH_MAX)
+        if reclaimed:
+            metrics.DELIVERIES.labels("delivered").inc(len(reclaimed))
         batches_left = [self.settings.sweep_batches_max]
 
         async def lane() -> int:

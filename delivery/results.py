@@ -163,6 +163,37 @@ def _bounded(text: str | None, length_max: int) -> str | None:
     return text[:length_max]
 
 
+# Late 2xx answers whose reclaim may have been lost: on a delivery still dead, of an active
+# account (reclaim never runs on another), within the window (through the partial index of 0007).
+LATE_SUCCESS_WINDOW_SECONDS = 86_400
+_LATE_SUCCESSES = (
+    "SELECT DISTINCT t.delivery_id FROM delivery_attempts t"
+    " JOIN deliveries d ON d.id = t.delivery_id JOIN accounts a ON a.id = d.account_id"
+    " WHERE t.stale AND t.status_code BETWEEN 200 AND 299 AND t.finished_at > now() - $2 * interval '1 second'"
+    "   AND d.state = 'dead' AND a.status = 'active'"
+    " LIMIT $1"
+)
+
+
+async def reclaim_late_successes(pool: asyncpg.Pool, *, batch_size: int) -> list[uuid.UUID]:
+    """Reclaim the refunds of dead deliveries whose late 2xx was recorded but not reclaimed.
+
+    record_results reclaims right after its transaction commits; a worker killed or a connection
+    lost between the two leaves the 2xx recorded (stale) and the refund standing. The sweep runs
+    this to finish the job. reclaim is at most once, so racing record_results is harmless.
+    """
+    reclaimed = []
+    for row in await pool.fetch(_LATE_SUCCESSES, batch_size, float(LATE_SUCCESS_WINDOW_SECONDS)):
+        try:
+            outcome = (await reclaim(pool, row["delivery_id"])).outcome
+        except LedgerMismatch:
+            logger.error("delivery %s not reclaimed: its ledger disagrees", row["delivery_id"], exc_info=True)
+            continue
+        if outcome == Outcome.RECLAIMED:
+            reclaimed.append(row["delivery_id"])
+    return reclaimed
+
+
 _EXPIRED_LEASES = (
     "SELECT id, account_id, attempt FROM deliveries"
     " WHERE state = 'sending' AND leased_until < now()"

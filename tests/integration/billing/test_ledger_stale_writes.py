@@ -269,3 +269,30 @@ async def test_closing_an_account_that_a_reclaim_took_below_zero(pool):
     assert (closed.amount, closed.owed_to_customer) == (1, -1)
     assert await balance(pool, account_id) == 0
     await assert_audit_clean(pool, account_id)
+
+
+async def test_a_reclaim_lost_after_its_result_was_recorded_is_made_by_the_sweep(pool):
+    """record_results reclaims after its transaction commits; killed in between, the late 2xx is
+    recorded and the refund stands. The audit calls that a violation once it is minutes old, and
+    the sweep's reclaim_late_successes makes the reclaim, once."""
+    account_id = await make_account(pool, balance=10)
+    await add_endpoint(pool, account_id)
+    claimed = await _dead_and_refunded_by_exhaustion(pool, account_id)
+    other = await _dead_and_refunded_by_exhaustion(pool, account_id)  # dead, and no 2xx came back
+    # What the recording transaction committed before the worker died: the 2xx, fenced off (stale).
+    await pool.execute(
+        "UPDATE delivery_attempts SET status_code = 200, error = NULL, stale = true,"
+        " finished_at = now() - interval '10 minutes' WHERE delivery_id = $1 AND attempt = $2", claimed.id, claimed.attempt)
+    assert await _attempt_rows(pool, claimed.id) == [(1, 200, None, True)]
+    report = await audit(pool, account_id)
+    assert [(v.invariant, v.delivery_id) for v in report.violations] == [("I2", claimed.id)]
+
+    assert await results.reclaim_late_successes(pool, batch_size=10) == [claimed.id]
+
+    assert (await delivery(pool, claimed.id))["state"] == "delivered"
+    assert (await delivery(pool, other.id))["state"] == "dead"
+    assert await entries_of(pool, claimed.id) == {
+        ids.charge_id(claimed.id): -1, ids.refund_id(claimed.id): 1, ids.reclaim_id(claimed.id): -1}
+    assert await balance(pool, account_id) == 9
+    await assert_audit_clean(pool, account_id)
+    assert await results.reclaim_late_successes(pool, batch_size=10) == []
