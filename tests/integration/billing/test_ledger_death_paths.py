@@ -7,13 +7,14 @@ import pytest
 from billing import closeout, ids
 from billing.errors import AccountNotClosable
 from billing.settle import DeadReason, Outcome, settle
-from delivery import claims, presend, results
+from delivery import claims, endpoints, presend, results
 from ledger_helpers import (
     add_endpoint,
     assert_audit_clean,
     assert_settled_once,
     balance,
     claim,
+    delivery,
     expire_lease,
     make_account,
     one_delivery,
@@ -194,3 +195,25 @@ async def test_close_out_refuses_while_deliveries_are_live(pool):
         await closeout.close_out(pool, account_id)
     assert await pool.fetchval("SELECT count(*) FROM ledger_entries WHERE kind = 'closeout'") == 0
     assert await pool.fetchval("SELECT status FROM accounts WHERE id = $1", account_id) == "closing"
+
+
+async def test_deleting_an_endpoint_settles_around_a_delivery_whose_ledger_disagrees(pool):
+    """One pending delivery without its charge (what the audit reports as stuck) neither stops the
+    deletion half way nor keeps the deliveries after it from their refunds: it stays for a repair."""
+    account_id = await make_account(pool, balance=10)
+    endpoint_id = await add_endpoint(pool, account_id)
+    first = await one_delivery(pool, account_id)
+    message_id, stuck = ids.new_id(), ids.new_id()
+    await pool.execute("INSERT INTO messages (id, account_id, event_type, payload) VALUES ($1, $2, 'e', '{}')",
+                       message_id, account_id)
+    await pool.execute("INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"
+                       " VALUES ($1, $2, $3, $4, 1, 3)", stuck, account_id, message_id, endpoint_id)
+    last = await one_delivery(pool, account_id)
+    assert first < stuck < last
+
+    assert await endpoints.delete_endpoint(pool, account_id, endpoint_id) == 2
+
+    for delivery_id in (first, last):
+        await assert_settled_once(pool, delivery_id, "endpoint_deleted")
+    assert (await delivery(pool, stuck))["state"] == "pending"
+    assert await balance(pool, account_id) == 10
