@@ -17,6 +17,19 @@ UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError, a
                asyncpg.CrashShutdownError, asyncpg.TooManyConnectionsError, ConnectionError, FileNotFoundError)
 
 
+
+def lost_database(error: BaseException) -> bool:
+    """Whether the database going away caused this error: it is one of UNAVAILABLE, or one led to
+    it (asyncpg's transaction exit on a connection closed mid-query raises InterfaceError instead,
+    with the real cause as its context)."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, UNAVAILABLE):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
 async def open_pool(settings: Settings, *, run_migrations: bool = False) -> asyncpg.Pool:
     url = services.database_url(settings.database)
     try:

@@ -15,7 +15,9 @@ step are committed with the step's own writes, and a finished deletion is recogn
 alone. Two jobs for one account: a session-level PostgreSQL advisory lock on the account id
 lets one work; the other returns at once saying the deletion is running.
 
-If the pre-check or the counts disagree, nothing is settled: the status becomes waiting_repair
+A step stopped by the database going away leaves the row running, so the sweep resumes it like a
+lost job; any other error marks it failed for an operator. If the pre-check or the counts
+disagree, nothing is settled: the status becomes waiting_repair
 and the report names every delivery that differs and why (delivery.repair shows and applies
 the corrections; then start the deletion again).
 
@@ -37,6 +39,7 @@ import asyncpg
 
 from billing import closeout
 from delivery import metrics
+from delivery.database import lost_database
 from delivery.queue import REDIS_ERRORS
 from billing.errors import AccountNotFound, BulkSettleMismatch
 
@@ -186,6 +189,12 @@ async def _run_locked(pool: asyncpg.Pool, account_id: uuid.UUID) -> DeletionStat
         logger.warning("deletion of account %s waits for a repair: %s", account_id, mismatch)
         return await _finish(pool, account_id, "waiting_repair", _mismatch_report(mismatch))
     except Exception as error:
+        if lost_database(error):
+            # The database went away mid-step: the row stays running, and the sweep resumes it once
+            # it has waited STALE_AFTER_SECONDS (a row marked failed would wait for an operator).
+            logger.warning("deletion of account %s stopped: the database went away (%r); it will be resumed",
+                           account_id, error)
+            raise
         logger.exception("deletion of account %s failed", account_id)
         await _finish(pool, account_id, "failed", {"error": f"{type(error).__name__}: {error}"[:2000]})
         raise
