@@ -154,6 +154,22 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     return max(0.0, (when - now).total_seconds())
 
 
+def receiver_now(date_header: str | None) -> datetime:
+    """The receiver's clock when it answered, from its Date header, else ours.
+
+    An HTTP-date Retry-After is measured against the clock that wrote it: the wait then comes out
+    the same whatever our clock says, and is added to PostgreSQL's now() when it is recorded.
+    """
+    if date_header and len(date_header) <= RETRY_AFTER_CHARS_MAX:
+        try:
+            when = parsedate_to_datetime(date_header.strip())
+        except (TypeError, ValueError, IndexError):
+            when = None
+        if when is not None:
+            return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+    return datetime.now(timezone.utc)
+
+
 def retry_after_for(status_code: int | None, header: str | None, now: datetime) -> float | None:
     """The Retry-After wait to honour for this response, only on 429 and 503."""
     if status_code not in RETRY_AFTER_STATUSES:

@@ -17,7 +17,6 @@ import importlib.metadata
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import NamedTuple
 
 import aiohttp
@@ -336,7 +335,8 @@ class Sender:
         retry_after_seconds = None
         if status_code in retry.RETRY_AFTER_STATUSES:
             header = response.headers.get("Retry-After")
-            retry_after_seconds = retry.retry_after_for(status_code, header, datetime.now(timezone.utc))
+            retry_after_seconds = retry.retry_after_for(status_code, header,
+                                                        retry.receiver_now(response.headers.get("Date")))
         success = 200 <= status_code <= 299
         error = body_error
         if error is None and not success:

@@ -143,6 +143,16 @@ async def test_retry_after_is_parsed_on_429_and_503_only(receiver: Receiver, sen
     assert broken.retry_after_seconds is None
 
 
+async def test_an_http_date_retry_after_is_measured_against_the_receivers_date(receiver: Receiver, sender: Sender) -> None:
+    """Retry-After two minutes after the receiver's own Date header waits two minutes, however far
+    the receiver's clock (here 2001) is from ours."""
+    receiver.route("/skewed", answer(503, headers={"Date": "Mon, 01 Jan 2001 00:00:00 GMT",
+                                                   "Retry-After": "Mon, 01 Jan 2001 00:02:00 GMT"}))
+    await receiver.start()
+    skewed = await sender.send(request_to(receiver.url("/skewed")))
+    assert skewed.status_code == 503 and skewed.retry_after_seconds == 120.0
+
+
 async def test_redirects_are_not_followed(receiver: Receiver, sender: Sender) -> None:
     """A 302 is a failed attempt and the redirect target is never requested."""
 

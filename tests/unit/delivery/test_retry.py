@@ -244,3 +244,9 @@ def test_bad_settings_are_refused(build) -> None:
     """Settings out of range fail at construction, not at the first retry."""
     with pytest.raises(RetrySettingsError):
         build()
+
+
+def test_the_receivers_clock_comes_from_its_date_header_else_ours() -> None:
+    assert retry.receiver_now("Mon, 01 Jan 2001 00:00:00 GMT") == datetime(2001, 1, 1, tzinfo=timezone.utc)
+    for missing in (None, "", "not a date", "x" * 1000):
+        assert abs((retry.receiver_now(missing) - datetime.now(timezone.utc)).total_seconds()) < 5
