@@ -125,10 +125,15 @@ class AddressPolicy:
     def is_allowed_explicitly(self, address: IPAddress) -> bool:
         if self.allow_loopback and any(address in network for network in LOOPBACK_NETWORKS if network.version == address.version):
             return True
+        # An IPv6 form of an IPv4 address (mapped, NAT64, 6to4...) reaches that IPv4 address, so
+        # only a network of that one IPv6 address opens it here; any other is judged as its IPv4
+        # address (refusal recurses), or a broad IPv6 network such as ::/0 would open
+        # ::ffff:169.254.169.254 and every private IPv4 network with it.
+        embeds_ipv4 = isinstance(address, ipaddress.IPv6Address) and embedded_ipv4(address) is not None
         for network in self.allowed_networks:
             if network.version != address.version or address not in network:
                 continue
-            if address in CLOUD_METADATA_ADDRESSES and network.num_addresses != 1:
+            if (embeds_ipv4 or address in CLOUD_METADATA_ADDRESSES) and network.num_addresses != 1:
                 continue
             return True
         return False

@@ -182,6 +182,19 @@ def test_allowlist_opens_a_network_but_not_the_metadata_address() -> None:
     assert exact.refusal(ipaddress.ip_address("169.254.169.254")) is None
 
 
+@pytest.mark.parametrize("network", ["::/0", "::ffff:0:0/96", "64:ff9b::/96", "2002::/16"])
+def test_a_broad_ipv6_allowlist_does_not_open_ipv4_through_its_ipv6_forms(network: str) -> None:
+    """IPv6 spellings of IPv4 addresses are judged as the IPv4 address, whatever IPv6 network is allowed."""
+    policy = ssrf.AddressPolicy.from_strings([network])
+    for form in ("::ffff:169.254.169.254", "64:ff9b::a9fe:a9fe", "2002:a9fe:a9fe::1"):
+        assert policy.refusal(ipaddress.ip_address(form)).startswith("cloud metadata"), form
+    for form in ("::ffff:10.0.0.1", "64:ff9b::a00:1", "2002:a00:1::1"):
+        assert policy.refusal(ipaddress.ip_address(form)).startswith("private"), form
+    assert policy.refusal(ipaddress.ip_address("::ffff:8.8.8.8")) is None
+    # One IPv6 address named on its own is still the operator's explicit choice.
+    assert ssrf.AddressPolicy.from_strings(["::ffff:10.0.0.1/128"]).refusal(ipaddress.ip_address("::ffff:10.0.0.1")) is None
+
+
 def test_dev_mode_allows_loopback_only() -> None:
     """allow_loopback opens 127/8, ::1 and their IPv6 spellings, and nothing else private."""
     assert DEV.refusal(ipaddress.ip_address("127.0.0.1")) is None
