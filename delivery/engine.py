@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 # A batch's sends end this long before its lease does (the larger of the two), to record them in time.
 LEASE_MARGIN_SECONDS_MIN = 1.0
 LEASE_MARGIN_SHARE = 0.05
+CANCELLED_RECORD_SECONDS = 5.0  # how long a cancelled batch may take to record the sends that ended
 RELEASED_WAKE_SECONDS = 1  # a claim given back unsent is woken again after this (the sweep finds it too)
 _UNSIGNED = SendResult(None, 0, "not sent: the endpoint has no signing secret", "", None, False, False)
 _UNDECRYPTABLE = SendResult(None, 0, "not sent: the endpoint's signing secret cannot be decrypted", "", None, False, False)
@@ -181,7 +182,12 @@ class Engine:
         if not outgoing:
             return report
         # Futures, not tasks: the sender runs the sends in its own runners (see Sender.submit).
-        sent = await asyncio.gather(*[self._submit(item, not_after) for item in outgoing])
+        futures = [self._submit(item, not_after) for item in outgoing]
+        try:
+            sent = await asyncio.gather(*futures)
+        except asyncio.CancelledError:
+            await self._record_finished(outgoing, futures)
+            raise
         results = [self._result(item, result) for item, result in zip(outgoing, sent)]
         report.summary = await record_results(self.pool, results)
         attempted = [result for result in results if not result.released]
@@ -189,6 +195,21 @@ class Engine:
         metrics.count_results(attempted, report.summary)
         await self._after_record(outgoing, sent, results, report.summary)
         return report
+
+    async def _record_finished(self, outgoing: list[Outgoing], futures: list[asyncio.Future[SendResult]]) -> None:
+        """Cancelled (the shutdown's grace is over): record the sends that ended, so their 2xx is
+        not lost and sent again. The rest keep their leases, which expire; a send cancelled on the
+        wire may have arrived, and only its lease expiry can tell the next attempt so."""
+        results = [self._result(item, future.result()) for item, future in zip(outgoing, futures)
+                   if future.done() and not future.cancelled() and future.exception() is None]
+        if not results:
+            return
+        try:
+            summary = await asyncio.wait_for(record_results(self.pool, results), CANCELLED_RECORD_SECONDS)
+        except Exception as error:  # noqa: BLE001 - shutting down: their leases expire and they are retried
+            logger.warning("could not record %d finished sends while cancelled (%r)", len(results), error)
+            return
+        metrics.count_results([result for result in results if not result.released], summary)
 
     def _submit(self, item: Outgoing, not_after: float) -> asyncio.Future[SendResult]:
         delivery_id = str(item.claimed.id)

@@ -1,4 +1,5 @@
-"""A batch's sends end within its lease: what cannot is given back unsent, and no attempt is lost.
+"""A batch's sends end within its lease: what cannot is given back unsent, and no attempt is lost;
+a batch cancelled at shutdown still records the sends that ended.
 
 A deliver job carries up to 500 ids; sends to one endpoint queue behind its concurrency bound.
 Before, the engine put every send of the batch on the wire however long it had waited: sends to
@@ -13,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+
+import pytest
 
 from billing.audit import audit
 from billing.messages import MessageRequest, create_message
@@ -93,3 +96,35 @@ async def test_a_released_claim_is_fenced_once_its_lease_expired(pool, receiver_
     assert summary.released == [delivery_id]
     row = (await states(pool, [delivery_id]))[delivery_id]
     assert (row["state"], row["attempt"]) == ("pending", 1)
+
+
+async def test_a_batch_cancelled_at_shutdown_records_the_sends_that_ended(pool, receiver_factory, keyring):
+    """The shutdown's grace ends with one send still on the wire: the batch is cancelled, and the
+    send that already answered 200 is recorded delivered (before, it stayed leased, unrecorded, and
+    was sent again after its lease). The one on the wire keeps its lease."""
+    async def hang(number):
+        await asyncio.sleep(30)
+        return 200
+
+    fast, slow = await receiver_factory(lambda number: 200), await receiver_factory(hang)
+    account_id = await add_account(pool)
+    fast_endpoint = await add_endpoint(pool, account_id, fast, keyring, timeout_ms=10_000)
+    await add_endpoint(pool, account_id, slow, keyring, timeout_ms=10_000)
+    created = await create_message(pool, MessageRequest(account_id, "e", b"{}"), attempts_max=3)
+    by_endpoint = {delivery.endpoint_id: delivery.id for delivery in created.deliveries}
+    fast_delivery = by_endpoint[fast_endpoint]
+    slow_delivery = next(d for e, d in by_endpoint.items() if e != fast_endpoint)
+    sender_settings = SenderSettings(allow_loopback=True, timeout_ms_default=10_000, timeout_ms_max=10_000)
+    async with Sender(sender_settings) as sender:
+        engine = Engine(pool, sender, None, SignerCache(keyring), EngineSettings(lease_ms=20_000), random.Random(1))
+        job = asyncio.create_task(engine.deliver_ids(list(by_endpoint.values())))
+        while not (fast.received and slow.received):
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+    found = await states(pool, list(by_endpoint.values()))
+    assert (found[fast_delivery]["state"], found[fast_delivery]["attempt"]) == ("delivered", 1)
+    assert (found[slow_delivery]["state"], found[slow_delivery]["attempt"]) == ("sending", 1)
+    assert await pool.fetchval("SELECT status_code FROM delivery_attempts WHERE delivery_id = $1", fast_delivery) == 200
