@@ -78,6 +78,7 @@ class WorkerSettings:
     sweep_interval_seconds: int = 5
     shutdown_grace_seconds: int = 10
     metrics_port: int = 0  # serve the worker's Prometheus metrics on 127.0.0.1:port; 0: off
+    metrics_share_seconds: int = 5  # how often the worker's metrics go to Redis for the API's /metrics; 0: never
     audit_interval_minutes: int = 10  # the audit cron's period; 0 turns it off
     gc_gen0_threshold: int = 50_000  # delivery.gc_tuning; 0 keeps Python's collector settings
     engine: EngineSettings = field(default_factory=EngineSettings)
@@ -220,6 +221,8 @@ def _worker(environ: Mapping[str, str]) -> WorkerSettings:
         audit_interval_minutes=_integer(environ, "HOOKLEDGER_AUDIT_MINUTES",
                                         WorkerSettings.audit_interval_minutes, 0, 60),
         metrics_port=_integer(environ, "HOOKLEDGER_WORKER_METRICS_PORT", WorkerSettings.metrics_port, 0, 65535),
+        metrics_share_seconds=_integer(environ, "HOOKLEDGER_WORKER_METRICS_SHARE_SECONDS",
+                                       WorkerSettings.metrics_share_seconds, 0, 300),
         gc_gen0_threshold=_gc_threshold(environ, "HOOKLEDGER_WORKER_GC_GEN0", WorkerSettings.gc_gen0_threshold),
         engine=engine,
         sender=sender,

@@ -1,8 +1,10 @@
 """Prometheus metrics shared by the API and the worker: define here, increment where it happens.
 
 One registry of our own (not the client library's global one), so a process that imports this
-module twice under test, or embeds us, never collides on metric names. The API serves it at
-/metrics; the worker imports the same objects and increments them.
+module twice under test, or embeds us, never collides on metric names. Every process counts in
+it what happens there. The API serves /metrics: its own series from here, and the worker-side ones
+(WORKER_SUMMED, WORKER_GAUGES) from the workers' snapshots in Redis (delivery.metrics_share), never
+its own never-moved copies. A worker serves its whole registry on HOOKLEDGER_WORKER_METRICS_PORT.
 """
 
 from __future__ import annotations
@@ -143,6 +145,13 @@ REDIS_REACHABLE = Gauge(
     "1 while the worker's last poll reached Redis; 0 while it delivers from PostgreSQL alone.",
     registry=REGISTRY,
 )
+
+
+# Counted in the worker processes only. The API publishes them as the workers share them through
+# Redis (delivery.metrics_share): the counters and the histogram summed over the live workers, the
+# gauges summarized; never its own copies, which would be zeros.
+WORKER_SUMMED = (DELIVERIES, ATTEMPTS, DELIVERY_LATENCY, REFUNDS)
+WORKER_GAUGES = (REDIS_REACHABLE, AUDIT_VIOLATIONS, AUDIT_LAST_RUN)
 
 
 def count_deaths(reason: str, count: int) -> None:

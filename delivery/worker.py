@@ -24,7 +24,7 @@ from redis.exceptions import ResponseError, WatchError
 
 from billing.audit import audit
 from billing.ids import parse_id
-from delivery import database, deletion, event_loop, gc_tuning, metrics, queue as job_queue
+from delivery import database, deletion, event_loop, gc_tuning, metrics, metrics_share, queue as job_queue
 from delivery.config import Settings
 from delivery.database import open_pool
 from delivery.engine import Engine
@@ -102,6 +102,9 @@ async def _startup(ctx: dict) -> None:
         keyring = parse_keyring(settings.secret_keyring)
     if settings.worker.metrics_port:
         metrics.serve(settings.worker.metrics_port)
+    if settings.worker.metrics_share_seconds:  # for the API's /metrics (delivery.metrics_share)
+        ctx["metrics_share"] = metrics_share.Publisher(ctx["redis"], settings.worker.metrics_share_seconds)
+        ctx["metrics_share"].start()
     ctx["engine"] = Engine(pool, sender, job_queue.Queue(ctx["redis"]), SignerCache(keyring), settings.worker.engine)
     logger.info("worker started on the %s event loop", event_loop.name(asyncio.get_running_loop()))
 
@@ -116,6 +119,9 @@ async def _shutdown(ctx: dict) -> None:
     engine: Engine | None = ctx.get("engine")
     if engine is not None:
         engine.accepting = False
+    publisher: metrics_share.Publisher | None = ctx.get("metrics_share")
+    if publisher is not None:  # the jobs are done: their counts go to Redis once more
+        await publisher.stop()
     sender = ctx.get("sender")
     if sender is not None:
         await sender.close()

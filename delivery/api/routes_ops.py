@@ -7,11 +7,11 @@ import logging
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from delivery import metrics
+from delivery import metrics, metrics_share
 from delivery.api import openapi, reads, responses
-from delivery.api.context import context
+from delivery.api.context import ApiContext, context
 
 logger = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -44,14 +44,30 @@ async def readyz(request: web.Request) -> web.Response:
 
 @routes.get("/metrics")
 async def prometheus_metrics(request: web.Request) -> web.Response:
+    """The API's own series, the queue depth read now, and the workers' series from their snapshots
+    in Redis (delivery.metrics_share). Either read may fail or time out: the scrape still answers."""
     ctx = context(request)
+    _, workers = await asyncio.gather(_read_queue_depth(ctx), _read_workers(ctx))
+    response = web.Response(body=metrics_share.exposition(workers))
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
+
+
+async def _read_queue_depth(ctx: ApiContext) -> None:
     try:
         metrics.QUEUE_DEPTH.set(await asyncio.wait_for(reads.queue_depth(ctx.pool), READY_TIMEOUT_SECONDS))
     except Exception as error:  # a scrape still answers with the counters
         logger.warning("queue depth not read: %r", error)
-    response = web.Response(body=generate_latest(metrics.REGISTRY))
-    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-    return response
+
+
+async def _read_workers(ctx: ApiContext) -> list[metrics_share.Snapshot] | None:
+    if ctx.queue is None:
+        return None
+    try:
+        return await asyncio.wait_for(metrics_share.read(ctx.queue.redis), READY_TIMEOUT_SECONDS)
+    except Exception as error:  # a scrape still answers with the API's own series
+        logger.warning("workers' metrics not read from Redis: %r", error)
+        return None
 
 
 _SPEC = openapi.document()
