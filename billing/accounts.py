@@ -15,6 +15,7 @@ from billing.database import Executor, transaction
 from billing.errors import (
     AccountNotActive,
     AccountNotFound,
+    BalanceLimitExceeded,
     InsufficientBalance,
     InvalidInput,
     TopupConflict,
@@ -25,6 +26,15 @@ NAME_LENGTH_MAX = 200
 ORDER_ID_LENGTH_MAX = 200
 AMOUNT_MAX = 10**15  # credits; far above any real top-up, far below bigint overflow
 PRICE_MAX = 10**9
+BALANCE_MAX = 2**63 - 1  # accounts.balance is a bigint
+
+
+# The credits of pending and sending deliveries: charged, and refunded if they die, so a top-up
+# leaves room for them. Charges and refunds move credits between the balance and this sum, and a
+# delivery only leaves it for good, so a balance topped up within the limit never passes it.
+_IN_FLIGHT = (
+    "SELECT coalesce(sum(price), 0) FROM deliveries WHERE account_id = $1 AND state IN ('pending', 'sending')"
+)
 
 
 @dataclass(frozen=True)
@@ -117,6 +127,13 @@ async def top_up(executor: Executor, account_id: uuid.UUID, order_id: str, amoun
             return _applied_before(order_id, entry_id, account_id, amount, account["balance"], existing)
         if account["status"] != "active":
             raise AccountNotActive(f"account {account_id} is {account['status']}")
+        in_flight = int(await connection.fetchval(_IN_FLIGHT, account_id))  # a sum of bigints is numeric
+        room = BALANCE_MAX - account["balance"] - in_flight
+        if amount > room:
+            raise BalanceLimitExceeded(
+                f"a top-up of {amount} would take the balance ({account['balance']}, plus {in_flight} in flight"
+                f" that may be refunded) past the maximum of {BALANCE_MAX}; at most {max(room, 0)} can be added"
+            )
         # ON CONFLICT: the account lock does not cover the same order raced onto another
         # account; the loser sees the winner's entry and reports a conflict, not a driver error.
         balance = await connection.fetchval(

@@ -36,6 +36,10 @@ class TopupConflict(BillingError):
     """This order id was already used for a top-up of another amount."""
 
 
+class BalanceLimitExceeded(BillingError):
+    """The top-up would take the balance past the largest one an account can hold; nothing was written."""
+
+
 class TopupUnknown(BillingError):
     """No top-up with this order id exists for this account."""
 

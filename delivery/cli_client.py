@@ -16,6 +16,8 @@ problem+json with --json). Exit codes: 0 done, 1 the API refused (4xx), 2 usage 
 
 from __future__ import annotations
 
+import errno
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,12 +29,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from delivery import config
 from delivery.cli_operator import accounts_app, deliveries_app
 from delivery.client import APIConnectionError, Client, HookledgerError, ServerError, models
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 API_URL_DEFAULT = "http://127.0.0.1:8000"
 PAYLOAD_FROM_STDIN = "-"
+_BIND_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
 
 endpoints_app = typer.Typer(no_args_is_help=True, help="Endpoints: where your webhooks are delivered.")
 
@@ -418,4 +422,13 @@ def listen(
         Verifier.of(keys)
     except SigningError as error:
         raise _usage(f"--secret: {error}") from None
-    listener.run(keys, host, port, tolerance_seconds=tolerance_seconds)
+    try:
+        listener.run(keys, host, port, tolerance_seconds=tolerance_seconds)
+    except OSError as error:
+        # The address cannot be bound (taken, not this machine's, privileged, unknown host): a
+        # configuration error, said in one line with exit 2 as `hookledger api` does, not a traceback.
+        if not (isinstance(error, socket.gaierror) or error.errno in _BIND_ERRNOS):
+            raise
+        raise config.ConfigError(
+            f"cannot listen on {host}:{port} ({error.strerror or error}); pass a free --port (0: any) or another --host"
+        ) from None

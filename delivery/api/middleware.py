@@ -8,7 +8,7 @@ import secrets
 import time
 
 import structlog
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from billing.errors import BillingError
 from billing.database import NotWritten, OutcomeUnknown
@@ -61,12 +61,33 @@ async def observe(request: web.Request, handler) -> web.StreamResponse:
 
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+JSON_MEDIA_TYPE = "application/json"
+API_PREFIX = "/v1/"
+
+
+def _require_json_body(request: web.Request) -> None:
+    """A body sent to the API must be declared JSON: application/json or a +json type (415 if not).
+
+    A body without Content-Type is read as JSON (RFC 9110 lets the recipient decide; `requests`
+    sends bytes that way), so refusing only a declared other type loses no caller that means JSON.
+    Only /v1/ routes: the dashboard, a sub-application under /dashboard, takes HTML forms.
+    """
+    declared = request.headers.get(hdrs.CONTENT_TYPE)
+    if declared is None or declared == JSON_MEDIA_TYPE or not request.body_exists:
+        return
+    media_type = request.content_type  # lower case, without parameters
+    if media_type == JSON_MEDIA_TYPE or (media_type.startswith("application/") and media_type.endswith("+json")):
+        return
+    if request.path.startswith(API_PREFIX) and request.match_info.http_exception is None:
+        raise Problem(415, f"the body must be JSON, sent with Content-Type: {JSON_MEDIA_TYPE}; got {declared[:100]!r}",
+                      "unsupported-media-type")
 
 
 @web.middleware
 async def errors_as_problems(request: web.Request, handler) -> web.StreamResponse:
     """Every error leaves as application/problem+json; unexpected ones are logged and answer 500."""
     try:
+        _require_json_body(request)
         return await handler(request)
     except Problem as problem:
         return problems.response(problem)

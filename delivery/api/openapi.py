@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX
 from billing.tables import DELIVERY_STATES
 from delivery.api import responses as r
 from delivery.api import validation as v
@@ -23,9 +24,11 @@ OPERATOR = "operator"
 _UUID = {"type": "string", "format": "uuid"}
 _LIMIT = {"name": "limit", "in": "query", "required": False,
           "schema": {"type": "integer", "minimum": 1, "maximum": v.PAGE_LIMIT_MAX, "default": v.PAGE_LIMIT_DEFAULT}}
-_CURSOR = {"name": "cursor", "in": "query", "required": False,
-           "description": "next_cursor of the previous page.",
-           "schema": {"type": "string", "minLength": 1, "maxLength": v.CURSOR_LENGTH_MAX}}
+_ID_CURSOR = {"name": "cursor", "in": "query", "required": False,
+              "description": "next_cursor of the previous page (a delivery id).", "schema": _UUID}
+_SEQ_CURSOR = {"name": "cursor", "in": "query", "required": False,
+               "description": f"next_cursor of the previous page (a ledger seq, at most {v.BIGINT_MAX}).",
+               "schema": {"type": "string", "pattern": f"^[0-9]{{1,{v.SEQ_CURSOR_DIGITS_MAX}}}$"}}
 
 
 def _path_id(name: str = "id") -> dict:
@@ -56,7 +59,8 @@ class Operation:
 _IDEMPOTENCY_KEY = {
     "name": "Idempotency-Key", "in": "header", "required": False,
     "description": "Same key and body: the stored response again (Idempotent-Replayed: true). Another body: 422.",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"},
+    "schema": {"type": "string", "minLength": 1, "maxLength": IDEMPOTENCY_KEY_LENGTH_MAX,
+               "pattern": "^[\\x20-\\x7e]+$"},
 }
 _REPLAYED = {"Idempotent-Replayed": {"description": "true when this is a stored response for a reused key",
                                      "schema": {"type": "string", "enum": ["true"]}}}
@@ -77,10 +81,10 @@ OPERATIONS: tuple[Operation, ...] = (
               parameters=(_path_id(), {"name": "order_id", "in": "path", "required": True,
                                        "schema": {"type": "string", "minLength": 1, "maxLength": 200}})),
     Operation("get", "/v1/dead-deliveries", "Dead deliveries across accounts (operator)", OPERATOR,
-              {200: r.DeliveryPage}, (422,), parameters=(_LIMIT, _CURSOR)),
+              {200: r.DeliveryPage}, (422,), parameters=(_LIMIT, _ID_CURSOR)),
     Operation("get", "/v1/balance", "The balance and the credits in flight", ACCOUNT, {200: r.Balance}),
     Operation("get", "/v1/ledger", "The account's ledger, oldest first", ACCOUNT, {200: r.LedgerPage}, (422,),
-              parameters=(_LIMIT, _CURSOR, _query("delivery_id", _UUID))),
+              parameters=(_LIMIT, _SEQ_CURSOR, _query("delivery_id", _UUID))),
     Operation("post", "/v1/api-keys", "Create an API key (shown once)", ACCOUNT, {201: r.ApiKeyCreated},
               (400, 409, 422), v.Empty, body_optional=True),
     Operation("get", "/v1/api-keys", "List API keys (prefixes only)", ACCOUNT, {200: r.ApiKeyList}),
@@ -105,7 +109,7 @@ OPERATIONS: tuple[Operation, ...] = (
               {202: r.MessageAccepted}, (400, 402, 409, 413, 422, 503), v.MessageCreate,
               parameters=(_IDEMPOTENCY_KEY,), headers={202: _REPLAYED}),
     Operation("get", "/v1/deliveries", "List deliveries, newest first", ACCOUNT, {200: r.DeliveryPage}, (422,),
-              parameters=(_LIMIT, _CURSOR, _query("state", {"enum": list(DELIVERY_STATES)}),
+              parameters=(_LIMIT, _ID_CURSOR, _query("state", {"enum": list(DELIVERY_STATES)}),
                           _query("endpoint_id", _UUID), _query("message_id", _UUID),
                           _query("created_after", {"type": "string", "format": "date-time"}),
                           _query("created_before", {"type": "string", "format": "date-time"}))),
@@ -124,6 +128,7 @@ _DESCRIPTIONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No content", 
                  401: "Missing or wrong API key", 402: "The balance cannot cover every delivery; nothing was written",
                  403: "The key may not call this route", 404: "No such resource (or not yours)",
                  409: "Conflict with the current state", 413: "Payload too large",
+                 415: "The body is not declared JSON: send Content-Type: application/json",
                  422: "Invalid request; errors lists each field", 503: _UNAVAILABLE}
 
 
@@ -141,9 +146,11 @@ def _operation(op: Operation) -> dict:
     result: dict = {"summary": op.summary, "operationId": f"{op.method}_{op.path}", "responses": {}}
     if op.parameters:
         result["parameters"] = list(op.parameters)
+    errors = set(op.errors)
     if op.body is not None:
         result["requestBody"] = {"required": not op.body_optional,
                                  "content": {"application/json": {"schema": _ref(op.body)}}}
+        errors |= {400, 413, 415}  # malformed JSON; a body over the size limit; a body declared not JSON
     for status, kind in op.ok.items():
         response: dict = {"description": _DESCRIPTIONS[status]}
         if kind is not None:
@@ -151,7 +158,6 @@ def _operation(op: Operation) -> dict:
         if status in op.headers:
             response["headers"] = op.headers[status]
         result["responses"][str(status)] = response
-    errors = set(op.errors)
     if op.auth is not None:
         result["security"] = [{"bearer": []}]
         errors |= {401, 403, 503}  # 503: the database is unavailable (every authenticated route reads it)
@@ -163,6 +169,12 @@ def _operation(op: Operation) -> dict:
     return result
 
 
+_INFO = ("Webhook delivery billed per delivery. Request bodies are JSON (UTF-8), sent with"
+         " Content-Type: application/json (or a +json type); a body declared as anything else answers 415, and"
+         " one without Content-Type is read as JSON. A field given twice in a body answers 422 (a message's"
+         " payload is sent as written: its own objects are not checked).")
+
+
 def document() -> dict:
     paths: dict = {}
     for op in OPERATIONS:
@@ -171,7 +183,7 @@ def document() -> dict:
                                  "responses": {"200": {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}}}}}
     return {
         "openapi": "3.1.0",
-        "info": {"title": "hookledger", "version": "1", "description": "Webhook delivery billed per delivery."},
+        "info": {"title": "hookledger", "version": "1", "description": _INFO},
         "paths": paths,
         "components": {
             "schemas": _schemas(),

@@ -25,6 +25,7 @@ BILLING_STATUSES: tuple[tuple[type[billing_errors.BillingError], int, str], ...]
     (billing_errors.InsufficientBalance, 402, "insufficient-balance"),
     (billing_errors.IdempotencyConflict, 422, "idempotency-key-reused"),
     (billing_errors.TopupConflict, 409, "topup-conflict"),
+    (billing_errors.BalanceLimitExceeded, 409, "balance-limit-exceeded"),
     (billing_errors.AccountNotActive, 409, "account-not-active"),
     (billing_errors.AccountNotClosable, 409, "account-not-closable"),
     (billing_errors.InvalidInput, 422, "invalid-request"),

@@ -9,7 +9,7 @@ from billing.database import OutcomeUnknown, resolved_transaction
 from delivery import deletion
 from delivery.api import api_keys, reads, responses
 from delivery.api.context import context
-from delivery.api.problems import FieldError, not_found
+from delivery.api.problems import not_found
 from delivery.api.validation import AccountCreate, Query, TopupCreate, decode, path_id
 
 routes = web.RouteTableDef()
@@ -126,13 +126,7 @@ async def ledger(request: web.Request) -> web.Response:
     query = Query(request.query)
     limit = query.limit()
     delivery_id = query.uuid("delivery_id")
-    cursor = query.cursor()
-    after_seq = 0
-    if cursor is not None:
-        if cursor.isascii() and cursor.isdigit() and len(cursor) <= 19:
-            after_seq = int(cursor)
-        else:
-            query.errors.append(FieldError("cursor", "is not a cursor this API returned"))
+    after_seq = query.seq_cursor()
     query.check()
     rows = await reads.ledger_page(ctx.pool, account_id, delivery_id=delivery_id, after_seq=after_seq, limit=limit)
     entries = [responses.from_row(responses.LedgerEntry, row) for row in rows[:limit]]

@@ -17,7 +17,7 @@ from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX, MessageCreated, Message
 from delivery.api import group_commit, problems, responses
 from delivery.api.context import ApiContext, context
 from delivery.api.problems import FieldError, Problem, validation
-from delivery.api.validation import MessageCreate, decode
+from delivery.api.validation import decode_message
 
 routes = web.RouteTableDef()
 
@@ -67,8 +67,11 @@ def idempotency_key(request: web.Request) -> str | None:
     key = request.headers.get("Idempotency-Key")
     if key is None:
         return None
-    if not 1 <= len(key) <= IDEMPOTENCY_KEY_LENGTH_MAX or not key.isprintable():
-        raise validation([FieldError("Idempotency-Key", f"must be 1 to {IDEMPOTENCY_KEY_LENGTH_MAX} printable characters")])
+    # Printable ASCII (space to ~), as the OpenAPI document says: a header carries bytes, and
+    # anything else depends on how each client encodes it.
+    if not (1 <= len(key) <= IDEMPOTENCY_KEY_LENGTH_MAX and key.isascii() and key.isprintable()):
+        raise validation([FieldError("Idempotency-Key",
+                                     f"must be 1 to {IDEMPOTENCY_KEY_LENGTH_MAX} printable ASCII characters")])
     return key
 
 
@@ -86,8 +89,7 @@ async def create_message(request: web.Request) -> web.Response:
     if request.content_length is not None and request.content_length > body_bytes_max(limit):
         raise _too_large(limit)
     key = idempotency_key(request)
-    body = decode(await request.read(), MessageCreate)
-    payload = bytes(body.payload)
+    body, payload = decode_message(await request.read())
     if len(payload) > limit:
         raise _too_large(limit)
     created = await submit(ctx, MessageRequest(account_id, body.event_type, payload, key))

@@ -7,6 +7,7 @@ Malformed JSON answers 400; JSON of the wrong shape answers 422 with one error p
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from datetime import UTC, datetime
@@ -29,16 +30,23 @@ from delivery.ssrf import URL_CHARS_MAX
 PAGE_LIMIT_MAX = 100
 PAGE_LIMIT_DEFAULT = 50
 CURSOR_LENGTH_MAX = 64
+BIGINT_MAX = 2**63 - 1  # PostgreSQL's bigint, the type of ledger seqs
+SEQ_CURSOR_DIGITS_MAX = len(str(BIGINT_MAX))
 
+# msgspec applies a pattern with re.search, where `$` also matches before a final newline ("a\n"
+# would pass). `$(?!\n)` ends at the very end in Python's dialect and in ECMA-262's, the dialect of
+# the OpenAPI document that shows these same patterns, so the check and the document agree.
+_END = r"$(?!\n)"
 # Text that lands in PostgreSQL text columns: no NUL (PostgreSQL refuses it) and, for names and
 # identifiers, no control characters at all.
-_NO_CONTROLS = r"^[^\u0000-\u001f\u007f]*$"
-_NO_NUL = r"^[^\u0000]*$"
+_NO_CONTROLS = r"^[^\u0000-\u001f\u007f]*" + _END
+_NO_NUL = r"^[^\u0000]*" + _END
+_IDENTIFIER = r"^[A-Za-z0-9_.:\-]+" + _END
 
 EventType = Annotated[
     str,
     msgspec.Meta(
-        min_length=1, max_length=EVENT_TYPE_LENGTH_MAX, pattern=r"^[A-Za-z0-9_.:\-]+$",
+        min_length=1, max_length=EVENT_TYPE_LENGTH_MAX, pattern=_IDENTIFIER,
         description="Letters, digits and _ . : - (like invoice.paid).",
     ),
 ]
@@ -46,7 +54,7 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=billing_accounts.NAM
 Price = Annotated[int, msgspec.Meta(ge=0, le=billing_accounts.PRICE_MAX, description="Credits per delivery.")]
 Amount = Annotated[int, msgspec.Meta(ge=1, le=billing_accounts.AMOUNT_MAX, description="Credits.")]
 OrderId = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=billing_accounts.ORDER_ID_LENGTH_MAX, pattern=r"^[A-Za-z0-9_.:\-]+$")
+    str, msgspec.Meta(min_length=1, max_length=billing_accounts.ORDER_ID_LENGTH_MAX, pattern=_IDENTIFIER)
 ]
 Url = Annotated[str, msgspec.Meta(min_length=1, max_length=URL_CHARS_MAX)]
 Description = Annotated[str, msgspec.Meta(max_length=DESCRIPTION_LENGTH_MAX, pattern=_NO_NUL)]
@@ -58,7 +66,7 @@ TimeoutMs = Annotated[int, msgspec.Meta(ge=ENDPOINT_TIMEOUT_MS_MIN, le=ENDPOINT_
 SecretText = Annotated[
     str,
     msgspec.Meta(
-        min_length=10, max_length=SECRET_TEXT_LENGTH_MAX, pattern=r"^whsec_[A-Za-z0-9+/]+={0,2}$",
+        min_length=10, max_length=SECRET_TEXT_LENGTH_MAX, pattern=r"^whsec_[A-Za-z0-9+/]+={0,2}" + _END,
         description="A Standard Webhooks secret: whsec_ and the base64 of 24 to 64 random bytes.",
     ),
 ]
@@ -113,9 +121,51 @@ _NAMED_FIELD = re.compile(r"field `([^`]*)`")
 
 
 def decode(body: bytes, kind: type, *, optional: bool = False):
-    """Decode a request body into `kind`, or raise the 400/422 Problem that says what is wrong."""
+    """Decode a request body into `kind`, or raise the 400/422 Problem that says what is wrong.
+
+    A name given twice in one object is refused (422), not settled by "the last one wins".
+    """
     if optional and not body.strip():
         return kind()
+    value = _decode(body, kind)
+    name = _duplicate_name(body, top_level_only=False)
+    if name is not None:
+        raise validation([FieldError(name[:64], "given more than once")])
+    return value
+
+
+_MESSAGE_DECODER = msgspec.json.Decoder(MessageCreate)
+
+
+def decode_message(body: bytes) -> tuple[MessageCreate, bytes]:
+    """A POST /v1/messages body and its payload's bytes, or the 400/422 Problem.
+
+    On the hot path, so the checks msgspec leaves to us are cheap: the payload is a Raw (skipped,
+    not decoded), whose UTF-8 is checked here; and the two names are shown to be given once from
+    the envelope alone, falling back to a full parse only for an envelope that is not plain. The
+    payload's own objects are the sender's JSON, sent byte for byte; their names are not checked.
+    """
+    try:
+        message = _MESSAGE_DECODER.decode(body)
+    except msgspec.ValidationError as error:
+        raise validation([field_error(str(error))]) from None
+    except msgspec.DecodeError as error:
+        raise _malformed(error) from None
+    payload = bytes(message.payload)
+    if not payload.isascii():
+        try:
+            payload.decode()
+        except UnicodeDecodeError as error:
+            raise Problem(400, f"the body is not valid JSON: the payload is not UTF-8 ({error.reason})",
+                          "malformed-json") from None
+    if not _plain_envelope(body, len(payload)):
+        name = _duplicate_name(body, top_level_only=True)
+        if name is not None:
+            raise validation([FieldError(name[:64], "given more than once")])
+    return message, payload
+
+
+def _decode(body: bytes, kind: type):
     decoder = _decoders.get(kind)
     if decoder is None:
         decoder = _decoders[kind] = msgspec.json.Decoder(kind)
@@ -124,7 +174,58 @@ def decode(body: bytes, kind: type, *, optional: bool = False):
     except msgspec.ValidationError as error:
         raise validation([field_error(str(error))]) from None
     except msgspec.DecodeError as error:
-        raise Problem(400, f"the body is not valid JSON: {error}", "malformed-json") from None
+        raise _malformed(error) from None
+
+
+def _malformed(error: object) -> Problem:
+    return Problem(400, f"the body is not valid JSON: {error}", "malformed-json")
+
+
+# A MessageCreate body in one of its two plain layouts: the names unescaped and each once, the
+# event type without escapes, whitespace anywhere between (`\s` is JSON's whitespace here: msgspec
+# has already refused a \f or \v between tokens). The payload goes between head and tail.
+_PLAIN_EVENT_TYPE = rb'"event_type"\s*:\s*"[A-Za-z0-9_.:\-]*"'
+_HEAD_BEFORE_LAST_PAYLOAD = re.compile(rb'\{\s*' + _PLAIN_EVENT_TYPE + rb'\s*,\s*"payload"\s*:\s*').match
+_TAIL_AFTER_LAST_PAYLOAD = re.compile(rb"\s*\}\s*").fullmatch
+_HEAD_BEFORE_FIRST_PAYLOAD = re.compile(rb'\{\s*"payload"\s*:\s*').match
+_TAIL_AFTER_FIRST_PAYLOAD = re.compile(rb"\s*,\s*" + _PLAIN_EVENT_TYPE + rb"\s*\}\s*").fullmatch
+
+
+def _plain_envelope(body: bytes, payload_length: int) -> bool:
+    """True when `body`, which msgspec decoded as a MessageCreate whose (last) payload is
+    `payload_length` bytes, is `{"event_type": "...", "payload": P}` or `{"payload": P, "event_type": "..."}`.
+
+    Then each name is there once: the head and tail admit no other member, and the bytes between
+    them are exactly one value, the one decoded (another member there would make them longer than
+    that value). Cost: two regexes over the envelope, never over the payload. False means "not
+    shown" (escapes, a repeated name), and the caller parses the body to tell.
+    """
+    head = _HEAD_BEFORE_LAST_PAYLOAD(body)
+    if head is not None:
+        return _TAIL_AFTER_LAST_PAYLOAD(body, head.end() + payload_length) is not None
+    head = _HEAD_BEFORE_FIRST_PAYLOAD(body)
+    return head is not None and _TAIL_AFTER_FIRST_PAYLOAD(body, head.end() + payload_length) is not None
+
+
+def _duplicate_name(body: bytes, *, top_level_only: bool) -> str | None:
+    """The first name given twice in one object of `body` (already valid JSON to msgspec), or None."""
+    found: list[str] = []
+
+    def pairs(items: list[tuple[str, object]]) -> list:
+        if not found:
+            names = [name for name, _ in items]
+            if len(set(names)) != len(names):
+                found.append(next(name for index, name in enumerate(names) if name in names[:index]))
+        return items
+
+    try:
+        if top_level_only:  # nested objects are parsed as lists of pairs and left unchecked
+            pairs(json.loads(body, object_pairs_hook=lambda items: items))
+        else:
+            json.loads(body, object_pairs_hook=pairs)
+    except (ValueError, RecursionError) as error:  # JSON msgspec skipped over, in a Raw
+        raise _malformed(error) from None
+    return found[0] if found else None
 
 
 def field_error(message: str) -> FieldError:
@@ -172,7 +273,7 @@ class Query:
         raw = self._raw("limit")
         if raw is None:
             return PAGE_LIMIT_DEFAULT
-        if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= PAGE_LIMIT_MAX:
+        if not (len(raw) <= 3 and raw.isascii() and raw.isdigit() and 1 <= int(raw) <= PAGE_LIMIT_MAX):
             self.errors.append(FieldError("limit", f"must be an integer from 1 to {PAGE_LIMIT_MAX}"))
             return PAGE_LIMIT_DEFAULT
         return int(raw)
@@ -204,7 +305,14 @@ class Query:
         if value is None:
             self.errors.append(FieldError(name, "must be an RFC 3339 timestamp like 2026-01-31T12:00:00Z"))
             return None
-        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        try:  # in UTC (as the driver sends it) it may leave years 1 to 9999: 0001-01-01T00:00:00+14:00
+            value.astimezone(UTC)
+        except OverflowError:
+            self.errors.append(FieldError(name, "must be a time from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z"))
+            return None
+        return value
 
     def cursor(self) -> str | None:
         raw = self._raw("cursor")
@@ -212,6 +320,16 @@ class Query:
             self.errors.append(FieldError("cursor", "is not a cursor this API returned"))
             return None
         return raw
+
+    def seq_cursor(self) -> int:
+        """A cursor that is a ledger seq (a bigint): the seq to read after, 0 when none is given."""
+        raw = self.cursor()
+        if raw is None:
+            return 0
+        if raw.isascii() and raw.isdigit() and len(raw) <= SEQ_CURSOR_DIGITS_MAX and int(raw) <= BIGINT_MAX:
+            return int(raw)
+        self.errors.append(FieldError("cursor", "is not a cursor this API returned"))
+        return 0
 
     def check(self) -> None:
         for name in sorted(set(self._query) - self._read):

@@ -54,7 +54,8 @@ async def test_invalid_account_bodies_answer_422_and_write_nothing(api, body, fi
 
 async def test_malformed_json_is_400_and_unknown_or_malformed_ids_are_404(api):
     """Unparsable JSON is 400; a malformed path id and an unknown one are both 404, never 500."""
-    response = await api.client.post("/v1/accounts", data=b"{nope", headers=api.operator)
+    response = await api.client.post("/v1/accounts", data=b"{nope",
+                                     headers={**api.operator, "Content-Type": "application/json"})
     assert response.status == 400 and (await response.json())["status"] == 400
     for account_id in ("not-a-uuid", str(uuid.uuid4()), "x" * 500):
         assert (await api.client.get(f"/v1/accounts/{account_id}", headers=api.operator)).status == 404

@@ -15,6 +15,8 @@ from billing.audit import audit
 from delivery import queue as job_queue
 from delivery.api.app import create_app
 
+JSON = {"Content-Type": "application/json"}  # what aiohttp's client does not send for data=
+
 
 async def test_a_message_fans_out_charges_and_stores_the_exact_payload(api, pool, queue):
     """202 lists one delivery per subscribed endpoint; the stored payload is the request's JSON value byte for byte;
@@ -37,7 +39,7 @@ async def test_a_message_fans_out_charges_and_stores_the_exact_payload(api, pool
         second = await api.endpoint(headers, event_types=["invoice.paid"])
         await api.endpoint(headers, event_types=["user.created"])
         body = b'{"event_type": "invoice.paid", "payload": {"b": [1, 2.50, "\\u00e9"],  "a": null}}'
-        response = await client.post("/v1/messages", data=body, headers=headers)
+        response = await client.post("/v1/messages", data=body, headers={**headers, **JSON})
         assert response.status == 202 and "Idempotent-Replayed" not in response.headers
         accepted = await response.json()
         assert {d["endpoint_id"] for d in accepted["deliveries"]} == {first["id"], second["id"]}
@@ -57,7 +59,8 @@ async def test_any_json_value_is_a_payload(api, payload):
     """The payload may be any JSON value, stored as written."""
     _, headers = await api.account(balance=1)
     await api.endpoint(headers)
-    response = await api.client.post("/v1/messages", data=f'{{"event_type":"t","payload":{payload}}}', headers=headers)
+    response = await api.client.post("/v1/messages", data=f'{{"event_type":"t","payload":{payload}}}',
+                                     headers={**headers, **JSON})
     assert response.status == 202
     stored = await api.pool.fetchval("SELECT payload FROM messages WHERE id = $1", uuid.UUID((await response.json())["id"]))
     assert bytes(stored) == payload.encode()
@@ -126,18 +129,18 @@ async def test_oversized_payloads_are_413_and_write_nothing(api, pool, queue):
         await api.endpoint(headers)
         before = await api.snapshot()
         just_over = json.dumps({"event_type": "t", "payload": "x" * 999})  # 1001 bytes with the quotes
-        response = await client.post("/v1/messages", data=just_over, headers=headers)
+        response = await client.post("/v1/messages", data=just_over, headers={**headers, **JSON})
         assert response.status == 413 and (await response.json())["status"] == 413
         huge = json.dumps({"event_type": "t", "payload": "x" * 100_000})
-        assert (await client.post("/v1/messages", data=huge, headers=headers)).status == 413
+        assert (await client.post("/v1/messages", data=huge, headers={**headers, **JSON})).status == 413
 
         async def chunks():
             yield huge.encode()
 
-        assert (await client.post("/v1/messages", data=chunks(), headers=headers)).status == 413
+        assert (await client.post("/v1/messages", data=chunks(), headers={**headers, **JSON})).status == 413
         assert await api.snapshot() == before
         at_limit = json.dumps({"event_type": "t", "payload": "x" * 998})
-        assert (await client.post("/v1/messages", data=at_limit, headers=headers)).status == 202
+        assert (await client.post("/v1/messages", data=at_limit, headers={**headers, **JSON})).status == 202
 
 
 @pytest.mark.parametrize(
@@ -158,7 +161,7 @@ async def test_invalid_messages_write_nothing(api, body, status, field):
     _, headers = await api.account(balance=10)
     await api.endpoint(headers)
     before = await api.snapshot()
-    response = await api.client.post("/v1/messages", data=body, headers=headers)
+    response = await api.client.post("/v1/messages", data=body, headers={**headers, **JSON})
     assert response.status == status, await response.text()
     problem = await response.json()
     if field is not None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from delivery import config, platform
-from signing import Keyring, format_keyring, generate_at_rest_key
+from signing import Keyring, format_keyring, generate_at_rest_key, generate_secret
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -60,6 +60,14 @@ def test_the_api_on_a_taken_port_names_the_address_and_the_setting(
                    "HOOKLEDGER_DATA_DIR": str(tmp_path / "data")}
     text = _one_error_line(_hookledger("api", environment=environment))
     assert f"cannot listen on 127.0.0.1:{taken_port}" in text and "HOOKLEDGER_API_PORT" in text
+
+
+def test_listen_on_a_taken_port_names_the_address_and_the_option(taken_port: int) -> None:
+    """`hookledger listen` too: one line naming the address and what to change, exit 2, not a traceback."""
+    text = _one_error_line(_hookledger("listen", "--port", str(taken_port), "--secret", generate_secret(),
+                                       environment=dict(os.environ)))
+    assert f"cannot listen on 127.0.0.1:{taken_port}" in text and "address already in use" in text
+    assert "--port" in text
 
 
 def test_run_on_a_taken_port_starts_nothing(taken_port: int, tmp_path: Path) -> None:
