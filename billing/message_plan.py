@@ -38,12 +38,17 @@ class MessageRequest:
     # None fans out to every subscribed endpoint. Given (a replay), only these endpoints, each
     # of which must still be enabled and not deleted; their event type filters do not apply.
     endpoint_ids: tuple[uuid.UUID, ...] | None = None
+    # A replay: the delivery it sends again. Part of what was asked, as the target is.
+    replay_of: uuid.UUID | None = None
 
     def request_hash(self) -> bytes:
         content = self.event_type.encode() + b"\0" + self.payload
         if self.endpoint_ids is not None:
             # The target is part of what was asked, so one key reused for another target conflicts.
             content += b"\0" + b"".join(endpoint_id.bytes for endpoint_id in self.endpoint_ids)
+        if self.replay_of is not None:
+            # So does the delivery replayed: one key reused to replay another one conflicts.
+            content += b"\0replay\0" + self.replay_of.bytes
         return hashlib.sha256(content).digest()
 
 

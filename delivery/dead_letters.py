@@ -111,7 +111,8 @@ _BULK_CANDIDATES = (
 )
 _SOURCES = (
     "SELECT d.id, d.account_id, d.endpoint_id, m.event_type, m.payload FROM deliveries d"
-    " JOIN messages m ON m.id = d.message_id WHERE d.id = ANY($1::uuid[]) AND d.state = 'dead' ORDER BY d.id"
+    " JOIN messages m ON m.id = d.message_id WHERE d.id = ANY($1::uuid[]) AND d.state IN ('dead', 'delivered')"
+    " ORDER BY d.id"
 )
 
 
@@ -159,7 +160,8 @@ class Replayed:
 
 async def replay(pool: asyncpg.Pool, delivery_id: uuid.UUID, *, attempts_max: int, again: bool = False,
                  outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS) -> Replayed:
-    """Replay one dead delivery as a new delivery to its endpoint, with a new charge."""
+    """Replay one dead (or delivered) delivery as a new delivery to its endpoint, with a new charge,
+    as the API's replay does; bulk replays take dead deliveries only."""
     result = await _replay(pool, [delivery_id], attempts_max=attempts_max, keyed=not again,
                            outcome_wait_seconds=outcome_wait_seconds)
     if delivery_id in result.refused:
@@ -210,13 +212,13 @@ async def _replay(pool: asyncpg.Pool, delivery_ids: list[uuid.UUID], *, attempts
         for old_id in batch:
             source = sources.get(old_id)
             if source is None:
-                result.refused[old_id] = f"delivery {old_id} does not exist or is not dead"
+                result.refused[old_id] = f"delivery {old_id} does not exist, or is neither dead nor delivered"
             elif source["payload"] is None:
                 result.refused[old_id] = f"the payload of delivery {old_id} was erased (account deleted)"
             else:
                 key = f"{REPLAY_KEY_PREFIX}{old_id}" if keyed else None
                 requests.append(MessageRequest(source["account_id"], source["event_type"], source["payload"], key,
-                                               endpoint_ids=(source["endpoint_id"],)))
+                                               endpoint_ids=(source["endpoint_id"],), replay_of=old_id))
                 olds.append(old_id)
         if requests:
             try:

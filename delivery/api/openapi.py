@@ -116,7 +116,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/v1/deliveries/{id}", "Read a delivery with its attempts and ledger entries", ACCOUNT,
               {200: r.DeliveryDetail}, (404,), parameters=(_path_id(),)),
     Operation("post", "/v1/deliveries/{id}/replay", "Send a dead or delivered delivery again (a new, charged delivery)",
-              ACCOUNT, {202: r.MessageAccepted}, (402, 404, 409, 422, 503), parameters=(_path_id(),)),
+              ACCOUNT, {202: r.MessageAccepted}, (400, 402, 404, 409, 422, 503), v.Empty, body_optional=True,
+              parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
     Operation("get", "/healthz", "The process is up", None, {200: r.Health}),
     Operation("get", "/readyz", "PostgreSQL and Redis are reachable", None, {200: r.Readiness, 503: r.Readiness}),
 )

@@ -12,8 +12,8 @@ from billing.tables import DELIVERY_STATES
 from delivery.api import reads, responses
 from delivery.api.context import context
 from delivery.api.problems import FieldError, Problem, not_found
-from delivery.api.routes_messages import accepted, submit
-from delivery.api.validation import Query, path_id
+from delivery.api.routes_messages import accepted, idempotency_key, submit
+from delivery.api.validation import Empty, Query, decode, path_id
 
 routes = web.RouteTableDef()
 
@@ -79,11 +79,15 @@ async def replay_delivery(request: web.Request) -> web.Response:
     """Send a dead or delivered delivery's message again to its endpoint: a NEW delivery, charged anew.
 
     The old delivery keeps its state and its refund (if any); the new one has its own id, so a
-    receiver deduping on webhook-id does not swallow it (hookdeck/outpost #670).
+    receiver deduping on webhook-id does not swallow it (hookdeck/outpost #670). An
+    Idempotency-Key makes a retried replay answer the first one's response (as POST
+    /v1/messages); without one, each call replays again. The body is empty or `{}`.
     """
     ctx = context(request)
     account_id = await ctx.account(request)
     delivery_id = path_id(request.match_info["id"])
+    key = idempotency_key(request)
+    decode(await request.read(), Empty, optional=True)
     row = None if delivery_id is None else await reads.message_of_delivery(ctx.pool, account_id, delivery_id)
     if row is None:
         raise not_found("delivery")
@@ -91,7 +95,8 @@ async def replay_delivery(request: web.Request) -> web.Response:
         raise Problem(409, f"the delivery is {row['state']}; only dead or delivered deliveries can be replayed", "not-replayable")
     if row["payload"] is None:
         raise Problem(409, "the message's payload was erased; it cannot be replayed", "not-replayable")
-    request_ = MessageRequest(account_id, row["event_type"], bytes(row["payload"]), endpoint_ids=(row["endpoint_id"],))
+    request_ = MessageRequest(account_id, row["event_type"], bytes(row["payload"]), key,
+                              endpoint_ids=(row["endpoint_id"],), replay_of=delivery_id)
     return accepted(await submit(ctx, request_))
 
 

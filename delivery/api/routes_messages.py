@@ -15,6 +15,7 @@ from aiohttp import web
 from billing.errors import BillingError
 from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX, MessageCreated, MessageRequest
 from delivery.api import group_commit, problems, responses
+from delivery.dead_letters import REPLAY_KEY_PREFIX
 from delivery.api.context import ApiContext, context
 from delivery.api.problems import FieldError, Problem, validation
 from delivery.api.validation import decode_message
@@ -72,6 +73,10 @@ def idempotency_key(request: web.Request) -> str | None:
     if not (1 <= len(key) <= IDEMPOTENCY_KEY_LENGTH_MAX and key.isascii() and key.isprintable()):
         raise validation([FieldError("Idempotency-Key",
                                      f"must be 1 to {IDEMPOTENCY_KEY_LENGTH_MAX} printable ASCII characters")])
+    if key.startswith(REPLAY_KEY_PREFIX):
+        # The operator's dead-letter replays key themselves so; a customer's key there would
+        # make `hookledger deliveries replay` refuse that delivery as a reused key.
+        raise validation([FieldError("Idempotency-Key", f"may not start with {REPLAY_KEY_PREFIX!r} (reserved)")])
     return key
 
 

@@ -134,3 +134,50 @@ async def test_operator_sees_dead_deliveries_across_accounts(api):
     assert [d["id"] for d in first["data"] + rest["data"]] == sorted(ids, reverse=True)
     assert rest["next_cursor"] is None
     assert len({d["account_id"] for d in first["data"] + rest["data"]}) == 3
+
+
+async def test_a_replay_with_an_idempotency_key_is_made_once(api):
+    """The same key replays once: the second call answers the first one's response, charged once;
+    without a key each call replays again; another delivery under that key is 422."""
+    _, headers = await api.account(balance=10, price=2)
+    await api.endpoint(headers)
+    first, second = [(await (await api.send(headers)).json())["deliveries"][0]["id"] for _ in range(2)]
+    for delivery_id in (first, second):
+        await _dead(api, delivery_id)
+    keyed = {**headers, "Idempotency-Key": "replay-once"}
+    made = await api.client.post(f"/v1/deliveries/{first}/replay", headers=keyed)
+    again = await api.client.post(f"/v1/deliveries/{first}/replay", headers=keyed)
+    assert (made.status, again.status) == (202, 202)
+    assert "Idempotent-Replayed" not in made.headers and again.headers["Idempotent-Replayed"] == "true"
+    assert (await again.json()) == (await made.json())
+    assert (await (await api.client.get("/v1/balance", headers=headers)).json())["balance"] == 10 - 2
+    other = await api.client.post(f"/v1/deliveries/{second}/replay", headers={**headers, "Idempotency-Key": "replay-once"})
+    assert other.status == 422 and (await other.json())["type"].endswith("idempotency-key-reused")
+    unkeyed = [await api.client.post(f"/v1/deliveries/{first}/replay", headers=headers) for _ in range(2)]
+    assert [response.status for response in unkeyed] == [202, 202]
+    assert len({(await response.json())["id"] for response in unkeyed}) == 2
+    assert (await audit(api.pool)).clean
+
+
+async def test_a_replay_body_other_than_empty_or_an_empty_object_is_refused_and_writes_nothing(api):
+    _, headers = await api.account(balance=10)
+    await api.endpoint(headers)
+    delivery_id = (await (await api.send(headers)).json())["deliveries"][0]["id"]
+    await _dead(api, delivery_id)
+    before = await api.snapshot()
+    unknown = await api.client.post(f"/v1/deliveries/{delivery_id}/replay", json={"foo": 1}, headers=headers)
+    garbage = await api.client.post(f"/v1/deliveries/{delivery_id}/replay", data=b"garbage",
+                                    headers={**headers, "Content-Type": "application/json"})
+    assert (unknown.status, garbage.status) == (422, 400)
+    assert await api.snapshot() == before
+    assert (await api.client.post(f"/v1/deliveries/{delivery_id}/replay", json={}, headers=headers)).status == 202
+
+
+async def test_idempotency_keys_in_the_operators_replay_namespace_are_refused(api):
+    """`replay:<id>` keys are the dead-letter replays' own: a customer's would block them."""
+    _, headers = await api.account(balance=10)
+    await api.endpoint(headers)
+    before = await api.snapshot()
+    response = await api.send(headers, key="replay:" + str(uuid.uuid4()))
+    assert response.status == 422 and (await response.json())["errors"][0]["field"] == "Idempotency-Key"
+    assert await api.snapshot() == before

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from billing.messages import MessageRequest, create_messages
-from delivery import config, dead_letters
+from delivery import claims, config, dead_letters, results
 from engine_helpers import add_account, add_endpoint, fast_environment, running_worker, wait_for
 from operator_helpers import assert_audit_clean
 
@@ -216,3 +216,22 @@ async def _cli_through_cutter(pool, database_url, redis_url, keyring, receiver_f
         yield cutter, account_id, old_id, balance, replay
     finally:
         await cutter.close()
+
+
+async def test_a_delivered_delivery_is_replayed_as_the_api_replays_it(pool, receiver_factory, keyring):
+    """`hookledger deliveries replay` takes a delivered delivery too (the API does): a new delivery, charged."""
+    receiver = await receiver_factory(lambda n: 200)
+    account_id = await add_account(pool, balance=100, price=PRICE)
+    endpoint_id = await add_endpoint(pool, account_id, receiver, keyring)
+    (created,) = await create_messages(pool, [MessageRequest(account_id, "order.created", b"{}")], attempts_max=3)
+    (delivered,) = [delivery.id for delivery in created.deliveries]
+    (claimed,) = await claims.claim_ids(pool, [delivered], lease_ms=60_000)
+    await results.record_results(pool, [results.AttemptResult(delivered, claimed.attempt, account_id, True, 5, 200)])
+    assert await pool.fetchval("SELECT state FROM deliveries WHERE id = $1", delivered) == "delivered"
+    replayed = await dead_letters.replay(pool, delivered, attempts_max=3)
+    (new_id,) = replayed.created.values()
+    assert replayed.charged == PRICE
+    row = await pool.fetchrow("SELECT state, endpoint_id FROM deliveries WHERE id = $1", new_id)
+    assert (row["state"], row["endpoint_id"]) == ("pending", endpoint_id)
+    assert await pool.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id) == 100 - 2 * PRICE
+    await assert_audit_clean(pool)
