@@ -1,4 +1,4 @@
-"""An account's API keys: create (shown once), list (prefixes only), revoke."""
+"""An account's API keys: create (shown once), list (prefixes only), revoke; and the operator's create."""
 
 from __future__ import annotations
 
@@ -18,17 +18,37 @@ async def create_key(request: web.Request) -> web.Response:
     ctx = context(request)
     account_id = await ctx.account(request)
     decode(await request.read(), Empty, optional=True)
+    return await _created(ctx, account_id, "GET /v1/api-keys")
+
+
+@routes.post("/v1/accounts/{id}/api-keys")
+async def create_key_for_account(request: web.Request) -> web.Response:
+    """Operator: a new key for an account, say one that revoked its last (its keys are its only way in)."""
+    ctx = context(request)
+    await ctx.operator(request)
+    account_id = path_id(request.match_info["id"])
+    if account_id is None:
+        raise not_found("account")
+    decode(await request.read(), Empty, optional=True)
+    return await _created(ctx, account_id, f"the account's keys (revoke through DELETE /v1/api-keys with a key of {account_id})")
+
+
+async def _created(ctx, account_id, where: str) -> web.Response:
     try:
         # A COMMIT answer lost is resolved, not guessed: the key is shown only in this answer.
         async with resolved_transaction(ctx.pool, wait_seconds=ctx.settings.api.commit_outcome_wait_seconds) as connection:
             # The account lock serializes concurrent creates, so the per-account bound holds.
-            await connection.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
+            status = await connection.fetchval("SELECT status FROM accounts WHERE id = $1 FOR UPDATE", account_id)
+            if status is None:
+                raise not_found("account")
+            if status != "active":
+                raise Problem(409, f"the account is {status}; it takes no new keys", "account-not-active")
             try:
                 key = await api_keys.create_key(connection, account_id)
             except api_keys.KeyLimitReached as error:
                 raise Problem(409, str(error), "limit-reached") from None
     except OutcomeUnknown as unknown:  # raised only at COMMIT, so the block has run: key is set
-        unknown.look_for = (f"key {key.id} in GET /v1/api-keys; if it is there, its secret was lost with the"
+        unknown.look_for = (f"key {key.id} in {where}; if it is there, its secret was lost with the"
                             " answer, so revoke it and create another")
         raise
     return responses.json(responses.from_row(responses.ApiKeyCreated, key), 201)

@@ -146,9 +146,13 @@ class AsyncDeliveries(_AsyncResource):
     async def get(self, delivery_id: Id) -> models.DeliveryDetail:
         return await self._run(calls.get_delivery(delivery_id))
 
-    async def replay(self, delivery_id: Id) -> models.Message:
-        """Send a dead or delivered delivery again: a new delivery, charged anew. Not retried when in doubt."""
-        return await self._run(calls.replay_delivery(delivery_id))
+    async def replay(self, delivery_id: Id, *, idempotency_key: str | None = None) -> models.Message:
+        """Send a dead or delivered delivery again: a new delivery, charged anew.
+
+        Without `idempotency_key` one is generated for this call and reused on its retries, so a
+        retried replay never charges twice.
+        """
+        return await self._run(calls.replay_delivery(delivery_id, idempotency_key or str(uuid.uuid4())))
 
     async def list_dead(self, *, limit: int | None = None, cursor: str | None = None) -> models.Page[models.Delivery]:
         """Operator: dead deliveries across every account, newest first."""
@@ -171,6 +175,10 @@ class AsyncAccounts(_AsyncResource):
 
     async def reverse_top_up(self, account_id: Id, order_id: str) -> models.Topup:
         return await self._run(calls.reverse_top_up(account_id, order_id))
+
+    async def create_api_key(self, account_id: Id) -> models.NewApiKey:
+        """A new API key for the account (`.key`, shown once): say after it revoked its last."""
+        return await self._run(calls.create_api_key_for(account_id))
 
 
 class AsyncApiKeys(_AsyncResource):

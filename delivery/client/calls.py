@@ -149,6 +149,10 @@ def create_api_key() -> Call[models.NewApiKey]:
     return Call("POST", "/v1/api-keys", False, _reads(models.NewApiKey))
 
 
+def create_api_key_for(account_id: Id) -> Call[models.NewApiKey]:
+    return Call("POST", f"/v1/accounts/{_segment(account_id)}/api-keys", False, _reads(models.NewApiKey))
+
+
 def list_api_keys() -> Call[tuple[models.ApiKey, ...]]:
     return Call("GET", "/v1/api-keys", True, _reads_list(models.ApiKey))
 
@@ -220,6 +224,12 @@ def get_delivery(delivery_id: Id) -> Call[models.DeliveryDetail]:
     return Call("GET", f"/v1/deliveries/{_segment(delivery_id)}", True, _reads(models.DeliveryDetail))
 
 
-def replay_delivery(delivery_id: Id) -> Call[models.Message]:
-    # Not idempotent: every replay is a new, charged delivery, and the route takes no Idempotency-Key.
-    return Call("POST", f"/v1/deliveries/{_segment(delivery_id)}/replay", False, _reads(models.Message))
+def replay_delivery(delivery_id: Id, idempotency_key: str) -> Call[models.Message]:
+    """Idempotent through its key, as send is: every attempt of this call carries the same one."""
+    def read(response: httpx.Response) -> models.Message:
+        message = _decoder(models.Message).decode(response.content)
+        replayed = response.headers.get(REPLAYED_HEADER, "").lower() == "true"
+        return msgspec.structs.replace(message, replayed=replayed, idempotency_key=idempotency_key)
+
+    return Call("POST", f"/v1/deliveries/{_segment(delivery_id)}/replay", True, read,
+                headers={IDEMPOTENCY_KEY_HEADER: idempotency_key})

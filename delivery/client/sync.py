@@ -145,9 +145,13 @@ class Deliveries(_Resource):
     def get(self, delivery_id: Id) -> models.DeliveryDetail:
         return self._run(calls.get_delivery(delivery_id))
 
-    def replay(self, delivery_id: Id) -> models.Message:
-        """Send a dead or delivered delivery again: a new delivery, charged anew. Not retried when in doubt."""
-        return self._run(calls.replay_delivery(delivery_id))
+    def replay(self, delivery_id: Id, *, idempotency_key: str | None = None) -> models.Message:
+        """Send a dead or delivered delivery again: a new delivery, charged anew.
+
+        Without `idempotency_key` one is generated for this call and reused on its retries, so a
+        retried replay never charges twice.
+        """
+        return self._run(calls.replay_delivery(delivery_id, idempotency_key or str(uuid.uuid4())))
 
     def list_dead(self, *, limit: int | None = None, cursor: str | None = None) -> models.Page[models.Delivery]:
         """Operator: dead deliveries across every account, newest first."""
@@ -170,6 +174,10 @@ class Accounts(_Resource):
 
     def reverse_top_up(self, account_id: Id, order_id: str) -> models.Topup:
         return self._run(calls.reverse_top_up(account_id, order_id))
+
+    def create_api_key(self, account_id: Id) -> models.NewApiKey:
+        """A new API key for the account (`.key`, shown once): say after it revoked its last."""
+        return self._run(calls.create_api_key_for(account_id))
 
 
 class ApiKeys(_Resource):

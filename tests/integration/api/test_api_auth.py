@@ -55,6 +55,29 @@ async def test_a_revoked_key_is_refused_at_once(api):
     assert (await api.client.get("/v1/balance", headers=headers)).status == 200
 
 
+async def test_an_account_that_revoked_its_last_key_gets_a_new_one_from_the_operator(api):
+    """An account can revoke every key it has (then everything is 401); the operator's route makes
+    it a new one, shown once; another or a missing account is 404; a deleted one is 409."""
+    account_id, headers = await api.account()
+    (only,) = (await (await api.client.get("/v1/api-keys", headers=headers)).json())["data"]
+    assert (await api.client.delete(f"/v1/api-keys/{only['id']}", headers=headers)).status == 204
+    assert (await api.client.get("/v1/balance", headers=headers)).status == 401
+    created = await api.client.post(f"/v1/accounts/{account_id}/api-keys", headers=api.operator)
+    assert created.status == 201
+    key = await created.json()
+    fresh = api.bearer(key["key"])
+    assert (await api.client.get("/v1/balance", headers=fresh)).status == 200
+    listed = (await (await api.client.get("/v1/api-keys", headers=fresh)).json())["data"]
+    assert [k["id"] for k in listed if k["revoked_at"] is None] == [key["id"]] and "key" not in listed[0]
+    missing = await api.client.post(f"/v1/accounts/{uuid.uuid4()}/api-keys", headers=api.operator)
+    assert missing.status == 404
+    await api.pool.execute("UPDATE accounts SET status = 'closing' WHERE id = $1", account_id)
+    before = await api.snapshot()
+    closing = await api.client.post(f"/v1/accounts/{account_id}/api-keys", headers=api.operator)
+    assert closing.status == 409 and (await closing.json())["type"].endswith("account-not-active")
+    assert await api.snapshot() == before
+
+
 def test_every_account_and_operator_route_is_covered():
     """The table above is the OpenAPI document's own list, so a new route cannot skip these checks."""
     assert {op.auth for op in GUARDED} == {ACCOUNT, OPERATOR}

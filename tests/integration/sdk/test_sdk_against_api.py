@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from billing.settle import settle
 from delivery.client import (
     Account,
     AuthenticationError,
@@ -162,3 +163,21 @@ async def test_a_deleted_endpoint_refunds_and_the_operator_sees_the_dead_deliver
     assert (await sdk.balance()).balance == 100
     dead = await operator.deliveries.list_dead(limit=5)
     assert [d.id for d in dead] == [detail.id] and dead.data[0].account_id == account[0].account.id
+
+
+async def test_a_replay_with_its_key_replays_once_and_the_operator_issues_a_key(operator, sdk, account, pool):
+    """A replay repeated with its key answers the first (Idempotent-Replayed), charged once; the
+    operator's create_api_key gives an account a working key."""
+    await sdk.endpoints.create("https://example.com/replayed")
+    message = await sdk.send("invoice.paid", {"n": 1})
+    dead = message.deliveries[0].id
+    await settle(pool, dead, "out_of_retries")  # as the worker does after the last attempt
+    balance = (await sdk.balance()).balance
+    first = await sdk.deliveries.replay(dead, idempotency_key="r-1")
+    again = await sdk.deliveries.replay(dead, idempotency_key="r-1")
+    assert (first.replayed, again.replayed) == (False, True) and again.id == first.id
+    assert (await sdk.balance()).balance == balance - first.total_charged
+    created, _ = account
+    key = await operator.accounts.create_api_key(created.account.id)
+    assert key.key.startswith(key.prefix)
+    assert key.id in [k.id for k in await sdk.api_keys.list() if k.revoked_at is None]

@@ -130,15 +130,15 @@ def test_409_key_in_progress_is_retried_with_the_same_key(respx_mock, client, sl
 
 @respx.mock(base_url="http://hookledger.test")
 def test_what_may_already_have_happened_is_not_retried_when_a_repeat_would_do_it_twice(respx_mock, client, sleeps):
-    """A replay (a new charge) and an account create are not retried after a 500 or a read timeout."""
-    replay = respx_mock.post("/v1/deliveries/d/replay").respond(500, json=problem(500, "internal"))
-    with pytest.raises(ServerError):
-        client.deliveries.replay("d")
+    """An account create (no key) is not retried after a read timeout, nor a new API key after a 500."""
     create = respx_mock.post("/v1/accounts").mock(side_effect=httpx.ReadTimeout("slow"))
     with pytest.raises(APIConnectionError) as raised:
         client.accounts.create("acme")
     assert "not retried" in str(raised.value)
-    assert replay.call_count == 1 and create.call_count == 1 and sleeps == []
+    key = respx_mock.post("/v1/api-keys").respond(500, json=problem(500, "internal"))
+    with pytest.raises(ServerError):
+        client.api_keys.create()
+    assert create.call_count == 1 and key.call_count == 1 and sleeps == []
 
 
 @respx.mock(base_url="http://hookledger.test")
@@ -150,19 +150,19 @@ def test_a_503_is_retried_even_for_a_replay_since_the_api_wrote_nothing(respx_mo
 
 @pytest.mark.parametrize("slug", ["write-outcome-unknown", "database-unavailable"])
 @respx.mock(base_url="http://hookledger.test")
-def test_a_503_that_may_have_written_is_not_retried_for_a_replay_but_is_for_a_send(respx_mock, client, sleeps, slug):
-    """After a lost COMMIT the write may exist: a replay (a new charge, no key) is not repeated; a
-    send is, with its key, which returns the message if it was written."""
+def test_a_503_that_may_have_written_is_retried_with_the_same_key_for_a_send_and_a_replay(respx_mock, client, sleeps, slug):
+    """After a lost COMMIT the write may exist: a send and a replay are repeated with their key,
+    which returns the first one's answer if it was written, so neither charges twice."""
     unknown = httpx.Response(503, json=problem(503, slug), headers={"Content-Type": PROBLEM, "Retry-After": "1"})
-    replay = respx_mock.post("/v1/deliveries/d/replay").mock(side_effect=[unknown, httpx.Response(202, json=ACCEPTED)])
-    with pytest.raises(ServerError) as raised:
-        client.deliveries.replay("d")
-    assert raised.value.slug == slug and replay.call_count == 1 and sleeps == []
-    send = respx_mock.post("/v1/messages").mock(side_effect=[unknown, httpx.Response(202, json=ACCEPTED,
-                                                                                      headers={"Idempotent-Replayed": "true"})])
+    replayed = httpx.Response(202, json=ACCEPTED, headers={"Idempotent-Replayed": "true"})
+    replay = respx_mock.post("/v1/deliveries/d/replay").mock(side_effect=[unknown, replayed])
+    assert client.deliveries.replay("d").replayed
+    send = respx_mock.post("/v1/messages").mock(side_effect=[unknown, replayed])
     assert client.send("invoice.paid", {"n": 1}).replayed
-    keys = [call.request.headers["Idempotency-Key"] for call in send.calls]
-    assert len(keys) == 2 and keys[0] == keys[1] and sleeps == [1.0]
+    for route in (replay, send):
+        keys = [call.request.headers["Idempotency-Key"] for call in route.calls]
+        assert len(keys) == 2 and keys[0] == keys[1]
+    assert sleeps == [1.0, 1.0]
 
 
 @respx.mock(base_url="http://hookledger.test")
