@@ -13,7 +13,7 @@ from multidict import MultiDict, MultiDictProxy
 
 from billing.messages import EVENT_TYPE_LENGTH_MAX
 from delivery.api.problems import FieldError
-from delivery.api.validation import Query
+from delivery.api.validation import BIGINT_MAX, Query
 
 PAGE_SIZE = 50
 _EVENT_TYPE = re.compile(r"[A-Za-z0-9_.:\-]{1,%d}" % EVENT_TYPE_LENGTH_MAX)
@@ -40,7 +40,7 @@ def seq_cursor(query: Query) -> int | None:
     cursor = query.cursor()
     if cursor is None:
         return None
-    if cursor.isascii() and cursor.isdigit() and len(cursor) <= SEQ_DIGITS_MAX:
+    if cursor.isascii() and cursor.isdigit() and len(cursor) <= SEQ_DIGITS_MAX and int(cursor) <= BIGINT_MAX:
         return int(cursor)
     query.errors.append(FieldError("cursor", "is not a cursor this page made"))
     return None

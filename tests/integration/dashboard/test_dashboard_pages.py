@@ -180,6 +180,9 @@ async def test_ledger_running_balance_pages_and_csv(dash, pool):
     assert [r["kind"] for r in csv.DictReader(io.StringIO(body))] == ["charge"]
     charges = await dash.page("/dashboard/ledger?kind=charge")
     assert len(_rows(charges, "ledger")) == 1 and f'class="num">{total:,}<'.replace(",", "\u202f") in charges
+    for cursor in ("9223372036854775808", "9999999999999999999"):  # past bigint: refused, not a 500
+        response, html = await dash.get(f"/dashboard/ledger?cursor={cursor}")
+        assert response.status == 422 and "cursor" in html
 
 
 async def test_operator_pages_accounts_dead_letters_audit_and_deletions(dash, pool):
