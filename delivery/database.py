@@ -17,7 +17,6 @@ UNAVAILABLE = (asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError, a
                asyncpg.CrashShutdownError, asyncpg.TooManyConnectionsError, ConnectionError, FileNotFoundError)
 
 
-
 def lost_database(error: BaseException) -> bool:
     """Whether the database going away caused this error: it is one of UNAVAILABLE, or one led to
     it (asyncpg's transaction exit on a connection closed mid-query raises InterfaceError instead,

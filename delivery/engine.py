@@ -189,12 +189,16 @@ class Engine:
             await self._record_finished(outgoing, futures)
             raise
         results = [self._result(item, result) for item, result in zip(outgoing, sent)]
-        report.summary = await record_results(self.pool, results)
-        attempted = [result for result in results if not result.released]
-        report.sent = len(attempted)
-        metrics.count_results(attempted, report.summary)
+        report.summary = await self._record(results)
+        report.sent = sum(not result.released for result in results)
         await self._after_record(outgoing, sent, results, report.summary)
         return report
+
+    async def _record(self, results: list[AttemptResult]) -> RecordSummary:
+        """Record a batch's results and count its attempts (the claims given back were none)."""
+        summary = await record_results(self.pool, results)
+        metrics.count_results([result for result in results if not result.released], summary)
+        return summary
 
     async def _record_finished(self, outgoing: list[Outgoing], futures: list[asyncio.Future[SendResult]]) -> None:
         """Cancelled (the shutdown's grace is over): record the sends that ended, so their 2xx is
@@ -205,11 +209,9 @@ class Engine:
         if not results:
             return
         try:
-            summary = await asyncio.wait_for(record_results(self.pool, results), CANCELLED_RECORD_SECONDS)
+            await asyncio.wait_for(self._record(results), CANCELLED_RECORD_SECONDS)
         except Exception as error:  # noqa: BLE001 - shutting down: their leases expire and they are retried
             logger.warning("could not record %d finished sends while cancelled (%r)", len(results), error)
-            return
-        metrics.count_results([result for result in results if not result.released], summary)
 
     def _submit(self, item: Outgoing, not_after: float) -> asyncio.Future[SendResult]:
         delivery_id = str(item.claimed.id)
@@ -250,30 +252,24 @@ class Engine:
         failing = {item.claimed.endpoint_id for item, result in zip(outgoing, sent) if not result.success} - gone
         for endpoint_id in failing:
             await self.health.check_failing(endpoint_id)
-        await self._wake_retries(results, set(summary.retrying))
-        await self._wake_released(summary.released)
+        await self._wake(results, set(summary.retrying), summary.released)
 
-    async def _wake_retries(self, results: list[AttemptResult], retrying: set[uuid.UUID]) -> None:
-        if self.queue is None or not retrying or not self.queue_reachable:
-            return  # without Redis, the sweep finds each retry when it is due
+    async def _wake(self, results: list[AttemptResult], retrying: set[uuid.UUID], released: list[uuid.UUID]) -> None:
+        """Wake a worker at each retry's time, and shortly for the claims given back."""
+        if self.queue is None or not (retrying or released) or not self.queue_reachable:
+            return  # without Redis, the sweep finds each of them when it is due
         # Group by whole seconds so one job wakes many deliveries due together.
         by_delay: dict[int, list[uuid.UUID]] = defaultdict(list)
         for result in results:
             if result.delivery_id in retrying:
                 by_delay[int(result.retry_delay_seconds + 0.999)].append(result.delivery_id)
+        by_delay[RELEASED_WAKE_SECONDS].extend(released)
         try:
             for delay, ids in by_delay.items():
-                await self.queue.defer_by(ids, timedelta(seconds=delay))
+                if ids:
+                    await self.queue.defer_by(ids, timedelta(seconds=delay))
         except Exception as error:  # noqa: BLE001 - Redis is a hint; the sweeper finds what is lost.
             logger.warning("could not enqueue retries (%r); the sweeper will find them", error)
-
-    async def _wake_released(self, released: list[uuid.UUID]) -> None:
-        if self.queue is None or not released or not self.queue_reachable:
-            return  # due at once: the sweep finds them
-        try:
-            await self.queue.defer_by(released, timedelta(seconds=RELEASED_WAKE_SECONDS))
-        except Exception as error:  # noqa: BLE001 - Redis is a hint; the sweeper finds what is lost.
-            logger.warning("could not enqueue released deliveries (%r); the sweeper will find them", error)
 
     def _next_delay(self, failed_attempt: int, retry_after_seconds: float | None = None) -> float:
         """The backoff before the next attempt. Past the schedule's end (an attempt limit set

@@ -200,16 +200,21 @@ def get_secret(endpoint_id: Id) -> Call[str]:
     return Call("GET", f"/v1/endpoints/{_segment(endpoint_id)}/secret", True, _reads_secret)
 
 
-def send(event_type: str, payload: Any, idempotency_key: str) -> Call[models.Message]:
-    """Idempotent through its key: every attempt of this call carries the same one."""
-    body = _json({"event_type": event_type, "payload": payload})
-
+def _reads_keyed_message(idempotency_key: str) -> Callable[[httpx.Response], models.Message]:
+    """A 202 of a keyed create (a send or a replay), with whether it was the stored answer."""
     def read(response: httpx.Response) -> models.Message:
         message = _decoder(models.Message).decode(response.content)
         replayed = response.headers.get(REPLAYED_HEADER, "").lower() == "true"
         return msgspec.structs.replace(message, replayed=replayed, idempotency_key=idempotency_key)
 
-    return Call("POST", "/v1/messages", True, read, body=body, headers={IDEMPOTENCY_KEY_HEADER: idempotency_key})
+    return read
+
+
+def send(event_type: str, payload: Any, idempotency_key: str) -> Call[models.Message]:
+    """Idempotent through its key: every attempt of this call carries the same one."""
+    body = _json({"event_type": event_type, "payload": payload})
+    return Call("POST", "/v1/messages", True, _reads_keyed_message(idempotency_key), body=body,
+                headers={IDEMPOTENCY_KEY_HEADER: idempotency_key})
 
 
 def list_deliveries(*, limit: int | None, cursor: str | None, state: str | None, endpoint_id: Id | None,
@@ -226,10 +231,5 @@ def get_delivery(delivery_id: Id) -> Call[models.DeliveryDetail]:
 
 def replay_delivery(delivery_id: Id, idempotency_key: str) -> Call[models.Message]:
     """Idempotent through its key, as send is: every attempt of this call carries the same one."""
-    def read(response: httpx.Response) -> models.Message:
-        message = _decoder(models.Message).decode(response.content)
-        replayed = response.headers.get(REPLAYED_HEADER, "").lower() == "true"
-        return msgspec.structs.replace(message, replayed=replayed, idempotency_key=idempotency_key)
-
-    return Call("POST", f"/v1/deliveries/{_segment(delivery_id)}/replay", True, read,
+    return Call("POST", f"/v1/deliveries/{_segment(delivery_id)}/replay", True, _reads_keyed_message(idempotency_key),
                 headers={IDEMPOTENCY_KEY_HEADER: idempotency_key})

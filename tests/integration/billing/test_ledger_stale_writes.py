@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from billing import accounts, closeout, ids
@@ -296,3 +298,25 @@ async def test_a_reclaim_lost_after_its_result_was_recorded_is_made_by_the_sweep
     assert await balance(pool, account_id) == 9
     await assert_audit_clean(pool, account_id)
     assert await results.reclaim_late_successes(pool, batch_size=10) == []
+
+
+@pytest.mark.parametrize("round_number", range(20))
+async def test_the_sweep_and_the_recording_of_a_late_2xx_reclaim_once_when_they_race(pool, round_number):
+    """record_results reclaims a late 2xx while the sweep's reclaim_late_successes finds the same
+    answer: run at once, on separate connections, the refund is taken back exactly once."""
+    account_id = await make_account(pool, balance=10)
+    await add_endpoint(pool, account_id)
+    claimed = await _dead_and_refunded_by_exhaustion(pool, account_id)
+    await pool.execute(
+        "UPDATE delivery_attempts SET status_code = 200, error = NULL, stale = true"
+        " WHERE delivery_id = $1 AND attempt = $2", claimed.id, claimed.attempt)
+
+    summary, swept = await asyncio.gather(
+        results.record_results(pool, [_result(claimed, account_id, success=True)]),
+        results.reclaim_late_successes(pool, batch_size=10))
+
+    assert sorted([*summary.reclaimed, *swept]) == [claimed.id]
+    assert await entries_of(pool, claimed.id) == {
+        ids.charge_id(claimed.id): -1, ids.refund_id(claimed.id): 1, ids.reclaim_id(claimed.id): -1}
+    assert await balance(pool, account_id) == 9
+    await assert_audit_clean(pool, account_id)
