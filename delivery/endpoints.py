@@ -169,15 +169,21 @@ async def update_endpoint(
 
 
 async def delete_endpoint(pool: asyncpg.Pool, account_id: uuid.UUID, endpoint_id: uuid.UUID) -> int | None:
-    """Soft-delete; settle up to SETTLE_ON_DELETE_MAX pending deliveries now. None when there is no such endpoint.
+    """Soft-delete; settle up to SETTLE_ON_DELETE_MAX pending deliveries now. None when the account
+    never had this endpoint.
 
     Returns how many deliveries were refunded right away. The rest (and any being sent right
     now) die at the worker's pre-send check with reason endpoint_deleted. Each settle quotes the
     attempt it read, so a delivery a worker claims in between is left to that worker.
+
+    Deleting an endpoint the account already deleted succeeds again (settling what is still
+    pending, usually nothing), as revoking a revoked key does: a DELETE retried because its
+    first answer was lost then reads as done, not as 404. Another account's endpoint stays None.
     """
     deleted = await pool.fetchval(
-        "UPDATE endpoints SET deleted_at = now(), updated_at = now()"
-        " WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL RETURNING id",
+        "WITH marked AS (UPDATE endpoints SET deleted_at = now(), updated_at = now()"
+        "   WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL RETURNING id)"
+        " SELECT id FROM marked UNION ALL SELECT id FROM endpoints WHERE id = $1 AND account_id = $2",
         endpoint_id, account_id,
     )
     if deleted is None:
