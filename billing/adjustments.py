@@ -30,12 +30,13 @@ import uuid
 from dataclasses import dataclass
 
 from billing.database import Executor, transaction
-from billing.errors import AccountNotClosable, AccountNotFound, BillingError
+from billing.errors import AccountNotClosable, AccountNotFound, BalanceLimitExceeded, BillingError
 
 REASONS = ("missing_charge", "charge_difference", "refund_on_live")
 # Adjustments that stand in for or correct a delivery's charge; the audit adds them to the charge.
 CHARGE_REASONS = ("missing_charge", "charge_difference")
 REPAIRS_PER_CALL_MAX = 10_000
+BIGINT_MIN, BIGINT_MAX = -(2**63), 2**63 - 1  # accounts.balance
 
 
 class RepairChanged(BillingError):
@@ -165,9 +166,14 @@ async def apply(executor: Executor, account_id: uuid.UUID, shown: list[Repair]) 
         if current != list(shown):
             raise RepairChanged(f"{len(current)} repairs are needed now, {len(shown)} were shown; nothing was written")
         chosen = [repair for repair in current if repair.repairable]
+        balance = await connection.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id)
         if not chosen:
-            balance = await connection.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id)
             return Applied(0, 0, 0, balance)
+        after = balance + sum(repair.balance_change for repair in chosen)
+        if not BIGINT_MIN <= after <= BIGINT_MAX:
+            raise BalanceLimitExceeded(
+                f"the repairs would move the balance of {balance} by {after - balance}, past what an account can"
+                " hold; nothing was written: these need a person")
         row = await connection.fetchrow(
             _APPLY, account_id,
             [repair.adjustment_id for repair in chosen],

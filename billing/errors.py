@@ -37,7 +37,7 @@ class TopupConflict(BillingError):
 
 
 class BalanceLimitExceeded(BillingError):
-    """The top-up would take the balance past the largest one an account can hold; nothing was written."""
+    """The top-up or repair would take the balance past what an account can hold; nothing was written."""
 
 
 class TopupUnknown(BillingError):

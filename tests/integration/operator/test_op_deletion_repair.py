@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from billing import adjustments
 from billing.audit import audit
+from billing.errors import BalanceLimitExceeded
 from delivery import deletion, repair
 from delivery.cli import app
 from ledger_helpers import execute_unchecked
@@ -100,3 +101,20 @@ async def test_repair_refuses_when_the_ledger_changed_and_leaves_unrepairable_ro
     assert [item["delivery_id"] for item in state.report["mismatches"]] == [str(foreign)]
     violations = (await audit(pool)).violations
     assert {v.delivery_id for v in violations} == {foreign}
+
+
+async def test_a_repair_that_would_take_the_balance_past_bigint_is_refused_and_writes_nothing(pool):
+    """A charge of -2**62 written behind the application's back without its balance change: the
+    correction refunds it all, which would pass the largest balance; refused, nothing written."""
+    account_id = await make_account(pool, balance=1)
+    endpoint_id = await add_endpoint(pool, account_id)
+    delivery_id = await raw_delivery(pool, account_id, endpoint_id, charge=-(2**62))
+    await pool.execute("UPDATE accounts SET balance = $2 WHERE id = $1", account_id, 2**63 - 10)  # the cache lies
+    assert (await deletion.run_deletion(pool, account_id)).status == "waiting_repair"
+    plan = await repair.plan(pool, account_id)
+    assert [r.delivery_id for r in plan.repairable] == [delivery_id]
+    with pytest.raises(BalanceLimitExceeded, match="nothing was written"):
+        await repair.apply(pool, plan)
+    assert await pool.fetchval("SELECT count(*) FROM ledger_entries WHERE kind IN ('adjustment', 'refund')") == 0
+    assert await pool.fetchval("SELECT state FROM deliveries WHERE id = $1", delivery_id) == "pending"
+    assert await pool.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id) == 2**63 - 10
