@@ -69,8 +69,10 @@ _SCHEDULE_RETRY = (
     " RETURNING d.id"
 )
 # A claim given back unused: the attempt it took is handed back too, so a send that never left
-# costs no attempt. Fenced like a result; once the lease expired it matches nothing and the
-# lease expiry stands.
+# costs no attempt. Fenced like a result: it applies while the delivery is still sending on this
+# attempt, past the lease's end too until the sweep expires it (the two take the row lock in
+# turn, and the sweep skips a locked row); once the sweep or another worker's claim moved the
+# delivery on, it matches nothing (tests/integration/engine/test_release_races.py).
 _RELEASE = (
     "UPDATE deliveries d SET state = 'pending', attempt = d.attempt - 1, leased_until = NULL, next_attempt_at = now()"
     " FROM unnest($1::uuid[], $2::int[]) AS r(id, attempt)"

@@ -75,7 +75,7 @@ async def test_sends_that_cannot_end_within_the_lease_are_given_back_and_sent_on
     assert (await audit(pool)).violations == []
 
 
-async def test_a_released_claim_is_fenced_once_its_lease_expired(pool, receiver_factory, keyring):
+async def test_a_released_claim_is_fenced_once_another_worker_claimed_it(pool, receiver_factory, keyring):
     """Giving a claim back quotes its attempt and state: after the lease expired and another
     worker claimed the delivery, the release matches nothing."""
     receiver = await receiver_factory(lambda number: 200)
