@@ -178,7 +178,7 @@ async def outcome_after_backend_ends(pool: asyncpg.Pool, pid: int, alive_at: dat
 
 
 @contextlib.asynccontextmanager
-async def resolved_transaction(pool: asyncpg.Pool, *,
+async def resolved_transaction(executor: Executor, *,
                                wait_seconds: float = OUTCOME_WAIT_SECONDS) -> AsyncIterator[asyncpg.Connection]:
     """A transaction on a pooled connection whose COMMIT, if its answer is lost, is resolved
     instead of guessed: written, the block's results stand and this returns normally; not
@@ -187,8 +187,18 @@ async def resolved_transaction(pool: asyncpg.Pool, *,
     For writes that are not idempotent and show something once (an account's first key, a new
     key, an endpoint): a client told "failed" that retries would otherwise make a second one, or
     lose the one shown. It costs one round trip more than `transaction`: the transaction's id.
+
+    Given a connection inside a caller's transaction, this is a savepoint of it, as `transaction`
+    is: there is no COMMIT of its own, and the caller's transaction, itself a resolved one (the
+    API's keyed creates, delivery.api.idempotency), is the one whose lost answer is resolved.
     """
-    async with pool.acquire() as connection:
+    if not isinstance(executor, asyncpg.Pool):
+        # Asking about a lost COMMIT needs another connection, which only a pool gives.
+        assert executor.is_in_transaction(), "a resolved transaction needs a pool or a caller's transaction"
+        async with transaction(executor) as connection:
+            yield connection
+        return
+    async with executor.acquire() as connection:
         handle = connection.transaction()
         await handle.start()
         try:
@@ -201,7 +211,7 @@ async def resolved_transaction(pool: asyncpg.Pool, *,
         try:
             await handle.commit()
         except Exception as error:
-            committed = await transaction_status(pool, transaction_id, wait_seconds=wait_seconds)
+            committed = await transaction_status(executor, transaction_id, wait_seconds=wait_seconds)
             if committed:
                 return
             if committed is None:

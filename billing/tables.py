@@ -313,3 +313,25 @@ dashboard_sessions = sa.Table(
     sa.Index(None, "expires_at"),
     comment="Web dashboard sign-ins. Only a SHA-256 hash of the session token is kept; the token lives in the browser's cookie.",
 )
+
+idempotent_responses = sa.Table(
+    "idempotent_responses",
+    metadata,
+    # Whose key it is: an account's id (as text) for an account's creates, "operator" for the operator's.
+    sa.Column("principal", sa.Text, primary_key=True),
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("fingerprint", sa.LargeBinary, nullable=False),
+    sa.Column("status", sa.SmallInteger, nullable=False),
+    sa.Column("body", sa.LargeBinary, nullable=False),
+    _created_at(),
+    sa.CheckConstraint(_length("principal", 1, 64), name="principal_length"),
+    sa.CheckConstraint(_length("key", 1, 255), name="key_length"),
+    sa.CheckConstraint("octet_length(fingerprint) = 32", name="fingerprint_length"),
+    # Only answers that made something are kept: a refused request leaves no row, so its corrected
+    # retry with the same key goes ahead.
+    sa.CheckConstraint("status BETWEEN 200 AND 299", name="status_success"),
+    sa.CheckConstraint("octet_length(body) <= 262144", name="body_size"),
+    sa.Index(None, "created_at"),
+    comment="The 2xx answer of a keyed create other than a message (account, API key, endpoint, secret rotation),"
+            " sealed at rest: a retry with the same Idempotency-Key gets it again. Purged after 25 h.",
+)

@@ -84,7 +84,7 @@ async def insert_endpoint(
 
 
 async def create_endpoint(
-    pool: asyncpg.Pool,
+    executor: Executor,
     account_id: uuid.UUID,
     url: str,
     *,
@@ -102,12 +102,13 @@ async def create_endpoint(
     cannot both pass the count. A COMMIT whose answer is lost is resolved (resolved_transaction):
     a client told "failed" would make a second endpoint, and every message would then be
     delivered, and charged, twice. Not written: NotWritten; cannot tell: OutcomeUnknown naming
-    the endpoint's id.
+    the endpoint's id. Given a connection inside a caller's transaction (a keyed create), it is a
+    savepoint of that transaction, which is then the one resolved.
     """
     endpoint_id = ids.new_id()
     ciphertext = seal_secret(secret, keyring, endpoint_id)
     try:
-        async with resolved_transaction(pool, wait_seconds=outcome_wait_seconds) as connection:
+        async with resolved_transaction(executor, wait_seconds=outcome_wait_seconds) as connection:
             await connection.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
             count = await connection.fetchval(
                 "SELECT count(*) FROM endpoints WHERE account_id = $1 AND deleted_at IS NULL", account_id

@@ -23,7 +23,7 @@ from datetime import timedelta
 
 import asyncpg
 
-from delivery import claims, metrics, presend, retry
+from delivery import claims, idempotent_responses, metrics, presend, retry
 from delivery.endpoint_health import EndpointHealth
 from delivery.presend import Outgoing
 from delivery.queue import IDS_PER_JOB_MAX, Queue
@@ -129,7 +129,9 @@ class Engine:
             self.budget.give(held)
 
     async def sweep(self) -> int:
-        """Find what Redis may have lost: expired leases, exhausted deliveries, lost reclaims, due deliveries."""
+        """Find what Redis may have lost: expired leases, exhausted deliveries, lost reclaims, due
+        deliveries; and purge the API's stored answers past their retention."""
+        await idempotent_responses.purge_expired(self.pool)
         await expire_leases(self.pool, batch_size=claims.CLAIM_BATCH_MAX, delay_seconds=self._lease_expiry_delay)
         exhausted = await claims.settle_exhausted(self.pool, batch_size=claims.CLAIM_BATCH_MAX)
         metrics.count_deaths("attempts_exhausted", exhausted)

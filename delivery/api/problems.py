@@ -108,10 +108,10 @@ def response(problem: Problem) -> web.Response:
     )
 
 
-def write_outcome_unknown(keyed: bool, look_for: str = "it among your deliveries") -> Problem:
+def write_outcome_unknown(keyed: bool, look_for: str = "it among your deliveries", made: str = "the message") -> Problem:
     """The connection to the database broke while the write was committing and it could not be
     checked afterwards: what it wrote may exist. Say so, and how to retry without paying twice."""
-    how = ("retry with the same Idempotency-Key: you get the message if it was written, and it is created if not"
+    how = (f"retry with the same Idempotency-Key: you get {made} if it was written, and it is created if not"
            if keyed else f"it may have been written: look for {look_for} before retrying")
     return Problem(503, f"the database connection was lost while the write was committing; {how}",
                    "write-outcome-unknown", headers={"Retry-After": "1"})
@@ -121,3 +121,9 @@ def write_failed() -> Problem:
     """The connection broke while the write was committing and the database says nothing was written."""
     return Problem(503, "the database did not accept the write; nothing was written, retry", "write-failed",
                    headers={"Retry-After": "1"})
+
+
+def key_in_use() -> Problem:
+    """The first request with this Idempotency-Key is still in progress: its answer is not known yet."""
+    return Problem(409, "a request with this Idempotency-Key is still in progress; retry shortly",
+                   "idempotency-key-in-use", headers={"Retry-After": "1"})

@@ -5,12 +5,13 @@ from __future__ import annotations
 from aiohttp import web
 
 from billing import accounts as billing_accounts
-from billing.database import OutcomeUnknown, resolved_transaction
+from billing.database import Executor, OutcomeUnknown, resolved_transaction
 from delivery import deletion
-from delivery.api import api_keys, reads, responses
-from delivery.api.context import context
+from delivery.api import api_keys, idempotency, reads, responses
+from delivery.api.context import ApiContext, context
 from delivery.api.problems import not_found
 from delivery.api.validation import AccountCreate, Query, TopupCreate, decode, path_id
+from delivery.idempotent_responses import OPERATOR_PRINCIPAL
 
 routes = web.RouteTableDef()
 
@@ -35,11 +36,16 @@ async def create_account(request: web.Request) -> web.Response:
     price = body.price_per_delivery
     if price is None:
         price = ctx.settings.ledger.price_per_delivery_default
+    return await idempotency.once(request, OPERATOR_PRINCIPAL,
+                                  lambda executor: _create_account(ctx, executor, body.name, price))
+
+
+async def _create_account(ctx: ApiContext, executor: Executor, name: str, price: int) -> web.Response:
     # The account and its first key in one transaction: never an account nobody can use. Its
     # COMMIT answer lost is resolved, not guessed: an operator told "failed" would create another.
     try:
-        async with resolved_transaction(ctx.pool, wait_seconds=ctx.settings.api.commit_outcome_wait_seconds) as connection:
-            account = await billing_accounts.create_account(connection, body.name, price_per_delivery=price)
+        async with resolved_transaction(executor, wait_seconds=ctx.settings.api.commit_outcome_wait_seconds) as connection:
+            account = await billing_accounts.create_account(connection, name, price_per_delivery=price)
             key = await api_keys.create_key(connection, account.id)
     except OutcomeUnknown as unknown:  # raised only at COMMIT, so the block has run: account is set
         unknown.look_for = (f"account {account.id} (GET /v1/accounts/{account.id}); if it exists, its first API key"

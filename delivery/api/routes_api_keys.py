@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import uuid
+
 from aiohttp import web
 
-from billing.database import OutcomeUnknown, resolved_transaction
-from delivery.api import api_keys, responses
-from delivery.api.context import context
+from billing.database import Executor, OutcomeUnknown, resolved_transaction
+from delivery.api import api_keys, idempotency, responses
+from delivery.api.context import ApiContext, context
 from delivery.api.problems import Problem, not_found
 from delivery.api.validation import Empty, decode, path_id
+from delivery.idempotent_responses import OPERATOR_PRINCIPAL
 
 routes = web.RouteTableDef()
 
@@ -18,7 +21,8 @@ async def create_key(request: web.Request) -> web.Response:
     ctx = context(request)
     account_id = await ctx.account(request)
     decode(await request.read(), Empty, optional=True)
-    return await _created(ctx, account_id, "GET /v1/api-keys")
+    return await idempotency.once(request, str(account_id),
+                                  lambda executor: _created(ctx, executor, account_id, "GET /v1/api-keys"))
 
 
 @routes.post("/v1/accounts/{id}/api-keys")
@@ -30,13 +34,14 @@ async def create_key_for_account(request: web.Request) -> web.Response:
     if account_id is None:
         raise not_found("account")
     decode(await request.read(), Empty, optional=True)
-    return await _created(ctx, account_id, f"the account's keys (revoke through DELETE /v1/api-keys with a key of {account_id})")
+    where = f"the account's keys (revoke through DELETE /v1/api-keys with a key of {account_id})"
+    return await idempotency.once(request, OPERATOR_PRINCIPAL, lambda executor: _created(ctx, executor, account_id, where))
 
 
-async def _created(ctx, account_id, where: str) -> web.Response:
+async def _created(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, where: str) -> web.Response:
     try:
         # A COMMIT answer lost is resolved, not guessed: the key is shown only in this answer.
-        async with resolved_transaction(ctx.pool, wait_seconds=ctx.settings.api.commit_outcome_wait_seconds) as connection:
+        async with resolved_transaction(executor, wait_seconds=ctx.settings.api.commit_outcome_wait_seconds) as connection:
             # The account lock serializes concurrent creates, so the per-account bound holds.
             status = await connection.fetchval("SELECT status FROM accounts WHERE id = $1 FOR UPDATE", account_id)
             if status is None:

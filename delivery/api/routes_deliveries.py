@@ -12,7 +12,7 @@ from billing.tables import DELIVERY_STATES
 from delivery.api import reads, responses
 from delivery.api.context import context
 from delivery.api.problems import FieldError, Problem, not_found
-from delivery.api.routes_messages import accepted, idempotency_key, submit
+from delivery.api.routes_messages import accepted, message_idempotency_key, submit
 from delivery.api.validation import Empty, Query, decode, path_id
 
 routes = web.RouteTableDef()
@@ -86,7 +86,7 @@ async def replay_delivery(request: web.Request) -> web.Response:
     ctx = context(request)
     account_id = await ctx.account(request)
     delivery_id = path_id(request.match_info["id"])
-    key = idempotency_key(request)
+    key = message_idempotency_key(request)
     decode(await request.read(), Empty, optional=True)
     row = None if delivery_id is None else await reads.message_of_delivery(ctx.pool, account_id, delivery_id)
     if row is None:

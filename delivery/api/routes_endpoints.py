@@ -8,8 +8,9 @@ import uuid
 import msgspec
 from aiohttp import web
 
+from billing.database import Executor
 from delivery import endpoints as store
-from delivery.api import responses
+from delivery.api import idempotency, responses
 from delivery.api.context import ApiContext, context
 from delivery.api.problems import FieldError, Problem, not_found, validation
 from delivery.api.validation import EndpointCreate, EndpointPatch, SecretRotate, decode, path_id
@@ -62,9 +63,13 @@ async def create_endpoint(request: web.Request) -> web.Response:
     _check_url(ctx, body.url)
     _check_event_types(body.event_types)
     _check_secret(body.secret)
+    return await idempotency.once(request, str(account_id), lambda executor: _create(ctx, executor, account_id, body))
+
+
+async def _create(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, body: EndpointCreate) -> web.Response:
     try:
         endpoint = await store.create_endpoint(
-            ctx.pool, account_id, body.url, secret=body.secret or generate_secret(), keyring=ctx.keyring,
+            executor, account_id, body.url, secret=body.secret or generate_secret(), keyring=ctx.keyring,
             event_types=body.event_types, description=body.description, timeout_ms=body.timeout_ms,
             enabled=body.enabled, outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds,
         )
@@ -119,9 +124,15 @@ async def rotate_secret(request: web.Request) -> web.Response:
     ctx, account_id, endpoint_id = await _ids(request)
     body = decode(await request.read(), SecretRotate, optional=True)
     _check_secret(body.secret)
-    secret = body.secret or generate_secret()
+    return await idempotency.once(request, str(account_id),
+                                  lambda executor: _rotate(ctx, executor, account_id, endpoint_id, body.secret))
+
+
+async def _rotate(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, endpoint_id: uuid.UUID,
+                  secret: str | None) -> web.Response:
+    secret = secret or generate_secret()
     rotated = await store.rotate_secret(
-        ctx.pool, account_id, endpoint_id, secret=secret, keyring=ctx.keyring,
+        executor, account_id, endpoint_id, secret=secret, keyring=ctx.keyring,
         overlap_seconds=ctx.settings.api.secret_rotation_overlap_seconds,
     )
     if not rotated:

@@ -13,10 +13,11 @@ import uuid
 from aiohttp import web
 
 from billing.errors import BillingError
-from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX, MessageCreated, MessageRequest
+from billing.messages import MessageCreated, MessageRequest
 from delivery.api import group_commit, problems, responses
 from delivery.dead_letters import REPLAY_KEY_PREFIX
 from delivery.api.context import ApiContext, context
+from delivery.api.idempotency import idempotency_key
 from delivery.api.problems import FieldError, Problem, validation
 from delivery.api.validation import decode_message
 
@@ -47,8 +48,7 @@ async def submit(ctx: ApiContext, request: MessageRequest) -> MessageCreated:
     try:
         result = await ctx.coalescer.submit(request)
     except group_commit.KeyInProgress:
-        raise Problem(409, "a request with this Idempotency-Key is still in progress; retry shortly",
-                      "idempotency-key-in-use", headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
+        raise problems.key_in_use() from None
     except group_commit.Overloaded:
         raise Problem(503, "too many requests are waiting to be written; retry shortly", "overloaded",
                       headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
@@ -64,16 +64,10 @@ async def submit(ctx: ApiContext, request: MessageRequest) -> MessageCreated:
     return result
 
 
-def idempotency_key(request: web.Request) -> str | None:
-    key = request.headers.get("Idempotency-Key")
-    if key is None:
-        return None
-    # Printable ASCII (space to ~), as the OpenAPI document says: a header carries bytes, and
-    # anything else depends on how each client encodes it.
-    if not (1 <= len(key) <= IDEMPOTENCY_KEY_LENGTH_MAX and key.isascii() and key.isprintable()):
-        raise validation([FieldError("Idempotency-Key",
-                                     f"must be 1 to {IDEMPOTENCY_KEY_LENGTH_MAX} printable ASCII characters")])
-    if key.startswith(REPLAY_KEY_PREFIX):
+def message_idempotency_key(request: web.Request) -> str | None:
+    """The request's Idempotency-Key (delivery.api.idempotency's rule), not in the replays' space."""
+    key = idempotency_key(request)
+    if key is not None and key.startswith(REPLAY_KEY_PREFIX):
         # The operator's dead-letter replays key themselves so; a customer's key there would
         # make `hookledger deliveries replay` refuse that delivery as a reused key.
         raise validation([FieldError("Idempotency-Key", f"may not start with {REPLAY_KEY_PREFIX!r} (reserved)")])
@@ -93,7 +87,7 @@ async def create_message(request: web.Request) -> web.Response:
     # for bodies that do not declare it, and the payload itself is measured after parsing.
     if request.content_length is not None and request.content_length > body_bytes_max(limit):
         raise _too_large(limit)
-    key = idempotency_key(request)
+    key = message_idempotency_key(request)
     body, payload = decode_message(await request.read())
     if len(payload) > limit:
         raise _too_large(limit)

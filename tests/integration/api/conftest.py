@@ -3,6 +3,7 @@ Redis, an operator key, and a harness that makes accounts, endpoints and counts 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 
@@ -10,11 +11,16 @@ import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from billing.database import create_pool
+from billing.message_direct import DIRECT_WRITE
+from billing.message_plan import GATED_WRITE
 from delivery import config
 from delivery import queue as job_queue
 from delivery.api.app import create_app
 from signing import format_keyring, generate_at_rest_key
 from signing.at_rest import Keyring
+
+from commit_cutter import CommitCutter
 
 OPERATOR_KEY = "op_test_" + "x" * 40
 
@@ -107,3 +113,23 @@ async def client(settings, pool, queue):
 @pytest.fixture
 def api(client, pool, settings) -> Harness:
     return Harness(client, pool, settings)
+
+
+@pytest.fixture
+async def cutter(database_url):
+    """A proxy to this test's database that breaks a connection at its COMMIT or at a create's
+    autocommit write (commit_cutter.py), when armed."""
+    cutter = await CommitCutter(database_url, statements=(DIRECT_WRITE, GATED_WRITE)).start()
+    yield cutter
+    await cutter.close()
+
+
+@pytest.fixture
+async def cut_pool(cutter):
+    """A pool whose connections run through the cutter."""
+    pool = await create_pool(cutter.url(), size_min=1, size_max=4)
+    yield pool
+    try:  # a failed test may leave a coalescer holding connections, which close() would wait for
+        await asyncio.wait_for(pool.close(), 5)
+    except asyncio.TimeoutError:
+        pool.terminate()

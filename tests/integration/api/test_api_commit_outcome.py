@@ -24,31 +24,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from billing import accounts
 from billing.audit import audit
 from billing.database import create_pool
-from billing.message_direct import DIRECT_WRITE
-from billing.message_plan import GATED_WRITE
 from billing.messages import WRITES, CreateOutcomeUnknown, MessageCreated, MessageRequest, create_messages, resolve_outcome
 from delivery import metrics
 from delivery.api.app import create_app
 from delivery.api.group_commit import BatchFailed, BatchOutcomeUnknown, Coalescer
 
 from commit_cutter import CommitCutter
-
-
-@pytest.fixture
-async def cutter(database_url):
-    cutter = await CommitCutter(database_url, statements=(DIRECT_WRITE, GATED_WRITE)).start()
-    yield cutter
-    await cutter.close()
-
-
-@pytest.fixture
-async def cut_pool(cutter):
-    pool = await create_pool(cutter.url(), size_min=1, size_max=4)
-    yield pool
-    try:  # a failed test may leave a coalescer holding connections, which close() would wait for
-        await asyncio.wait_for(pool.close(), 5)
-    except asyncio.TimeoutError:
-        pool.terminate()
 
 
 async def _account(pool: asyncpg.Pool, balance: int) -> uuid.UUID:
