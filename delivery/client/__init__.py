@@ -10,9 +10,10 @@
 
 An operator (holding the operator key) has `accounts.create/get/top_up/reverse_top_up` and
 `deliveries.list_dead`. Every refusal raises a `HookledgerError` subclass carrying the API's
-problem+json fields (`status`, `type`, `title`, `detail`, `errors`). `send` always carries an
-Idempotency-Key (generated when not given) reused by its retries, so a retry never charges twice;
-what else is retried, and when, is in `retry.py`.
+problem+json fields (`status`, `type`, `title`, `detail`, `errors`). Every create (`send`, a
+replay, an account, an API key, an endpoint, a secret rotation) carries an Idempotency-Key
+(generated when not given) reused by its retries, so a retry never charges twice, nor makes a
+second endpoint or key; what is retried, and when, is in `retry.py`.
 
 This package imports nothing of the server (no aiohttp, no asyncpg): an app can depend on it alone.
 """

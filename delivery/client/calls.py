@@ -109,9 +109,20 @@ def _params(**values: Any) -> dict[str, str]:
 
 # ---- operator -------------------------------------------------------------------------------------
 
-def create_account(name: str, price_per_delivery: int | None) -> Call[models.AccountCreated]:
+def key_or_new(idempotency_key: str | None) -> str:
+    """The caller's key, or a new one for this call: every retry of the call then carries it."""
+    return idempotency_key or str(uuid.uuid4())
+
+
+def _keyed(idempotency_key: str) -> dict[str, str]:
+    return {IDEMPOTENCY_KEY_HEADER: idempotency_key}
+
+
+def create_account(name: str, price_per_delivery: int | None, idempotency_key: str) -> Call[models.AccountCreated]:
+    """Idempotent through its key: a retry answers the first create's account and key."""
     body = _json({"name": name, "price_per_delivery": price_per_delivery if price_per_delivery is not None else UNSET})
-    return Call("POST", "/v1/accounts", False, _reads(models.AccountCreated), body=body)
+    return Call("POST", "/v1/accounts", True, _reads(models.AccountCreated), body=body,
+                headers=_keyed(idempotency_key))
 
 
 def get_account(account_id: Id) -> Call[models.Account]:
@@ -145,12 +156,13 @@ def ledger(limit: int | None, cursor: str | None, delivery_id: Id | None) -> Cal
                 params=_params(limit=limit, cursor=cursor, delivery_id=delivery_id))
 
 
-def create_api_key() -> Call[models.NewApiKey]:
-    return Call("POST", "/v1/api-keys", False, _reads(models.NewApiKey))
+def create_api_key(idempotency_key: str) -> Call[models.NewApiKey]:
+    return Call("POST", "/v1/api-keys", True, _reads(models.NewApiKey), headers=_keyed(idempotency_key))
 
 
-def create_api_key_for(account_id: Id) -> Call[models.NewApiKey]:
-    return Call("POST", f"/v1/accounts/{_segment(account_id)}/api-keys", False, _reads(models.NewApiKey))
+def create_api_key_for(account_id: Id, idempotency_key: str) -> Call[models.NewApiKey]:
+    return Call("POST", f"/v1/accounts/{_segment(account_id)}/api-keys", True, _reads(models.NewApiKey),
+                headers=_keyed(idempotency_key))
 
 
 def list_api_keys() -> Call[tuple[models.ApiKey, ...]]:
@@ -162,14 +174,14 @@ def revoke_api_key(key_id: Id) -> Call[None]:
 
 
 def create_endpoint(url: str, *, description: str, event_types: Sequence[str] | None, timeout_ms: int | None,
-                    enabled: bool, secret: str | None) -> Call[models.Endpoint]:
+                    enabled: bool, secret: str | None, idempotency_key: str) -> Call[models.Endpoint]:
     body = _json({
         "url": url, "description": description,
         "event_types": list(event_types) if event_types is not None else UNSET,
         "timeout_ms": timeout_ms if timeout_ms is not None else UNSET, "enabled": enabled,
         "secret": secret if secret is not None else UNSET,
     })
-    return Call("POST", "/v1/endpoints", False, _reads(models.Endpoint), body=body)
+    return Call("POST", "/v1/endpoints", True, _reads(models.Endpoint), body=body, headers=_keyed(idempotency_key))
 
 
 def list_endpoints() -> Call[tuple[models.Endpoint, ...]]:
@@ -190,10 +202,12 @@ def delete_endpoint(endpoint_id: Id) -> Call[models.EndpointDeleted]:
     return Call("DELETE", f"/v1/endpoints/{_segment(endpoint_id)}", True, _reads(models.EndpointDeleted))
 
 
-def rotate_secret(endpoint_id: Id, secret: str | None) -> Call[str]:
-    # Not idempotent: a second rotation would push the secret receivers still use out of the overlap.
+def rotate_secret(endpoint_id: Id, secret: str | None, idempotency_key: str) -> Call[str]:
+    # Idempotent only through its key: a second rotation would push the secret receivers still
+    # use out of the overlap, so a retry must answer the first rotation's secret instead.
     body = _json({"secret": secret}) if secret is not None else None
-    return Call("POST", f"/v1/endpoints/{_segment(endpoint_id)}/secret/rotate", False, _reads_secret, body=body)
+    return Call("POST", f"/v1/endpoints/{_segment(endpoint_id)}/secret/rotate", True, _reads_secret, body=body,
+                headers=_keyed(idempotency_key))
 
 
 def get_secret(endpoint_id: Id) -> Call[str]:
@@ -214,7 +228,7 @@ def send(event_type: str, payload: Any, idempotency_key: str) -> Call[models.Mes
     """Idempotent through its key: every attempt of this call carries the same one."""
     body = _json({"event_type": event_type, "payload": payload})
     return Call("POST", "/v1/messages", True, _reads_keyed_message(idempotency_key), body=body,
-                headers={IDEMPOTENCY_KEY_HEADER: idempotency_key})
+                headers=_keyed(idempotency_key))
 
 
 def list_deliveries(*, limit: int | None, cursor: str | None, state: str | None, endpoint_id: Id | None,
@@ -232,4 +246,4 @@ def get_delivery(delivery_id: Id) -> Call[models.DeliveryDetail]:
 def replay_delivery(delivery_id: Id, idempotency_key: str) -> Call[models.Message]:
     """Idempotent through its key, as send is: every attempt of this call carries the same one."""
     return Call("POST", f"/v1/deliveries/{_segment(delivery_id)}/replay", True, _reads_keyed_message(idempotency_key),
-                headers={IDEMPOTENCY_KEY_HEADER: idempotency_key})
+                headers=_keyed(idempotency_key))

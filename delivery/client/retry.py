@@ -2,8 +2,9 @@
 
 A retry must never do twice what the caller asked once. So what may be retried depends on
 whether the call is *idempotent* (a repeat changes nothing more: reads, PATCH, DELETE, top-ups by
-order id, sends with an Idempotency-Key) or not (create an account, key or endpoint, rotate a
-secret, replay a delivery):
+order id, and every create the SDK sends with an Idempotency-Key: sends, replays, accounts, API
+keys, endpoints, secret rotations) or not (a call without a key; none of the SDK's calls today,
+but the rule stays for any added without one):
 
 | outcome                                          | idempotent | not idempotent |
 |--------------------------------------------------|------------|----------------|

@@ -181,3 +181,33 @@ async def test_a_replay_with_its_key_replays_once_and_the_operator_issues_a_key(
     key = await operator.accounts.create_api_key(created.account.id)
     assert key.key.startswith(key.prefix)
     assert key.id in [k.id for k in await sdk.api_keys.list() if k.revoked_at is None]
+
+
+async def test_keyed_creates_repeated_with_their_key_make_one_thing(operator, sdk, account, pool):
+    """An endpoint, a rotation, an API key and an account created twice with one key (as a retry
+    after a lost answer does) are made once and answered the same; a repeated delete reads as done."""
+    endpoint = await sdk.endpoints.create("https://example.com/once", idempotency_key="ep-1")
+    assert await sdk.endpoints.create("https://example.com/once", idempotency_key="ep-1") == endpoint
+    assert [e.id for e in await sdk.endpoints.list()] == [endpoint.id]
+    with pytest.raises(ValidationError):  # the same key for another endpoint
+        await sdk.endpoints.create("https://example.com/other", idempotency_key="ep-1")
+
+    rotated = await sdk.endpoints.rotate_secret(endpoint.id, idempotency_key="rot-1")
+    rotated_at = (await sdk.endpoints.get(endpoint.id)).updated_at
+    assert await sdk.endpoints.rotate_secret(endpoint.id, idempotency_key="rot-1") == rotated
+    assert await sdk.endpoints.get_secret(endpoint.id) == rotated
+    # One rotation, not two: a second would have moved the first secret out of the overlap.
+    assert (await sdk.endpoints.get(endpoint.id)).updated_at == rotated_at
+
+    keys_before = len(await sdk.api_keys.list())
+    key = await sdk.api_keys.create(idempotency_key="key-1")
+    assert await sdk.api_keys.create(idempotency_key="key-1") == key
+    assert len(await sdk.api_keys.list()) == keys_before + 1
+
+    made = await operator.accounts.create("once", idempotency_key="acct-1")
+    assert await operator.accounts.create("once", idempotency_key="acct-1") == made
+    assert await pool.fetchval("SELECT count(*) FROM accounts WHERE name = 'once'") == 1
+
+    deleted = await sdk.endpoints.delete(endpoint.id)
+    again = await sdk.endpoints.delete(endpoint.id)  # a retry whose first answer was lost
+    assert deleted.deleted and again.deleted and again.refunded_now == 0

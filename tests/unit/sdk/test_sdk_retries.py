@@ -128,17 +128,45 @@ def test_409_key_in_progress_is_retried_with_the_same_key(respx_mock, client, sl
     assert sleeps == [1.0] and message.replayed
 
 
+ENDPOINT = {"id": "0190c2f4-0000-7000-8000-0000000000e1", "url": "https://example.com/h", "description": "",
+            "event_types": None, "enabled": True, "disabled_reason": None, "timeout_ms": 15000,
+            "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}
+NEW_KEY = {"id": "0190c2f4-0000-7000-8000-0000000000a1", "key": "hl_live_new", "prefix": "hl_live_ne",
+           "created_at": "2026-01-01T00:00:00Z"}
+ACCOUNT_CREATED = {"account": {"id": "0190c2f4-0000-7000-8000-0000000000c1", "name": "acme", "status": "active",
+                               "price_per_delivery": 1, "balance": 0, "created_at": "2026-01-01T00:00:00Z"},
+                   "api_key": NEW_KEY}
+
+
+@pytest.mark.parametrize("method, path, create, answer", [
+    ("post", "/v1/accounts", lambda c: c.accounts.create("acme"), ACCOUNT_CREATED),
+    ("post", "/v1/accounts/a/api-keys", lambda c: c.accounts.create_api_key("a"), NEW_KEY),
+    ("post", "/v1/api-keys", lambda c: c.api_keys.create(), NEW_KEY),
+    ("post", "/v1/endpoints", lambda c: c.endpoints.create("https://example.com/h"), ENDPOINT),
+    ("post", "/v1/endpoints/e/secret/rotate", lambda c: c.endpoints.rotate_secret("e"), {"secret": "whsec_x"}),
+])
 @respx.mock(base_url="http://hookledger.test")
-def test_what_may_already_have_happened_is_not_retried_when_a_repeat_would_do_it_twice(respx_mock, client, sleeps):
-    """An account create (no key) is not retried after a read timeout, nor a new API key after a 500."""
-    create = respx_mock.post("/v1/accounts").mock(side_effect=httpx.ReadTimeout("slow"))
-    with pytest.raises(APIConnectionError) as raised:
-        client.accounts.create("acme")
-    assert "not retried" in str(raised.value)
-    key = respx_mock.post("/v1/api-keys").respond(500, json=problem(500, "internal"))
-    with pytest.raises(ServerError):
-        client.api_keys.create()
-    assert create.call_count == 1 and key.call_count == 1 and sleeps == []
+def test_a_create_that_may_have_happened_is_retried_with_its_key(respx_mock, client, sleeps, method, path, create,
+                                                                answer):
+    """A read timeout and a 500 may each have created the thing: every create carries a generated
+    Idempotency-Key, so its retries with that key answer the first create instead of a second one."""
+    route = getattr(respx_mock, method)(path).mock(side_effect=[
+        httpx.ReadTimeout("slow"), httpx.Response(500, json=problem(500, "internal"), headers={"Content-Type": PROBLEM}),
+        httpx.Response(201, json=answer, headers={"Idempotent-Replayed": "true"})])
+    create(client)
+    keys = [call.request.headers.get("Idempotency-Key") for call in route.calls]
+    assert len(keys) == 3 and keys[0] and len(set(keys)) == 1
+    assert sleeps == [0.5, 1.0]
+
+
+@respx.mock(base_url="http://hookledger.test")
+def test_each_create_gets_its_own_key_and_a_given_key_is_used_as_is(respx_mock, client):
+    route = respx_mock.post("/v1/endpoints").respond(201, json=ENDPOINT)
+    client.endpoints.create("https://example.com/h")
+    client.endpoints.create("https://example.com/h")
+    client.endpoints.create("https://example.com/h", idempotency_key="endpoint-for-order-42")
+    keys = [call.request.headers["Idempotency-Key"] for call in route.calls]
+    assert keys[0] != keys[1] and keys[2] == "endpoint-for-order-42"
 
 
 @respx.mock(base_url="http://hookledger.test")
