@@ -15,7 +15,7 @@ import collections
 import errno
 import importlib.metadata
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -96,7 +96,9 @@ class SenderSettings:
 
 
 class SendRequest(NamedTuple):
-    """One attempt to send. headers are the caller's (Standard Webhooks); the sender adds the rest.
+    """One attempt to send. headers are the caller's (Standard Webhooks), or a function that makes
+    them as the send starts (the engine's: webhook-timestamp is then when the request left, not
+    when it was queued behind its endpoint's other sends); the sender adds the rest.
 
     NamedTuples, not frozen dataclasses, for this and SendResult: one of each is made per send on
     the hot path, and a frozen dataclass pays an object.__setattr__ per field.
@@ -106,7 +108,7 @@ class SendRequest(NamedTuple):
     attempt: int
     url: str
     body: bytes
-    headers: Mapping[str, str]
+    headers: Mapping[str, str] | Callable[[], Mapping[str, str]]
     timeout_ms: int
     endpoint_id: str
     # time.monotonic() by which the send must have ended (its lease's end, less a margin): one
@@ -307,10 +309,13 @@ class Sender:
 
     async def _attempt(self, request: SendRequest, url: URL) -> SendResult:
         timeout_ms, timeout = self._timeout(request.timeout_ms)
+        headers = request.headers
+        if callable(headers):
+            headers = headers()
         started = time.perf_counter()
         try:
             async with self._session.post(
-                url, data=request.body, headers=request.headers, timeout=timeout, allow_redirects=False
+                url, data=request.body, headers=headers, timeout=timeout, allow_redirects=False
             ) as response:
                 return await self._result_from(response, started, timeout_ms)
         except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as error:
