@@ -108,16 +108,24 @@ async def errors_as_problems(request: web.Request, handler) -> web.StreamRespons
         log.warning("write not committed", method=request.method, path=request.path, error=repr(error))
         return problems.response(problems.write_failed())
     except database.UNAVAILABLE as error:  # a 503 to retry, not a 500
-        log.warning("database unavailable", method=request.method, path=request.path, error=repr(error))
-        detail = "the database is unavailable; retry shortly"
-        if request.method not in SAFE_METHODS:
-            # The connection may have gone during this request's COMMIT, and the write with it or not.
-            detail += ("; if it went away while this request was being written, the write may have completed,"
-                       " so retry only a call that is safe to repeat")
-        return problems.response(Problem(503, detail, "database-unavailable", headers={"Retry-After": "1"}))
-    except Exception:
+        return _database_unavailable(request, error)
+    except Exception as error:
+        if database.lost_database(error):
+            # Raised on the way out of a transaction or savepoint on a connection the database
+            # closed (asyncpg's InterfaceError, the loss as its context): the same 503.
+            return _database_unavailable(request, error)
         log.exception("unhandled error", method=request.method, path=request.path)
         return problems.response(Problem(500, "an unexpected error occurred; it was logged", "internal"))
+
+
+def _database_unavailable(request: web.Request, error: Exception) -> web.Response:
+    log.warning("database unavailable", method=request.method, path=request.path, error=repr(error))
+    detail = "the database is unavailable; retry shortly"
+    if request.method not in SAFE_METHODS:
+        # The connection may have gone during this request's COMMIT, and the write with it or not.
+        detail += ("; if it went away while this request was being written, the write may have completed,"
+                   " so retry only a call that is safe to repeat")
+    return problems.response(Problem(503, detail, "database-unavailable", headers={"Retry-After": "1"}))
 
 
 def _slug(status: int) -> str:

@@ -3,6 +3,9 @@ retry is the right move), not an unhandled 500 with a traceback in the log."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+
 import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -44,3 +47,41 @@ async def test_routes_answer_503_while_the_database_is_unreachable(api, queue, c
     finally:
         await dead.close()
     assert "unhandled" not in caplog.text
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+@pytest.mark.parametrize("route", ["endpoint", "rotate"])
+async def test_a_backend_ended_mid_write_is_503_not_500(api, route, keyed):
+    """The request's backend ended while it waits on a row lock: the write's transaction (for a
+    keyed create, a savepoint of the key's) exits with asyncpg's InterfaceError, the loss as its
+    context. That is the database going away, answered 503 with Retry-After as any other loss;
+    it was an unhandled 500 for a rotation and for every keyed create (found in review)."""
+    account_id, headers = await api.account()
+    endpoint = await api.endpoint(headers)
+    blocker = await api.pool.acquire()
+    try:
+        async with blocker.transaction():
+            if route == "rotate":
+                await blocker.execute("SELECT 1 FROM endpoints WHERE id = $1 FOR UPDATE", uuid.UUID(endpoint["id"]))
+                path, body = f"/v1/endpoints/{endpoint['id']}/secret/rotate", None
+            else:
+                await blocker.execute("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE", account_id)
+                path, body = "/v1/endpoints", {"url": "https://example.com/k"}
+            sent = {**headers, **({"Idempotency-Key": f"kill-{route}"} if keyed else {})}
+            answer = asyncio.ensure_future(api.client.post(path, json=body, headers=sent))
+            waiting = None
+            for _ in range(250):
+                waiting = await api.pool.fetchval(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                    " AND pid <> $1", blocker.get_server_pid())
+                if waiting is not None:
+                    break
+                await asyncio.sleep(0.02)
+            assert waiting is not None, "the request never waited on the lock"
+            await api.pool.execute("SELECT pg_terminate_backend($1)", waiting)
+            response = await answer
+    finally:
+        await api.pool.release(blocker)
+    problem = await response.json()
+    assert (response.status, problem["type"].rsplit("/", 1)[-1]) == (503, "database-unavailable"), problem
+    assert response.headers["Retry-After"] == "1"
