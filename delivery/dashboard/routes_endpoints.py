@@ -93,7 +93,7 @@ async def create_endpoint(request: web.Request) -> web.Response:
             event_types=body.event_types, description=body.description, timeout_ms=body.timeout_ms,
             outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds,
         )
-    except (Problem, InvalidEndpointUrlError, store.EndpointLimitReached) as error:
+    except (Problem, InvalidEndpointUrlError, store.EndpointLimitReached, AccountNotActive) as error:
         errors = _errors(error) if isinstance(error, Problem) else [str(error)]
         health = await endpoint_health(ctx.pool, account_id, await store.list_endpoints(ctx.pool, account_id))
         return pages.render(request, "endpoints.html", {

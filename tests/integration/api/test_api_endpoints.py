@@ -7,9 +7,11 @@ import asyncio
 import dataclasses
 import uuid
 
+import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from billing import closeout
 from billing.audit import audit
 from delivery.api.app import create_app
 from signing import generate_secret, parse_keyring
@@ -192,3 +194,52 @@ async def test_deleting_an_endpoint_refunds_its_pending_deliveries(api):
     reasons = await api.pool.fetch("SELECT state, dead_reason FROM deliveries WHERE account_id = $1", account_id)
     assert {tuple(row) for row in reasons} == {("dead", "endpoint_deleted")}
     assert (await audit(api.pool)).clean
+
+
+async def _wait_blocked_on(pool, pattern: str) -> None:
+    for _ in range(250):
+        if await pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                               " AND query LIKE $1", pattern):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"nothing waited on a lock in {pattern!r}")
+
+
+@pytest.mark.parametrize("route", ["rotate", "rotate-keyed", "create", "create-keyed"])
+async def test_a_create_or_rotation_waiting_on_the_closeout_is_refused(api, database_url, route):
+    """An account being deleted takes no new endpoint or secret: one that waited on the closeout's
+    account lock (its keys still authenticate until the closeout commits) would have given the
+    deleted account a live secret again, and a stored answer the closeout had erased (found in
+    review). Under the account lock the status is read; not active: 409 account-not-active."""
+    account_id, headers = await api.account()
+    endpoint = await api.endpoint(headers, url="https://example.com/a")
+    await closeout.begin_closing(api.pool, account_id)
+    sent = {**headers, **({"Idempotency-Key": "k-race"} if route.endswith("keyed") else {})}
+    held = await asyncpg.connect(database_url)
+    try:
+        async with held.transaction():  # the deletion's closeout, held just before its COMMIT
+            await closeout.close_out(held, account_id)
+            if route.startswith("rotate"):
+                path, body = f"/v1/endpoints/{endpoint['id']}/secret/rotate", None
+            else:
+                path, body = "/v1/endpoints", {"url": "https://example.com/b"}
+            answer = asyncio.ensure_future(api.client.post(path, json=body, headers=sent))
+            await _wait_blocked_on(api.pool, "%FROM accounts WHERE id = $1 FOR%")
+    finally:
+        await held.close()
+    response = await answer
+    assert response.status == 409 and (await response.json())["type"].endswith("/account-not-active")
+    assert await api.pool.fetchval("SELECT count(*) FROM endpoints WHERE account_id = $1 AND secret IS NOT NULL",
+                                   account_id) == 0
+    assert await api.pool.fetchval("SELECT count(*) FROM idempotent_responses WHERE principal = $1",
+                                   str(account_id)) == 0
+
+
+async def test_a_closing_account_takes_no_new_endpoint_or_secret(api):
+    account_id, headers = await api.account()
+    endpoint = await api.endpoint(headers)
+    await closeout.begin_closing(api.pool, account_id)
+    for path, body in (("/v1/endpoints", {"url": "https://example.com/c"}),
+                       (f"/v1/endpoints/{endpoint['id']}/secret/rotate", None)):
+        response = await api.client.post(path, json=body, headers=headers)
+        assert response.status == 409, (path, await response.text())
