@@ -50,6 +50,21 @@ class StoredResponse:
     body: bytes  # opened: the answer's bytes as first sent
 
 
+@dataclass(frozen=True)
+class SealedResponse:
+    """A stored answer as found: its fingerprint to compare, its body still sealed."""
+
+    fingerprint: bytes
+    status: int
+    sealed_body: bytes
+
+    def opened(self, principal: str, key: str, keyring: Keyring) -> StoredResponse:
+        """The answer; raises signing's SigningError when the keyring cannot open it (a key
+        dropped from it, or replaced under the same id, within the retention)."""
+        body = decrypt_secret(self.sealed_body, keyring, context=sealing_context(principal, key))
+        return StoredResponse(self.fingerprint, self.status, body.encode())
+
+
 def lock_key(principal: str, key: str) -> int:
     """The signed 64-bit advisory lock key of (principal, key)."""
     digest = hashlib.blake2b(_pair(principal, key), digest_size=8, person=_LOCK_PERSON).digest()
@@ -72,12 +87,12 @@ async def try_lock(connection: asyncpg.Connection, principal: str, key: str) -> 
     return await connection.fetchval(_TRY_LOCK, lock_key(principal, key))
 
 
-async def find(executor: Executor, principal: str, key: str, keyring: Keyring) -> StoredResponse | None:
+async def find(executor: Executor, principal: str, key: str) -> SealedResponse | None:
+    """The stored answer for the key, not yet opened: the caller compares fingerprints first."""
     row = await executor.fetchrow(_FIND, principal, key)
     if row is None:
         return None
-    body = decrypt_secret(bytes(row["body"]), keyring, context=sealing_context(principal, key))
-    return StoredResponse(bytes(row["fingerprint"]), row["status"], body.encode())
+    return SealedResponse(bytes(row["fingerprint"]), row["status"], bytes(row["body"]))
 
 
 async def store(executor: Executor, principal: str, key: str, keyring: Keyring, response: StoredResponse) -> None:

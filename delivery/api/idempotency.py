@@ -45,6 +45,7 @@ from delivery import idempotent_responses as stored
 from delivery.api import problems
 from delivery.api.context import context
 from delivery.api.problems import FieldError, validation
+from signing import SigningError
 
 log = structlog.get_logger("hookledger.api")
 REPLAYED_HEADERS = {"Idempotent-Replayed": "true"}
@@ -90,10 +91,15 @@ async def once(request: web.Request, principal: str, write: Write) -> web.Respon
         async with resolved_transaction(ctx.pool, wait_seconds=ctx.settings.api.commit_outcome_wait_seconds) as connection:
             if not await stored.try_lock(connection, principal, key):
                 raise problems.key_in_use()
-            earlier = await stored.find(connection, principal, key, ctx.keyring)
-            if earlier is not None:
-                if earlier.fingerprint != request_fingerprint:
+            found = await stored.find(connection, principal, key)
+            if found is not None:
+                if found.fingerprint != request_fingerprint:
                     raise IdempotencyConflict()
+                try:
+                    earlier = found.opened(principal, key, ctx.keyring)
+                except SigningError as error:
+                    log.error("stored answer cannot be opened", principal=principal, error=repr(error))
+                    raise problems.stored_answer_unreadable() from None
                 return web.Response(status=earlier.status, body=earlier.body, content_type=JSON_CONTENT_TYPE,
                                     headers=REPLAYED_HEADERS)
             response = await write(connection)

@@ -173,7 +173,15 @@ def _operation(op: Operation) -> dict:
             "description": _DESCRIPTIONS[status],
             "content": {"application/problem+json": {"schema": _ref(ProblemBody)}},
         }
+        if status in _RETRY_AFTER_STATUSES:
+            result["responses"][str(status)]["headers"] = _RETRY_AFTER
     return result
+
+
+_RETRY_AFTER_STATUSES = (409, 503)
+_RETRY_AFTER = {"Retry-After": {
+    "description": "Seconds to wait before retrying: on every 503, and on a 409 idempotency-key-in-use",
+    "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
 
 
 _INFO = ("Webhook delivery billed per delivery. Request bodies are JSON (UTF-8), sent with"

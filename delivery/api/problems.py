@@ -127,3 +127,11 @@ def key_in_use() -> Problem:
     """The first request with this Idempotency-Key is still in progress: its answer is not known yet."""
     return Problem(409, "a request with this Idempotency-Key is still in progress; retry shortly",
                    "idempotency-key-in-use", headers={"Retry-After": "1"})
+
+
+def stored_answer_unreadable() -> Problem:
+    """The request with this Idempotency-Key was carried out, but its stored answer was sealed
+    under an at-rest key the keyring no longer holds: nothing is made again, and it cannot be shown."""
+    return Problem(409, "the request with this Idempotency-Key was carried out, but its stored answer cannot be"
+                   " opened with the current at-rest keys (HOOKLEDGER_SECRET_KEYS changed); nothing was done"
+                   " again: look up what it made", "idempotency-answer-unreadable")

@@ -28,7 +28,8 @@ from delivery.endpoints import ENDPOINTS_PER_ACCOUNT_MAX, open_secret
 from delivery.engine import Engine, EngineSettings
 from delivery.sender import Sender
 from delivery.signer_cache import SignerCache
-from signing import TamperedCiphertextError, decrypt_secret, generate_secret, parse_keyring
+from signing import (Keyring, TamperedCiphertextError, decrypt_secret, format_keyring, generate_at_rest_key,
+                     generate_secret, parse_keyring)
 
 OTHER_SECRET = generate_secret()
 
@@ -428,3 +429,21 @@ async def test_an_account_deleted_takes_its_stored_answers_with_it(api):
     await closeout.close_out(api.pool, scene.account_id)
     assert await _stored(api, str(scene.account_id), "k-gone") == 0
     assert await _stored(api, PRINCIPAL_OPERATOR, "k-operator") == 1
+
+
+async def test_a_stored_answer_the_keyring_cannot_open_is_409_and_another_request_still_422(api, settings, pool, queue):
+    """An instance whose keyring cannot open the stored answer (a key replaced under the same id,
+    as a dev-mode restart does): the same request is 409 idempotency-answer-unreadable and makes
+    nothing again; another request with the key is still 422, judged before anything is opened.
+    Both were 500 internal for the retention's 25 h (found in review)."""
+    _, headers = await api.account()
+    keyed = {**headers, "Idempotency-Key": "k-ring"}
+    assert (await api.client.post("/v1/endpoints", json={"url": "https://example.com/a"}, headers=keyed)).status == 201
+    other_ring = format_keyring(Keyring({"k1": generate_at_rest_key()}, "k1"))
+    restarted = dataclasses.replace(settings, secret_keyring=other_ring)
+    async with TestClient(TestServer(create_app(restarted, pool, queue), host="127.0.0.1")) as client:
+        same = await client.post("/v1/endpoints", json={"url": "https://example.com/a"}, headers=keyed)
+        other = await client.post("/v1/endpoints", json={"url": "https://example.com/other"}, headers=keyed)
+        assert same.status == 409 and (await same.json())["type"].endswith("/idempotency-answer-unreadable")
+        assert other.status == 422
+    assert await pool.fetchval("SELECT count(*) FROM endpoints") == 1
