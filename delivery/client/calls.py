@@ -55,6 +55,10 @@ class Call(Generic[R]):
     body: bytes | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def idempotency_key(self) -> str | None:
+        return self.headers.get(IDEMPOTENCY_KEY_HEADER)
+
 
 _ENCODER = msgspec.json.Encoder()
 _decoders: dict[Any, msgspec.json.Decoder] = {}

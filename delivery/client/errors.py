@@ -53,6 +53,9 @@ class HookledgerError(Exception):
         self.errors = tuple(errors)
         self.request_id = request_id
         self.retry_after_seconds = retry_after_seconds
+        # The Idempotency-Key the call carried (generated unless given): a create whose outcome
+        # is in doubt is asked again with `idempotency_key=error.idempotency_key`, never anew.
+        self.idempotency_key: str | None = None
         super().__init__(self.detail)
 
     @property

@@ -19,6 +19,12 @@ but the rule stays for any added without one):
 
 Waits grow exponentially with jitter; a `Retry-After` from the API is honoured (up to a bound:
 past it the error is raised rather than blocking the caller for long).
+
+A keyed call whose outcome the API says is still being decided (409 idempotency-key-in-use: the
+first request with the key still holds it; 503 write-outcome-unknown: its COMMIT's answer was
+lost and not yet found out) is retried past `retries`, for up to `in_doubt_seconds` of waiting:
+the next answer with the key is then the first request's own. Raised anyway, the error carries
+the call's `idempotency_key`, so the caller can ask again with it instead of making a second one.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ RETRIES_MAX = 10
 # the write may exist: a retry of those could do the call twice.
 NOTHING_WRITTEN_503_SLUGS = frozenset({"overloaded", "shutting-down", "write-failed"})
 KEY_IN_PROGRESS_SLUG = "idempotency-key-in-use"
+OUTCOME_UNKNOWN_SLUG = "write-outcome-unknown"
+IN_DOUBT_SECONDS_MAX = 600.0
 
 # Raised before a single byte of the request left: safe to retry anything.
 NOT_SENT_ERRORS: tuple[type[httpx.TransportError], ...] = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -48,6 +56,9 @@ class RetryPolicy:
     backoff_base_seconds: float = 0.5
     backoff_max_seconds: float = 8.0
     retry_after_max_seconds: float = 60.0
+    # Past `retries`, how long (in waits) a keyed call whose outcome is still in doubt is asked
+    # again: longer than the API's commit-outcome wait (10 s) plus a request's timeout.
+    in_doubt_seconds: float = 30.0
     random: Callable[[], float] = field(default=random.random, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -55,26 +66,42 @@ class RetryPolicy:
             raise ValueError(f"retries must be from 0 to {RETRIES_MAX}; got {self.retries}")
         if self.backoff_base_seconds < 0 or self.backoff_max_seconds < self.backoff_base_seconds:
             raise ValueError("backoff seconds must satisfy 0 <= base <= max")
+        if not 0 <= self.in_doubt_seconds <= IN_DOUBT_SECONDS_MAX:
+            raise ValueError(f"in_doubt_seconds must be from 0 to {IN_DOUBT_SECONDS_MAX}; got {self.in_doubt_seconds}")
 
     def backoff_seconds(self, retry_number: int) -> float:
         """The wait before retry `retry_number` (1-based): base * 2^(n-1), capped, times a jitter in [0.5, 1)."""
         ceiling = min(self.backoff_max_seconds, self.backoff_base_seconds * 2 ** (retry_number - 1))
         return ceiling * (0.5 + self.random() / 2)
 
-    def delay_seconds(self, retry_number: int, retry_after_seconds: float | None) -> float | None:
-        """The wait before retry `retry_number`, or None when no retry is left (or the API asks too long a wait)."""
-        if retry_number > self.retries:
-            return None
+    def delay_seconds(self, retry_number: int, retry_after_seconds: float | None, *, in_doubt: bool = False,
+                      waited_seconds: float = 0.0) -> float | None:
+        """The wait before retry `retry_number`, or None when no retry is left (or the API asks too long a wait).
+
+        `in_doubt` (a keyed call whose outcome is still being decided) goes on past `retries` while
+        the waits so far (`waited_seconds`) and this one stay within `in_doubt_seconds`.
+        """
         if retry_after_seconds is None:
-            return self.backoff_seconds(retry_number)
-        if retry_after_seconds > self.retry_after_max_seconds:
+            delay = self.backoff_seconds(retry_number)
+        elif retry_after_seconds > self.retry_after_max_seconds:
             return None
-        return max(retry_after_seconds, 0.0)
+        else:
+            delay = max(retry_after_seconds, 0.0)
+        if retry_number <= self.retries:
+            return delay
+        if in_doubt and waited_seconds + delay <= self.in_doubt_seconds:
+            return delay
+        return None
 
 
 def retryable_error(error: httpx.TransportError, idempotent: bool) -> bool:
     """A transport error: retry when nothing was sent, or when a repeat is harmless."""
     return isinstance(error, NOT_SENT_ERRORS) or idempotent
+
+
+def outcome_in_doubt(status: int, slug: str, keyed: bool) -> bool:
+    """A keyed call's answer that says its outcome is still being decided, and will be told to the key."""
+    return keyed and ((status == 409 and slug == KEY_IN_PROGRESS_SLUG) or (status == 503 and slug == OUTCOME_UNKNOWN_SLUG))
 
 
 def retryable_status(status: int, slug: str, idempotent: bool) -> bool:

@@ -55,19 +55,19 @@ class Client:
         self._http.close()
 
     def _run(self, call: Call[calls.R]) -> calls.R:
-        retry_number = 1
-        while True:  # bounded: the policy refuses a delay past `retries`, and then the judge raises
+        retry_number, waited = 1, 0.0
+        while True:  # bounded: the policy refuses a delay past `retries` (or its in-doubt wait), then the judge raises
             try:
                 response = self._http.request(**transport.request_arguments(call))
             except httpx.TransportError as error:
                 delay = transport.judge_transport_error(call, error, self._policy, retry_number)
             else:
-                done, value = transport.judge_response(call, response, self._policy, retry_number)
+                done, value = transport.judge_response(call, response, self._policy, retry_number, waited)
                 if done:
                     return value
                 delay = value
             self._sleep(delay)
-            retry_number += 1
+            retry_number, waited = retry_number + 1, waited + delay
 
     def send(self, event_type: str, payload: Any, *, idempotency_key: str | None = None) -> models.Message:
         """Send an event to every subscribed endpoint; each delivery is charged. Answers 202 at once.

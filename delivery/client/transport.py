@@ -39,8 +39,10 @@ def request_arguments(call: Call) -> dict[str, Any]:
 
 
 def judge_response(call: Call, response: httpx.Response, policy: retry.RetryPolicy,
-                   retry_number: int) -> tuple[bool, Any]:
-    """(True, result) when the call is done; (False, seconds) to retry; raises when neither."""
+                   retry_number: int, waited_seconds: float = 0.0) -> tuple[bool, Any]:
+    """(True, result) when the call is done; (False, seconds) to retry; raises when neither.
+
+    `waited_seconds`: the waits between this call's attempts so far (for a keyed call in doubt)."""
     if response.is_success:
         try:
             return True, call.read(response)
@@ -51,8 +53,11 @@ def judge_response(call: Call, response: httpx.Response, policy: retry.RetryPoli
             ) from None
     retry_after_seconds = retry.parse_retry_after(response.headers.get("Retry-After"))
     failure = errors.from_response(response, retry_after_seconds)
+    failure.idempotency_key = call.idempotency_key
     if retry.retryable_status(response.status_code, failure.slug, call.idempotent):
-        delay = policy.delay_seconds(retry_number, retry_after_seconds)
+        in_doubt = retry.outcome_in_doubt(response.status_code, failure.slug, call.idempotency_key is not None)
+        delay = policy.delay_seconds(retry_number, retry_after_seconds, in_doubt=in_doubt,
+                                     waited_seconds=waited_seconds)
         if delay is not None:
             return False, delay
     raise failure
@@ -67,6 +72,8 @@ def judge_transport_error(call: Call, error: httpx.TransportError, policy: retry
             return delay
     maybe_done = "" if isinstance(error, retry.NOT_SENT_ERRORS) else (
         "; the request may have been carried out, so it was not retried" if not call.idempotent else "")
-    raise errors.APIConnectionError(
+    failure = errors.APIConnectionError(
         f"{call.method} {call.path}: {type(error).__name__}: {str(error) or 'no answer'}{maybe_done}"
-    ) from error
+    )
+    failure.idempotency_key = call.idempotency_key
+    raise failure from error

@@ -214,3 +214,54 @@ async def test_async_send_retries_503_with_one_key(async_client, async_sleeps):
     keys = {call.request.headers["Idempotency-Key"] for call in route.calls}
     assert route.call_count == 3 and keys == {message.idempotency_key}
     assert async_sleeps == [0.5, 1.0]
+
+
+def _in_use() -> httpx.Response:
+    return httpx.Response(409, json=problem(409, "idempotency-key-in-use"), headers={"Content-Type": PROBLEM,
+                                                                                       "Retry-After": "1"})
+
+
+@respx.mock(base_url="http://hookledger.test")
+def test_a_keyed_create_in_doubt_is_asked_again_past_the_retry_count_until_its_answer_is_known(respx_mock, client,
+                                                                                           sleeps):
+    """A COMMIT held past the API's outcome wait: 503 write-outcome-unknown, then 409 while the first
+    request still holds its key, then the first request's own answer. More answers in doubt than
+    `retries` (3): the call goes on within `in_doubt_seconds` and returns the one endpoint made."""
+    unknown = httpx.Response(503, json=problem(503, "write-outcome-unknown"), headers={"Content-Type": PROBLEM,
+                                                                                        "Retry-After": "1"})
+    route = respx_mock.post("/v1/endpoints").mock(side_effect=[
+        unknown, _in_use(), _in_use(), _in_use(), _in_use(),
+        httpx.Response(201, json=ENDPOINT, headers={"Idempotent-Replayed": "true"})])
+    assert client.endpoints.create("https://example.com/h").url == "https://example.com/h"
+    keys = {call.request.headers["Idempotency-Key"] for call in route.calls}
+    assert route.call_count == 6 and len(keys) == 1 and sleeps == [1.0] * 5
+
+
+@respx.mock(base_url="http://hookledger.test")
+def test_a_create_still_in_doubt_after_its_wait_raises_with_its_key(respx_mock, client, sleeps):
+    """Past `in_doubt_seconds` (30) of waiting the error is raised, carrying the generated key: the
+    caller asks again with it (and gets the first request's answer) instead of making a second one."""
+    route = respx_mock.post("/v1/api-keys").mock(return_value=httpx.Response(
+        409, json=problem(409, "idempotency-key-in-use"), headers={"Content-Type": PROBLEM, "Retry-After": "10"}))
+    with pytest.raises(ConflictError) as raised:
+        client.api_keys.create()
+    assert sleeps == [10.0, 10.0, 10.0] and route.call_count == 4
+    assert raised.value.idempotency_key == route.calls.last.request.headers["Idempotency-Key"]
+
+
+@respx.mock(base_url="http://hookledger.test")
+def test_failures_not_in_doubt_keep_the_retry_count_and_carry_the_key(respx_mock, client, sleeps):
+    """A 500 says nothing of the outcome: `retries` (3) bound it as before; the error and a broken
+    connection's carry the call's key too."""
+    route = respx_mock.post("/v1/endpoints").respond(500, json=problem(500, "internal"), headers={"Content-Type": PROBLEM})
+    with pytest.raises(ServerError) as raised:
+        client.endpoints.create("https://example.com/h", idempotency_key="ep-7")
+    assert route.call_count == 4 and sleeps == [0.5, 1.0, 2.0] and raised.value.idempotency_key == "ep-7"
+    respx_mock.post("/v1/messages").mock(side_effect=httpx.ReadError("reset"))
+    with pytest.raises(APIConnectionError) as broken:
+        client.send("invoice.paid", {"n": 1}, idempotency_key="send-7")
+    assert broken.value.idempotency_key == "send-7"
+    respx_mock.get("/v1/balance").respond(500, json=problem(500, "internal"), headers={"Content-Type": PROBLEM})
+    with pytest.raises(ServerError) as unkeyed:
+        client.balance()
+    assert unkeyed.value.idempotency_key is None

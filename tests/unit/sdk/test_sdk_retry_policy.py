@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
-from delivery.client.retry import RetryPolicy, parse_retry_after, retryable_error, retryable_status
+from delivery.client.retry import RetryPolicy, outcome_in_doubt, parse_retry_after, retryable_error, retryable_status
 
 
 @pytest.mark.parametrize(("status", "slug", "idempotent", "expected"), [
@@ -71,9 +71,23 @@ def test_parse_retry_after(header, expected):
     assert parse_retry_after(header, now) == expected
 
 
-def test_a_policy_refuses_an_unbounded_retry_count():
+def test_a_policy_refuses_an_unbounded_retry_count_or_wait_in_doubt():
     with pytest.raises(ValueError):
         RetryPolicy(retries=1000)
+    for seconds in (-1.0, 601.0):
+        with pytest.raises(ValueError):
+            RetryPolicy(in_doubt_seconds=seconds)
+
+
+def test_only_a_keyed_call_in_doubt_waits_past_the_retry_count():
+    policy = RetryPolicy(retries=1, in_doubt_seconds=5.0, random=lambda: 1.0)
+    assert policy.delay_seconds(2, 2.0) is None
+    assert policy.delay_seconds(2, 2.0, in_doubt=True, waited_seconds=3.0) == 2.0
+    assert policy.delay_seconds(2, 2.0, in_doubt=True, waited_seconds=3.5) is None
+    assert outcome_in_doubt(409, "idempotency-key-in-use", keyed=True)
+    assert outcome_in_doubt(503, "write-outcome-unknown", keyed=True)
+    assert not outcome_in_doubt(503, "write-outcome-unknown", keyed=False)
+    assert not outcome_in_doubt(503, "database-unavailable", keyed=True)
 
 
 def test_the_sdk_imports_nothing_of_the_server():
