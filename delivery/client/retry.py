@@ -45,6 +45,7 @@ NOTHING_WRITTEN_503_SLUGS = frozenset({"overloaded", "shutting-down", "write-fai
 KEY_IN_PROGRESS_SLUG = "idempotency-key-in-use"
 OUTCOME_UNKNOWN_SLUG = "write-outcome-unknown"
 IN_DOUBT_SECONDS_MAX = 600.0
+IN_DOUBT_RETRIES_MAX = 100  # a bound on the count too: waits of Retry-After 0 add no time
 
 # Raised before a single byte of the request left: safe to retry anything.
 NOT_SENT_ERRORS: tuple[type[httpx.TransportError], ...] = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -89,7 +90,8 @@ class RetryPolicy:
             delay = max(retry_after_seconds, 0.0)
         if retry_number <= self.retries:
             return delay
-        if in_doubt and waited_seconds + delay <= self.in_doubt_seconds:
+        if (in_doubt and retry_number <= self.retries + IN_DOUBT_RETRIES_MAX
+                and waited_seconds + delay <= self.in_doubt_seconds):
             return delay
         return None
 

@@ -84,6 +84,9 @@ def test_only_a_keyed_call_in_doubt_waits_past_the_retry_count():
     assert policy.delay_seconds(2, 2.0) is None
     assert policy.delay_seconds(2, 2.0, in_doubt=True, waited_seconds=3.0) == 2.0
     assert policy.delay_seconds(2, 2.0, in_doubt=True, waited_seconds=3.5) is None
+    # Retry-After: 0 adds no wait, so the count is bounded as well.
+    assert policy.delay_seconds(101, 0.0, in_doubt=True) == 0.0
+    assert policy.delay_seconds(102, 0.0, in_doubt=True) is None
     assert outcome_in_doubt(409, "idempotency-key-in-use", keyed=True)
     assert outcome_in_doubt(503, "write-outcome-unknown", keyed=True)
     assert not outcome_in_doubt(503, "write-outcome-unknown", keyed=False)
