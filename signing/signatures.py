@@ -31,6 +31,12 @@ WEBHOOK_ID_LENGTH_MAX = 256
 TIMESTAMP_DIGITS_MAX = 12
 SIGNATURE_HEADER_LENGTH_MAX = 4096
 SIGNATURES_COUNT_MAX = 16
+# Usable entries checked per header, and how many of them may be `v1a`. Every `v1` entry is
+# compared with the same HMACs, computed once per secret; every `v1a` entry costs one hash of the
+# whole body per `whpk_` key, so an unsigned request could otherwise buy 16 x keys body hashes.
+# A sender signs with each active key, two or three during a rotation.
+SIGNATURES_TRIED_MAX = 8
+ED25519_SIGNATURES_TRIED_MAX = 4
 KEYS_COUNT_MAX = 16
 
 HMAC_VERSION = "v1"
@@ -118,16 +124,17 @@ class Verifier:
         """Checks the headers and body; raises a `VerificationError` subclass on any problem."""
         webhook_id, timestamp_text, signature_text = _read_headers(headers)
         timestamp_seconds = _parse_timestamp(timestamp_text)
-        signatures = parse_signature_header(signature_text)
+        # Every check that costs nothing comes before any signature is decoded or computed.
+        _check_tolerance(timestamp_seconds, tolerance_seconds, time.time() if now is None else now)
         if isinstance(body, str):
             # Lone surrogates cannot be valid UTF-8, but they must not crash verification.
             body = body.encode("utf-8", "surrogatepass")
         if not body:
             raise errors.EmptyBodyError()
-        _check_tolerance(timestamp_seconds, tolerance_seconds, time.time() if now is None else now)
+        entries = _parse_entries(signature_text)
         signed_prefix = f"{webhook_id}.{timestamp_text}.".encode("ascii")
-        if not self._matches(signatures, signed_prefix, body):
-            raise errors.NoMatchingSignatureError()
+        if not self._matches(entries.signatures, signed_prefix, body):
+            raise errors.NoMatchingSignatureError(entries.unused_detail())
         return VerifiedWebhook(webhook_id, timestamp_seconds)
 
     def _matches(self, signatures: tuple[tuple[str, bytes], ...], signed_prefix: bytes, body: bytes) -> bool:
@@ -187,11 +194,39 @@ def verify(
 
 
 def parse_signature_header(value: str) -> tuple[tuple[str, bytes], ...]:
-    """The (version, signature bytes) pairs we can check; unknown versions are skipped.
+    """The (version, signature bytes) pairs we check, in header order; unusable entries are skipped.
 
-    Skipping lets a sender add a future version beside `v1` without breaking us; a header made
-    only of unknown versions is rejected, since nothing in it could ever verify.
+    As the spec asks, each signature is tried until one matches, so one bad entry does not hide
+    a good one: an unknown version (a sender may add a future one beside `v1`) and a malformed
+    entry (no comma, not base64, wrong length) are skipped. At most `SIGNATURES_TRIED_MAX` usable
+    entries are kept, `ED25519_SIGNATURES_TRIED_MAX` of them `v1a`; later ones are not tried.
+    A header with no usable entry raises the first malformed entry's error, or
+    `UnknownVersionError` when every entry had a version we do not know.
     """
+    return _parse_entries(value).signatures
+
+
+@dataclass(frozen=True, slots=True)
+class _Entries:
+    """A header's usable signatures, and what was left out of them, for the no-match detail."""
+
+    signatures: tuple[tuple[str, bytes], ...]
+    first_problem: errors.VerificationError | None
+    untried_count: int
+
+    def unused_detail(self) -> str | None:
+        notes = []
+        if self.untried_count:
+            notes.append(
+                f"{self.untried_count} not tried: at most {SIGNATURES_TRIED_MAX} are,"
+                f" {ED25519_SIGNATURES_TRIED_MAX} of them v1a"
+            )
+        if self.first_problem is not None:
+            notes.append(f"skipped: {self.first_problem}")
+        return "; ".join(notes) or None
+
+
+def _parse_entries(value: str) -> _Entries:
     if len(value) > SIGNATURE_HEADER_LENGTH_MAX:
         raise errors.SignatureHeaderTooLongError(f"{len(value)} characters")
     entries = value.split()
@@ -199,21 +234,40 @@ def parse_signature_header(value: str) -> tuple[tuple[str, bytes], ...]:
         raise errors.MissingHeaderError("webhook-signature")
     if len(entries) > SIGNATURES_COUNT_MAX:
         raise errors.SignatureHeaderTooLongError(f"{len(entries)} signatures")
-    parsed = []
+    signatures: list[tuple[str, bytes]] = []
+    first_problem: errors.VerificationError | None = None
+    untried_count = ed25519_count = 0
     for entry in entries:
-        version, comma, encoded = entry.partition(",")
-        if not comma:
-            raise errors.MissingCommaError(repr(entry[:16]))
-        length_expected = _SIGNATURE_BYTES.get(version)
-        if length_expected is None:
+        try:
+            parsed = _parse_entry(entry)
+        except errors.VerificationError as problem:
+            first_problem = first_problem or problem
             continue
-        signature = _decode_signature(encoded, version)
-        if len(signature) != length_expected:
-            raise errors.SignatureLengthError(f"{version} has {len(signature)} bytes")
-        parsed.append((version, signature))
-    if not parsed:
-        raise errors.UnknownVersionError(repr(value[:32]))
-    return tuple(parsed)
+        if parsed is None:
+            continue
+        is_ed25519 = parsed[0] == ED25519_VERSION
+        if len(signatures) == SIGNATURES_TRIED_MAX or (is_ed25519 and ed25519_count == ED25519_SIGNATURES_TRIED_MAX):
+            untried_count += 1
+            continue
+        ed25519_count += is_ed25519
+        signatures.append(parsed)
+    if not signatures:
+        raise first_problem or errors.UnknownVersionError(repr(value[:32]))
+    return _Entries(tuple(signatures), first_problem, untried_count)
+
+
+def _parse_entry(entry: str) -> tuple[str, bytes] | None:
+    """One `version,base64` entry; None for a version we do not know."""
+    version, comma, encoded = entry.partition(",")
+    if not comma:
+        raise errors.MissingCommaError(repr(entry[:16]))
+    length_expected = _SIGNATURE_BYTES.get(version)
+    if length_expected is None:
+        return None
+    signature = _decode_signature(encoded, version)
+    if len(signature) != length_expected:
+        raise errors.SignatureLengthError(f"{version} has {len(signature)} bytes")
+    return version, signature
 
 
 def _read_headers(headers: Headers) -> tuple[str, str, str]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import base64
 import inspect
+import re
 
 import pytest
 
 import signing
 from signing import errors
-from signing.keys import generate_key_pair, generate_secret
+from signing.keys import Ed25519VerifyingKey, generate_key_pair, generate_secret
 from signing.signatures import Signer, Verifier, parse_signature_header, sign, verify, webhook_headers
 
 NOW = 1_700_000_000
@@ -184,6 +185,49 @@ def test_unknown_versions_beside_a_known_one_are_skipped():
     headers = with_header("webhook-signature", "v9,whatever " + GOOD_SIGNATURE)
     assert verify(headers, BODY, SECRET, now=NOW).id == WEBHOOK_ID
     assert [version for version, _ in parse_signature_header(headers["webhook-signature"])] == ["v1"]
+
+
+@pytest.mark.parametrize(
+    "bad_entry",
+    ["junk", "v1,@@@@", "v1,AAAA", "v1a,AAAA", "v1a," + GOOD_SIGNATURE[3:]],
+    ids=["no comma", "not base64", "short v1", "short v1a", "v1a of v1 length"],
+)
+def test_a_malformed_entry_beside_a_valid_signature_is_skipped(bad_entry):
+    """The spec tries each signature until one matches: a malformed entry before or after the
+    valid one is skipped; alone, it still raises its own error, and beside a wrong signature it
+    is named in the no-match detail."""
+    for value in (f"{bad_entry} {GOOD_SIGNATURE}", f"{GOOD_SIGNATURE} {bad_entry}"):
+        assert verify(with_header("webhook-signature", value), BODY, SECRET, now=NOW).id == WEBHOOK_ID
+    with pytest.raises(errors.VerificationError) as alone:
+        verify(with_header("webhook-signature", bad_entry), BODY, SECRET, now=NOW)
+    assert not isinstance(alone.value, errors.NoMatchingSignatureError)
+    with pytest.raises(errors.NoMatchingSignatureError, match=re.escape(f"skipped: {alone.value.reason}")):
+        verify(with_header("webhook-signature", f"{bad_entry} {GOOD_SIGNATURE}"), BODY + b" ", SECRET, now=NOW)
+
+
+def test_signatures_tried_per_header_are_capped_so_forged_v1a_entries_cost_little(monkeypatch):
+    """16 forged `v1a` entries against 2 `whpk_` keys check at most 4 of them (8 body hashes, not
+    32); a valid `v1a` past the fourth is not tried, and the detail says so; a valid `v1` after
+    them still is (HMACs are computed once, whatever the count)."""
+    private_key, public_key = generate_key_pair()
+    keys = [public_key, generate_key_pair()[1], SECRET]
+    valid_v1a = headers_for([private_key])["webhook-signature"]
+    forged = " ".join("v1a," + base64.b64encode(bytes([n]) * 64).decode() for n in range(15))
+    checks = []
+    real_verify = Ed25519VerifyingKey.verify
+    monkeypatch.setattr(Ed25519VerifyingKey, "verify", lambda key, *args: checks.append(1) or real_verify(key, *args))
+    with pytest.raises(errors.NoMatchingSignatureError, match="12 not tried: at most 8 are, 4 of them v1a"):
+        verify(with_header("webhook-signature", f"{forged} {valid_v1a}"), BODY, keys, now=NOW)
+    assert len(checks) == 4 * 2
+    assert verify(with_header("webhook-signature", f"{forged} {GOOD_SIGNATURE}"), BODY, keys, now=NOW)
+    assert verify(with_header("webhook-signature", f"{valid_v1a} {forged}"), BODY, keys, now=NOW)
+
+
+def test_the_timestamp_is_checked_before_the_signatures():
+    """A stale request is refused for its timestamp before its signature header is even parsed."""
+    stale = dict(GOOD, **{"webhook-timestamp": str(NOW - 1000), "webhook-signature": "junk"})
+    with pytest.raises(errors.TimestampTooOldError):
+        verify(stale, BODY, SECRET, now=NOW)
 
 
 def test_hmac_signatures_do_not_verify_with_public_keys_and_vice_versa():
