@@ -30,7 +30,8 @@ SECRET_BYTES_MIN = 24
 SECRET_BYTES_MAX = 64
 ED25519_SEED_BYTES = 32
 ED25519_PUBLIC_BYTES = 32
-# libsodium's secret key form: the 32-byte seed followed by the 32-byte public key.
+# libsodium's secret key form: the 32-byte seed followed by the 32-byte public key. We wrote
+# `whsk_` keys this way before; they are still read, and their public half must match the seed.
 ED25519_EXPANDED_BYTES = 64
 KEY_TEXT_LENGTH_MAX = 256
 PARSED_KEYS_CACHED_MAX = 4096
@@ -138,8 +139,11 @@ class Ed25519SigningKey:
         return self._key.sign(message)
 
     def serialize(self) -> str:
-        """The 64-byte form, which libsodium-based Standard Webhooks libraries expect."""
-        return ED25519_PRIVATE_PREFIX + base64.b64encode(self._seed + self.public_key.raw).decode("ascii")
+        """The 32-byte seed, as the Standard Webhooks Go library reads `whsk_` (`ed25519.NewKeyFromSeed`).
+
+        `from_bytes` still reads the 64-byte seed-then-public form that earlier versions wrote.
+        """
+        return ED25519_PRIVATE_PREFIX + base64.b64encode(self._seed).decode("ascii")
 
     def __repr__(self) -> str:
         return f"Ed25519SigningKey(public_key={self.public_key.serialize()})"
@@ -155,7 +159,7 @@ def generate_secret(byte_count: int = SECRET_BYTES_DEFAULT) -> str:
 
 
 def generate_key_pair() -> tuple[str, str]:
-    """A new Ed25519 pair as (`whsk_...`, `whpk_...`)."""
+    """A new Ed25519 pair as (`whsk_...` of the 32-byte seed, `whpk_...` of the 32-byte public key)."""
     key = Ed25519SigningKey.generate()
     return key.serialize(), key.public_key.serialize()
 

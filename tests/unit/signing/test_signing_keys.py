@@ -8,6 +8,7 @@ import hmac
 
 import pytest
 from hypothesis import given, settings
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import strategies as st
 
 from signing import errors
@@ -31,12 +32,16 @@ def test_generated_secret_is_whsec_and_32_bytes():
 
 
 def test_generated_key_pair_is_whsk_and_whpk_of_one_key():
-    """A new pair is `whsk_` (64-byte seed-then-public form) and the matching `whpk_` (32 bytes)."""
+    """A new pair is `whsk_` (the 32-byte seed, as Go's `ed25519.NewKeyFromSeed` reads it) and the
+    matching `whpk_` (32 bytes)."""
     private_text, public_text = generate_key_pair()
     assert private_text.startswith("whsk_") and public_text.startswith("whpk_")
-    assert len(base64.b64decode(private_text[5:])) == 64
-    assert len(base64.b64decode(public_text[5:])) == 32
-    assert parse_verifying_key(private_text).raw == parse_verifying_key(public_text).raw
+    seed = base64.b64decode(private_text[5:], validate=True)
+    assert len(seed) == 32 and len(base64.b64decode(public_text[5:])) == 32
+    # What the Go library does with a whsk_ key: derive the key pair from exactly 32 bytes.
+    derived = Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes_raw()
+    assert derived == parse_verifying_key(public_text).raw == parse_verifying_key(private_text).raw
+    assert parse_signing_key(private_text).serialize() == private_text
 
 
 @pytest.mark.parametrize("byte_count", [24, 32, 48, 64])
@@ -72,10 +77,12 @@ def test_bad_signing_keys_raise_invalid_key_errors(text, error):
 def test_ed25519_accepts_seed_and_expanded_forms_and_rejects_a_mismatched_public_half():
     """A `whsk_` key may be the 32-byte seed or seed+public; a wrong public half is refused."""
     key = Ed25519SigningKey.generate()
-    expanded = base64.b64decode(key.serialize()[5:])
-    from_seed = parse_signing_key("whsk_" + base64.b64encode(expanded[:32]).decode())
-    from_expanded = parse_signing_key(key.serialize())
+    expanded = base64.b64decode(key.serialize()[5:]) + key.public_key.raw
+    from_seed = parse_signing_key(key.serialize())
+    from_expanded = parse_signing_key("whsk_" + base64.b64encode(expanded).decode())
     assert from_seed.public_key.raw == from_expanded.public_key.raw == key.public_key.raw
+    # A stored 64-byte key is written back in the seed form.
+    assert from_expanded.serialize() == key.serialize()
     tampered = expanded[:32] + bytes(32)
     with pytest.raises(errors.InvalidKeyError, match="public half"):
         parse_signing_key("whsk_" + base64.b64encode(tampered).decode())
