@@ -17,6 +17,7 @@ problem+json with --json). Exit codes: 0 done, 1 the API refused (4xx), 2 usage 
 from __future__ import annotations
 
 import errno
+import math
 import socket
 import sys
 from collections.abc import Callable, Iterator
@@ -405,13 +406,17 @@ def listen(
         help="A whsec_ secret (or whpk_ key) to verify with; repeat during a rotation.")] = None,
     secret_from_endpoint: Annotated[Optional[str], typer.Option(
         metavar="ID", help="Fetch the secret of this endpoint from the API.")] = None,
-    tolerance_seconds: Annotated[Optional[float], typer.Option(help="Accepted clock skew (default 300).")] = None,
+    tolerance_seconds: Annotated[Optional[float], typer.Option(
+        help="Accepted clock skew in seconds, above 0 (default 300).")] = None,
     api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None,
 ) -> None:
     """Receive webhooks locally: verify each, print it (or why it was refused). Ctrl-C stops."""
     from delivery import listen as listener
     from signing import SigningError, Verifier
 
+    # NaN or a negative tolerance would refuse every webhook, and infinity would accept replays.
+    if tolerance_seconds is not None and not (math.isfinite(tolerance_seconds) and tolerance_seconds > 0):
+        raise _usage(f"--tolerance-seconds must be a finite number of seconds above 0, not {tolerance_seconds}")
     keys = list(secret or [])
     if secret_from_endpoint:
         with _api(api_url, api_key, False) as client:

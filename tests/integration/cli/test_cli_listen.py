@@ -121,6 +121,16 @@ def test_listen_without_a_secret_is_a_usage_error(cli):
     assert bad.exit_code == 2
 
 
+@pytest.mark.parametrize("tolerance", ["nan", "-1", "0", "inf"])
+def test_listen_with_a_tolerance_that_is_not_finite_and_positive_is_a_usage_error(secret, tolerance):
+    """NaN or -1 would refuse every webhook and infinity accept any replay: refused before listening
+    (a real process, so a listener that starts anyway fails the test by its timeout)."""
+    arguments = ["listen", "--port", "0", "--secret", secret, "--tolerance-seconds", tolerance]
+    result = subprocess.run([sys.executable, "-m", "delivery", *arguments], env={**os.environ, "COLUMNS": "250"},
+                            capture_output=True, text=True, timeout=LINE_WAIT_SECONDS)
+    assert result.returncode == 2 and "--tolerance-seconds must be a finite number" in result.stderr
+
+
 def test_a_send_reaches_listen_through_the_real_worker(cli, api_url, worker):
     """End to end: `send` through the API, a real worker signs and delivers it to `listen`, which
     verifies it with the endpoint's secret; the delivery then lists as delivered."""
