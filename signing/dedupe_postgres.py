@@ -3,10 +3,19 @@
 The receiver inserts the webhook id into a receipts table inside its own transaction, on its
 own connection, before its side effects. If the transaction commits, the id and the effects are
 stored together; if it rolls back (the handler raised), neither is, and the sender's retry is
-processed. A concurrent copy of the same id blocks on the uncommitted row until the first
-transaction ends, then sees either the committed row (a duplicate) or nothing (and processes).
-This relies on READ COMMITTED, PostgreSQL's default; under REPEATABLE READ the waiting copy
-fails with a serialization error instead, which still answers the sender with a retryable 500.
+processed.
+
+A copy of an id that is being processed right now is not made to wait for it: each claim first
+takes a transaction-scoped advisory lock on a hash of the id, without waiting. A copy that cannot
+have it answers "in progress" (409, retry later) at once, instead of holding a pool connection
+while it waits; once the first transaction has ended, a copy finds either the committed receipt
+(a duplicate, answered 200) or none (and processes). A hash shared by two ids only costs a 409.
+This relies on READ COMMITTED, PostgreSQL's default; under REPEATABLE READ a copy that starts as
+the first commits can fail with a serialization error instead, which is still a retryable 500.
+
+Before the commit, the claim re-reads its receipt: a handler that caught a failed statement has
+left the transaction aborted, and asyncpg's COMMIT would then roll back without raising, so the
+check fails the request (500, retried) instead of answering 2xx for work that was not kept.
 
 Every statement of the package is in this module; the table name is validated before it is
 quoted into SQL, since identifiers cannot be query parameters.
@@ -14,6 +23,7 @@ quoted into SQL, since identifiers cannot be query parameters.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,6 +37,8 @@ TABLE_DEFAULT = "webhook_receipts"
 DELETED_PER_CALL_MAX = 10_000
 # Short enough that "<table>_received_at_index" stays within PostgreSQL's 63-byte names.
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,39}")
+# SQLSTATE "current transaction is aborted, commands ignored until end of transaction block".
+_IN_FAILED_SQL_TRANSACTION = "25P02"
 
 
 def receipts_table_ddl(table: str = TABLE_DEFAULT) -> str:
@@ -73,7 +85,11 @@ async def delete_old_receipts(
 
 
 class PostgresDedupeStore:
-    """Claims on one connection, inside the transaction the caller has already opened."""
+    """Claims on one connection, inside the transaction the caller has already opened.
+
+    `claim` waits for another transaction that holds the id; `lock` first, to learn at once that
+    the id is being processed instead.
+    """
 
     def __init__(self, connection: Any, *, table: str = TABLE_DEFAULT) -> None:
         qualified, _bare = _table_names(table)
@@ -86,6 +102,7 @@ class PostgresDedupeStore:
         self._release_sql = f"DELETE FROM {qualified} WHERE webhook_id = $1"
         # Whether an id's processing has committed.
         self._exists_sql = f"SELECT EXISTS (SELECT 1 FROM {qualified} WHERE webhook_id = $1)"
+        self._lock_namespace = qualified.encode("ascii") + b"\0"
 
     async def claim(self, webhook_id: str) -> bool:
         # Outside a transaction the insert would commit at once, before the side effects:
@@ -94,8 +111,30 @@ class PostgresDedupeStore:
             raise errors.NotInTransactionError()
         return bool(await self._connection.fetchval(self._claim_sql, webhook_id))
 
+    async def lock(self, webhook_id: str) -> bool:
+        """Takes the id's advisory lock until the transaction ends; False, at once, when another has it."""
+        if not self._connection.is_in_transaction():
+            raise errors.NotInTransactionError()
+        lock_key = self._lock_key(webhook_id)
+        return bool(await self._connection.fetchval("SELECT pg_try_advisory_xact_lock($1)", lock_key))
+
     async def complete(self, webhook_id: str) -> None:
         """Nothing to do: the caller's commit completes the claim."""
+
+    async def check_committable(self, webhook_id: str) -> None:
+        """Raises unless the claim is still there to commit: the last statement before the COMMIT.
+
+        In an aborted transaction every statement fails, so this raises there, where the COMMIT
+        itself would roll back silently; it also raises when the receipt was deleted.
+        """
+        try:
+            present = await self._connection.fetchval(self._exists_sql, webhook_id)
+        except Exception as error:
+            if getattr(error, "sqlstate", None) == _IN_FAILED_SQL_TRANSACTION:
+                raise errors.ReceiptNotCommittableError(f"{webhook_id}: the transaction is aborted") from error
+            raise
+        if not present:
+            raise errors.ReceiptNotCommittableError(f"{webhook_id}: the receipt is gone")
 
     async def release(self, webhook_id: str) -> None:
         await self._connection.execute(self._release_sql, webhook_id)
@@ -105,12 +144,20 @@ class PostgresDedupeStore:
         # row it can see is committed.
         return bool(await self._connection.fetchval(self._exists_sql, webhook_id))
 
+    def _lock_key(self, webhook_id: str) -> int:
+        # 64 bits of a hash of table and id, as the signed bigint the lock functions take.
+        digest = hashlib.sha256(self._lock_namespace + webhook_id.encode("utf-8", "surrogatepass")).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
+
 
 class PostgresDedupe:
     """For the aiohttp receiver: each webhook gets a pooled connection and a transaction.
 
     The handler receives the connection as `event.connection` and does its writes on it; they
-    commit with the claim, or roll back with it when the handler raises.
+    commit with the claim, or roll back with it when the handler raises. A handler that catches
+    an SQL error must run the failing statement in a savepoint (`async with
+    event.connection.transaction():`); otherwise the transaction is aborted and the webhook is
+    answered 500, to be retried.
     """
 
     def __init__(self, pool: Any, *, table: str = TABLE_DEFAULT) -> None:
@@ -122,8 +169,13 @@ class PostgresDedupe:
     async def claimed(self, webhook_id: str) -> AsyncIterator[Claim]:
         async with self._pool.acquire() as connection, connection.transaction():
             store = PostgresDedupeStore(connection, table=self._table)
+            if not await store.lock(webhook_id):
+                yield Claim(first=False, in_progress=True)
+                return
             first = await store.claim(webhook_id)
             yield Claim(first=first, in_progress=False, connection=connection)
+            if first:
+                await store.check_committable(webhook_id)
 
 
 def _table_names(table: str) -> tuple[str, str]:

@@ -141,3 +141,7 @@ class InvalidTableNameError(DedupeError):
 
 class NotInTransactionError(DedupeError):
     """The PostgreSQL claim must run inside the receiver's transaction, or it is not exactly-once."""
+
+
+class ReceiptNotCommittableError(DedupeError):
+    """The receipt cannot commit: a failed statement aborted the transaction, or it was deleted (use a savepoint)."""

@@ -6,8 +6,9 @@ Answers, in order of the checks:
 - 400 when a verified body is not JSON;
 - 200 without calling the handler when this webhook id was already processed;
 - 409 with Retry-After when another copy of this id is being processed right now;
-- the handler's response (or 200) otherwise. When the handler raises or answers non-2xx, the
-  claim is undone (released, or rolled back on PostgreSQL), so the sender's retry is processed.
+- the handler's response (or 200) otherwise; a 2xx `HTTPException` it raises is a response too.
+  When the handler raises anything else or answers non-2xx, the claim is undone (released, or
+  rolled back on PostgreSQL), so the sender's retry is processed.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ async def _process_once(handler: WebhookHandler, dedupe: ClaimScopes, event: Web
             if not claim.first:
                 return web.json_response({"id": event.id, "duplicate": True})
             event = WebhookEvent(event.id, event.timestamp_seconds, event.payload, event.body, claim.connection)
-            response = await handler(event)
+            response = await _call(handler, event)
             if response is not None and not 200 <= response.status < 300:
                 raise _Declined(response)
     except _Declined as declined:
@@ -111,7 +112,20 @@ async def _process_once(handler: WebhookHandler, dedupe: ClaimScopes, event: Web
     except Exception:
         logger.exception("processing webhook %s failed; its claim is undone so the retry runs", event.id)
         return _problem(500, "The webhook could not be processed; retry later.", event.id)
+    if isinstance(response, web.HTTPException):
+        # A raised 2xx, raised again now that the claim is kept: aiohttp answers it.
+        raise response
     return response if response is not None else web.json_response({"id": event.id, "received": True})
+
+
+async def _call(handler: WebhookHandler, event: WebhookEvent) -> web.StreamResponse | None:
+    """The handler's response; a 2xx `HTTPException` it raises (`raise HTTPNoContent()`) is one too."""
+    try:
+        return await handler(event)
+    except web.HTTPException as raised:
+        if not 200 <= raised.status < 300:
+            raise
+        return raised
 
 
 async def _read_body_bounded(request: web.Request, body_bytes_max: int) -> bytes | None:

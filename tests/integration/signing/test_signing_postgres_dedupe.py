@@ -1,13 +1,19 @@
-"""The PostgreSQL dedupe store on a real server: exactly-once across connections, DDL, cleanup."""
+"""The PostgreSQL dedupe store on a real server: exactly-once across connections, DDL, cleanup,
+and through the receiver: an aborted transaction is never answered 2xx, and a copy of a webhook
+being processed is answered 409 at once instead of holding a connection while it waits."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 
+import asyncpg
 import pytest
 
-from signing import errors
+from signing import errors, generate_secret, webhook_handler, webhook_headers
 from signing.dedupe_postgres import (
+    PostgresDedupe,
     PostgresDedupeStore,
     create_receipts_table,
     delete_old_receipts,
@@ -114,3 +120,88 @@ async def test_cleanup_deletes_only_old_receipts_in_bounded_batches(pool):
         assert await delete_old_receipts(connection, older_than_seconds=week_seconds, rows_max=3) == 2
         assert await delete_old_receipts(connection, older_than_seconds=week_seconds) == 0
         assert await connection.fetchval("SELECT array_agg(webhook_id) FROM webhook_receipts") == ["recent"]
+
+
+SECRET = generate_secret()
+BODY = json.dumps({"type": "customer.created", "email": "a@example.com"}).encode()
+
+
+async def deliver(http, url: str, webhook_id: str) -> tuple[int, dict, str | None]:
+    headers = webhook_headers(webhook_id, int(time.time()), BODY, [SECRET])
+    async with http.post(url, data=BODY, headers=headers) as response:
+        return response.status, await response.json(content_type=None), response.headers.get("Retry-After")
+
+
+@pytest.fixture
+async def tables(pool):
+    async with pool.acquire() as connection:
+        await create_receipts_table(connection)
+        await connection.execute("CREATE TABLE customers (email text PRIMARY KEY)")
+        await connection.execute("CREATE TABLE processed_events (webhook_id text NOT NULL)")
+        await connection.execute("INSERT INTO customers VALUES ('a@example.com')")
+    return pool
+
+
+@pytest.mark.parametrize("savepoint", [False, True], ids=["caught in the transaction", "caught in a savepoint"])
+async def test_a_handler_that_catches_its_own_sql_error_is_not_answered_2xx_unless_in_a_savepoint(
+    serve, http, tables, savepoint
+):
+    """A handler's "insert; on UniqueViolation it exists already" aborts the transaction, and
+    asyncpg's COMMIT would then roll back without raising: the webhook is answered 500 (retried)
+    with nothing kept, never 2xx. Run in a savepoint, as documented, the same handler commits."""
+    calls = []
+
+    async def on_webhook(event):
+        calls.append(event.id)
+        await event.connection.execute("INSERT INTO processed_events VALUES ($1)", event.id)
+        try:
+            if savepoint:
+                async with event.connection.transaction():
+                    await event.connection.execute("INSERT INTO customers VALUES ('a@example.com')")
+            else:
+                await event.connection.execute("INSERT INTO customers VALUES ('a@example.com')")
+        except asyncpg.UniqueViolationError:
+            pass
+
+    url = await serve(webhook_handler(on_webhook, keys=SECRET, dedupe=PostgresDedupe(tables)))
+    statuses = [(await deliver(http, url, "evt_customer"))[0] for _ in range(2)]
+    kept = await tables.fetchval("SELECT count(*) FROM processed_events")
+    receipts = await tables.fetchval("SELECT count(*) FROM webhook_receipts")
+    if savepoint:
+        assert (statuses, len(calls), kept, receipts) == ([200, 200], 1, 1, 1)
+    else:
+        assert (statuses, len(calls), kept, receipts) == ([500, 500], 2, 0, 0)
+
+
+async def test_copies_of_a_webhook_being_processed_are_answered_409_without_waiting(serve, http, database_url):
+    """With a pool of 3, a slow webhook and 6 copies of it: each copy is answered 409 with
+    Retry-After at once (no copy holds a connection waiting on the first's row lock), another
+    webhook is processed meanwhile, and once the first has committed a copy is a 200 duplicate."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=3)
+    started, finish = asyncio.Event(), asyncio.Event()
+    try:
+        async with pool.acquire() as connection:
+            await create_receipts_table(connection)
+        calls = []
+
+        async def on_webhook(event):
+            calls.append(event.id)
+            if event.id == "evt_slow":
+                started.set()
+                await finish.wait()
+
+        url = await serve(webhook_handler(on_webhook, keys=SECRET, dedupe=PostgresDedupe(pool)))
+        slow = asyncio.create_task(deliver(http, url, "evt_slow"))
+        await started.wait()
+        copies = await asyncio.wait_for(asyncio.gather(*(deliver(http, url, "evt_slow") for _ in range(6))), 5)
+        other = await asyncio.wait_for(deliver(http, url, "evt_other"), 5)
+        finish.set()
+        assert (await slow)[0] == 200
+        assert [(status, retry_after) for status, _body, retry_after in copies] == [(409, "5")] * 6
+        assert other[0] == 200
+        status, body, _retry_after = await deliver(http, url, "evt_slow")
+        assert (status, body) == (200, {"id": "evt_slow", "duplicate": True})
+        assert calls == ["evt_slow", "evt_other"]
+    finally:
+        finish.set()
+        await pool.close()

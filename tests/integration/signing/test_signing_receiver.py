@@ -164,3 +164,34 @@ async def test_a_handler_answering_non_2xx_also_releases_the_id(serve, http, ded
     assert statuses == [503, 200]
     assert len(recorder.events) == 2
     assert await processed_rows(dedupe, "evt_declined") in (None, 1)
+
+
+@pytest.mark.parametrize(
+    "raised, statuses",
+    [
+        (web.HTTPNoContent, [204, 200, 200]),
+        (web.HTTPAccepted, [202, 200, 200]),
+        (web.HTTPServiceUnavailable, [503, 503, 503]),
+    ],
+)
+async def test_a_raised_http_exception_counts_by_its_status(serve, http, dedupe, raised, statuses):
+    """aiohttp's `raise HTTPNoContent()` style: a raised 2xx is a success, so the claim is kept
+    (on PostgreSQL the handler's write commits) and later copies are duplicates; a raised non-2xx
+    is a refusal, so every copy is processed again."""
+    calls = []
+
+    async def on_webhook(event):
+        calls.append(event.id)
+        if event.connection is not None:
+            await event.connection.execute("INSERT INTO processed_events VALUES ($1)", event.id)
+        raise raised()
+
+    url = await serve(webhook_handler(on_webhook, keys=SECRET, dedupe=dedupe))
+    answered = []
+    for _ in range(3):
+        async with http.post(url, data=BODY, headers=signed("evt_raised")) as response:
+            answered.append(response.status)
+    assert answered == statuses
+    succeeded = statuses[0] < 300
+    assert len(calls) == (1 if succeeded else 3)
+    assert await processed_rows(dedupe, "evt_raised") in (None, 1 if succeeded else 0)

@@ -37,15 +37,34 @@ async def test_processing_claims_lapse_and_completed_ones_last_the_retention():
     assert await store.claim("crashed")
 
 
-async def test_capacity_evicts_the_least_recently_seen_id():
-    """Past `capacity`, the id seen longest ago is forgotten first; a repeat counts as seen."""
+async def test_capacity_evicts_the_least_recently_seen_completed_id():
+    """Past `capacity`, the completed id seen longest ago is forgotten first; a repeat counts as seen."""
     store = MemoryDedupeStore(capacity=2)
-    assert await store.claim("a") and await store.claim("b")
+    for webhook_id in ("a", "b"):
+        assert await store.claim(webhook_id)
+        await store.complete(webhook_id)
     assert not await store.claim("a")  # "a" is now more recently seen than "b"
     assert await store.claim("c")
     assert len(store) == 2
-    assert not await store.claim("a")
+    assert not await store.claim("a") and await store.is_complete("a")
+    await store.complete("c")
     assert await store.claim("b"), "b was least recently seen and so was evicted"
+
+
+async def test_a_full_store_keeps_its_claims_in_progress_and_refuses_new_ids_as_in_progress():
+    """Claims in progress are never evicted: with the store full of them, a new id is refused as
+    in progress (the receiver's 409, so the sender retries), and a copy of a claimed id still
+    learns it is in progress; once one completes, its place can be taken."""
+    store = MemoryDedupeStore(capacity=2)
+    assert await store.claim("a") and await store.claim("b")
+    async with store.claimed("c") as refused:
+        assert not refused.first and refused.in_progress
+    async with store.claimed("a") as copy:
+        assert not copy.first and copy.in_progress
+    assert len(store) == 2
+    await store.complete("a")
+    assert await store.claim("c"), "the completed id makes room"
+    assert not await store.claim("b"), "b is still in progress"
 
 
 async def test_claimed_scope_completes_on_success_and_releases_on_failure():
