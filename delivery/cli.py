@@ -31,8 +31,9 @@ def migrate() -> None:
 def audit(
     account: str = typer.Option(None, help="Audit one account (its id); default: every account."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
-    since: str = typer.Option(None, help="Incremental: check only deliveries and entries created since this"
-                              " ISO 8601 time (balances are always all checked)."),
+    since: str = typer.Option(None, help="Incremental: check only the deliveries created or finished, and those"
+                              " with a ledger entry, since this ISO 8601 time (balances and triggers are always"
+                              " all checked)."),
 ) -> None:
     """Check invariants I1-I8 against the ledger. Exit code 1 on any violation."""
     from delivery import audit_report

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 
 import asyncpg
 
@@ -140,28 +141,32 @@ async def insert_raw_delivery(
     charge_amount: int | None = -1,
     charge_account_id: uuid.UUID | None = None,
     move_balance: bool = True,
+    created_at: datetime | None = None,
 ) -> uuid.UUID:
     """BYPASSES THE APP: a message, a pending delivery and (optionally) a charge written by raw SQL.
 
     Used only to build the broken histories that the settle checks and the audit must catch.
+    `created_at`: when all three were written (default now), for an incremental audit's scope.
     """
     message_id, delivery_id = ids.new_id(), ids.new_id()
     async with pool.acquire() as connection, connection.transaction():
         await connection.execute(
-            "INSERT INTO messages (id, account_id, event_type, payload) VALUES ($1, $2, 'raw.sql', '\\x00')",
-            message_id, account_id,
+            "INSERT INTO messages (id, account_id, event_type, payload, created_at)"
+            " VALUES ($1, $2, 'raw.sql', '\\x00', coalesce($3, now()))",
+            message_id, account_id, created_at,
         )
         await connection.execute(
-            "INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"
-            " VALUES ($1, $2, $3, $4, $5, 3)",
-            delivery_id, account_id, message_id, endpoint_id, price,
+            "INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max, created_at)"
+            " VALUES ($1, $2, $3, $4, $5, 3, coalesce($6, now()))",
+            delivery_id, account_id, message_id, endpoint_id, price, created_at,
         )
         if charge_amount is not None:
             charged = charge_account_id or account_id
             await execute_unchecked(
                 connection, "ledger_entries",
-                "INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount) VALUES ($1, $2, $3, 'charge', $4)",
-                ids.charge_id(delivery_id), charged, delivery_id, charge_amount,
+                "INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount, created_at)"
+                " VALUES ($1, $2, $3, 'charge', $4, coalesce($5, now()))",
+                ids.charge_id(delivery_id), charged, delivery_id, charge_amount, created_at,
             )
             if move_balance:
                 await connection.execute(
@@ -177,6 +182,16 @@ async def execute_unchecked(connection: asyncpg.Connection, table: str, statemen
     await connection.execute(f"ALTER TABLE {table} DISABLE TRIGGER {table}_references")
     await connection.execute(statement, *arguments)
     await connection.execute(f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {table}_references")
+
+
+async def recreate_trigger(pool: asyncpg.Pool, table: str, name: str, definition: str) -> None:
+    """BYPASSES THE MIGRATIONS: trigger `name` on `table` dropped and created again as
+    `CREATE TRIGGER <name> <definition>`, ENABLE ALWAYS, in one transaction: its name and its
+    enabled state as the migration left them, what it does changed (for the audit's I5 and I8)."""
+    async with pool.acquire() as connection, connection.transaction():
+        await connection.execute(f"DROP TRIGGER {name} ON {table}")
+        await connection.execute(f"CREATE TRIGGER {name} {definition}")
+        await connection.execute(f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {name}")
 
 
 async def until_statements_wait(pool: asyncpg.Pool, query_prefix: str, count: int = 1) -> None:

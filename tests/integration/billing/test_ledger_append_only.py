@@ -7,7 +7,8 @@ import pytest
 
 from billing import accounts
 from billing.audit import audit
-from ledger_helpers import add_endpoint, assert_audit_clean, make_account, one_delivery
+from billing.tables import APPEND_ONLY_FUNCTION
+from ledger_helpers import add_endpoint, assert_audit_clean, make_account, one_delivery, recreate_trigger
 
 _REFUSALS = [
     "UPDATE ledger_entries SET amount = amount + 1000",
@@ -67,7 +68,40 @@ async def test_audit_reports_a_trigger_that_no_longer_always_fires(pool, how):
     await make_account(pool, balance=10)
     await pool.execute(f"ALTER TABLE ledger_entries {how} TRIGGER ledger_entries_no_update_delete")
     report = await audit(pool)
-    assert [v.invariant for v in report.violations] == ["I5"]
-    assert "triggers" in report.violations[0].detail
+    assert [(v.invariant, v.detail) for v in report.violations] == [
+        ("I5", "trigger ledger_entries_no_update_delete on ledger_entries is not enabled always")]
     await pool.execute("ALTER TABLE ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_no_update_delete")
     await assert_audit_clean(pool)
+
+
+async def test_audit_reports_an_append_only_function_that_no_longer_refuses(pool):
+    """The triggers still exist and are ENABLE ALWAYS, but their function was replaced by one that lets
+    every row through: UPDATE works again, and the audit reports the function (once, for both triggers) as I5."""
+    account_id = await make_account(pool, balance=10)
+    await pool.execute(
+        "CREATE OR REPLACE FUNCTION ledger_entries_append_only() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN IF TG_OP = 'DELETE' THEN RETURN OLD; END IF; RETURN NEW; END; $$")
+    await pool.execute("UPDATE ledger_entries SET note = 'edited' WHERE account_id = $1", account_id)  # the harm
+    report = await audit(pool)
+    assert [v.invariant for v in report.violations] == ["I5"]
+    assert report.violations[0].detail.startswith(
+        "function ledger_entries_append_only() of trigger ledger_entries_no_update_delete on ledger_entries"
+        " is not the one the migrations create: plpgsql source sha256 ")
+    await pool.execute(APPEND_ONLY_FUNCTION.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+    await assert_audit_clean(pool)
+
+
+@pytest.mark.parametrize("redefined", [
+    "BEFORE DELETE ON ledger_entries FOR EACH ROW",  # UPDATE no longer refused
+    "BEFORE UPDATE OR DELETE ON ledger_entries FOR EACH ROW WHEN (false)",  # never fires
+    "BEFORE UPDATE OF amount OR DELETE ON ledger_entries FOR EACH ROW",  # other columns editable
+])
+async def test_audit_reports_an_append_only_trigger_recreated_differently(pool, redefined):
+    """The trigger recreated under its own name, ENABLE ALWAYS, firing on less than the migration's: I5, naming it."""
+    await make_account(pool, balance=10)
+    await recreate_trigger(pool, "ledger_entries", "ledger_entries_no_update_delete",
+                           f"{redefined} EXECUTE FUNCTION ledger_entries_append_only()")
+    report = await audit(pool)
+    assert [v.invariant for v in report.violations] == ["I5"]
+    assert report.violations[0].detail.startswith(
+        "trigger ledger_entries_no_update_delete on ledger_entries is not the one the migrations create: it is `")

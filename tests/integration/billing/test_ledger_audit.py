@@ -5,6 +5,8 @@ Every corruption here BYPASSES THE APP with raw SQL: that is the only way to bre
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+
 import asyncpg
 import pytest
 
@@ -204,3 +206,87 @@ async def test_to_json_names_the_offender(pool, invariant):
     assert data["clean"] is False
     assert {"invariant": invariant, "account_id": str(account_id), "delivery_id": str(delivery_id)}.items() <= next(
         v for v in data["violations"] if v["invariant"] == invariant).items()
+
+
+async def test_since_covers_an_old_delivery_that_died_since_without_a_refund(pool):
+    """An incremental run covers a delivery created (and charged) long ago that was marked dead since,
+    with no refund: no ledger entry is new, only its finished_at shows it changed. I2 for it, as in a full run."""
+    account_id = await make_account(pool, balance=10)
+    endpoint_id = await add_endpoint(pool, account_id)
+    hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+    old = await insert_raw_delivery(pool, account_id, endpoint_id, created_at=hour_ago)
+    untouched = await insert_raw_delivery(pool, account_id, endpoint_id, created_at=hour_ago)
+    since = datetime.now(timezone.utc) - timedelta(minutes=5)
+    assert (await audit(pool, since=since)).clean
+    await pool.execute("UPDATE deliveries SET state = 'dead', dead_reason = 'out_of_retries', finished_at = now()"
+                       " WHERE id = $1", old)  # BYPASSES THE APP: dead, never refunded
+    for report in (await audit(pool), await audit(pool, since=since), await audit(pool, account_id, since=since)):
+        assert _named(report, "I2", delivery_id=old, account_id=account_id) == [
+            "net -1 for a dead delivery, expected 0"]
+        assert {v.invariant for v in report.violations} == {"I2"}
+    assert untouched not in {v.delivery_id for v in (await audit(pool, since=since)).violations}
+
+
+@pytest.mark.parametrize("shape", ["dashes", "no delivery", "upper case", "unknown reason"])
+async def test_an_adjustment_id_that_ties_to_no_delivery_is_reported_not_raised(pool, shape):
+    """An adjustment whose id is not adjustment:<delivery id>:<reason> (written by raw SQL, past the app's
+    billing.adjustments) is I1 on its account, in a full run and an incremental one, and never stops the audit:
+    36 dashes once made its ::uuid cast raise for every audit."""
+    account_id = await make_account(pool, balance=10)
+    await add_endpoint(pool, account_id)
+    delivery_id = await one_delivery(pool, account_id)
+    adjustment_id = {
+        "dashes": "adjustment:" + "-" * 36 + ":missing_charge",
+        "no delivery": "adjustment:free-money",
+        "upper case": f"adjustment:{str(delivery_id).upper()}:missing_charge",
+        "unknown reason": f"adjustment:{delivery_id}:goodwill",
+    }[shape]
+    await pool.execute("INSERT INTO ledger_entries (id, account_id, kind, amount) VALUES ($1, $2, 'adjustment', 0)",
+                       adjustment_id, account_id)  # 0 credits: the id alone is wrong
+    detail = (f"adjustment {adjustment_id} has a reason the audit does not know"
+              " (missing_charge, charge_difference, refund_on_live)" if shape == "unknown reason" else
+              f"adjustment {adjustment_id} is tied to no delivery: its id is not adjustment:<delivery id>:<reason>")
+    since = datetime.now(timezone.utc) - timedelta(minutes=5)
+    for report in (await audit(pool), await audit(pool, account_id), await audit(pool, since=since)):
+        assert [(v.invariant, v.account_id, v.delivery_id, v.detail) for v in report.violations] == [
+            ("I1", account_id, None, detail)]
+    assert (await audit(pool, since=datetime.now(timezone.utc) + timedelta(minutes=1))).clean  # written before
+
+
+async def test_ledger_entries_on_an_account_that_does_not_exist(pool):
+    """Entries on an account id with no accounts row (their reference check bypassed) are I4 on that id, in
+    every run that covers it, and the report counts them: the ledger's count comes from the ledger."""
+    account_id = await make_account(pool, balance=10)
+    ghost_id = ids.new_id()
+    async with pool.acquire() as connection, connection.transaction():
+        await execute_unchecked(
+            connection, "ledger_entries",
+            "INSERT INTO ledger_entries (id, account_id, kind, amount) VALUES ($1, $2, 'topup', 1000000)",
+            f"topup:{order_id(ghost_id)}", ghost_id)
+    report = await audit(pool)
+    expected = [("I4", ghost_id, None, "no such account, yet the ledger has 1 entry on it, summing to 1000000")]
+    assert [(v.invariant, v.account_id, v.delivery_id, v.detail) for v in report.violations] == expected
+    assert report.ledger_entries == await pool.fetchval("SELECT count(*) FROM ledger_entries") == 2
+    assert (report.accounts, [s.account_id for s in report.summaries]) == (1, [account_id])
+    since = await audit(pool, since=datetime.now(timezone.utc))
+    assert [(v.invariant, v.account_id) for v in since.violations] == [("I4", ghost_id)]
+    assert [(v.invariant, v.account_id) for v in (await audit(pool, ghost_id)).violations] == [("I4", ghost_id)]
+    await assert_audit_clean(pool, account_id)
+
+
+async def test_a_reclaim_written_before_its_refund(pool):
+    """I3 says a reclaim only *after* a refund: a delivered delivery with a reclaim and then a refund (by seq), the
+    counts and the net all as a refund-then-reclaim would leave them, is I3 and nothing else."""
+    account_id = await make_account(pool, balance=10, price=2)
+    await add_endpoint(pool, account_id)
+    delivered = await claim(pool, await one_delivery(pool, account_id))
+    await results.record_results(pool, [results.AttemptResult(delivered.id, 1, account_id, True, 1, 200)])
+    insert = "INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount) VALUES ($1, $2, $3, $4, $5)"
+    async with pool.acquire() as connection, connection.transaction():  # the balance moves by -2 + 2
+        await connection.execute(insert, ids.reclaim_id(delivered.id), account_id, delivered.id, "reclaim", -2)
+        await connection.execute(insert, ids.refund_id(delivered.id), account_id, delivered.id, "refund", 2)
+    seqs = dict(await pool.fetch("SELECT kind, seq FROM ledger_entries WHERE delivery_id = $1", delivered.id))
+    report = await audit(pool)
+    assert [(v.invariant, v.account_id, v.delivery_id, v.detail) for v in report.violations] == [
+        ("I3", account_id, delivered.id,
+         f"reclaim (seq {seqs['reclaim']}) written before the refund (seq {seqs['refund']})")]

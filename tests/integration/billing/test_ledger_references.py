@@ -15,8 +15,8 @@ import pytest
 
 from billing import ids, messages
 from billing.audit import audit
-from billing.references import probe_setting_reset_statements, trigger_names
-from ledger_helpers import add_endpoint, assert_audit_clean, create, make_account, row_counts
+from billing.references import probe_setting_reset_statements, trigger_names, upgrade_statements
+from ledger_helpers import add_endpoint, assert_audit_clean, create, make_account, recreate_trigger, row_counts
 
 
 @dataclass
@@ -218,3 +218,42 @@ async def test_reference_checks_probe_indexes_even_when_planned_on_empty_statist
     async with pool.acquire() as connection:
         unpinned = await _sequential_scans_by_creates(connection, account, batches=20)
     assert unpinned["messages"] >= 20 and unpinned["deliveries"] >= 20, unpinned
+
+
+def _installed_function(name: str) -> str:
+    """The CREATE FUNCTION statement the migration runs for `name`, as CREATE OR REPLACE."""
+    statement = next(s for s in upgrade_statements() if s.lstrip().startswith(f"CREATE FUNCTION {name}()"))
+    return statement.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+
+
+@pytest.mark.parametrize("function, blamed", [
+    ("ledger_entries_check_references", "trigger ledger_entries_references on ledger_entries"),
+    # One function behind thirteen triggers: reported once, with the first trigger that calls it.
+    ("refuse_history_change", "trigger accounts_keys_fixed on accounts"),
+])
+async def test_audit_reports_a_reference_function_made_a_no_op(pool, function, blamed):
+    """A check function replaced by one that lets every row through, its triggers untouched: I8, naming the function."""
+    account_id = await make_account(pool, balance=1)
+    await pool.execute(f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$"
+                       " BEGIN RETURN NULL; END; $$")
+    if function == "ledger_entries_check_references":  # the harm: an entry on no account now goes in
+        await pool.execute("INSERT INTO ledger_entries (id, account_id, kind, amount) VALUES ('topup:ghost', $1,"
+                           " 'topup', 5)", uuid.uuid4())
+    report = await audit(pool, account_id)
+    assert [v.invariant for v in report.violations] == ["I8"]
+    assert report.violations[0].detail.startswith(
+        f"function {function}() of {blamed} is not the one the migrations create: plpgsql source sha256 ")
+    await pool.execute(_installed_function(function))
+    assert (await audit(pool, account_id)).clean
+
+
+async def test_audit_reports_a_reference_trigger_recreated_differently(pool):
+    """A keep-history trigger recreated under its name, ENABLE ALWAYS, with a WHEN that never holds: I8, naming it."""
+    await make_account(pool, balance=1)
+    await recreate_trigger(pool, "deliveries", "deliveries_keys_fixed",
+                           "BEFORE UPDATE OF id, account_id, message_id, endpoint_id ON deliveries FOR EACH ROW"
+                           " WHEN (OLD.id IS DISTINCT FROM OLD.id) EXECUTE FUNCTION refuse_history_change()")
+    report = await audit(pool)
+    assert [v.invariant for v in report.violations] == ["I8"]
+    assert report.violations[0].detail.startswith(
+        "trigger deliveries_keys_fixed on deliveries is not the one the migrations create: it is `")
