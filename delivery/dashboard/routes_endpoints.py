@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import msgspec
 from aiohttp import web
 
+from billing.errors import AccountNotActive
 from delivery import endpoints as store
 from delivery.api.problems import Problem, not_found
 from delivery.api.validation import EndpointCreate, EndpointPatch, decode, path_id
