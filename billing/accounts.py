@@ -86,6 +86,25 @@ async def _lock_account(connection, account_id: uuid.UUID):
     return row
 
 
+_ROW_LOCKS = frozenset({"FOR UPDATE", "FOR SHARE"})
+
+
+async def lock_active(connection, account_id: uuid.UUID, what: str, *, lock: str = "FOR UPDATE") -> None:
+    """Lock the account row (first: the platform's one lock order) and refuse it unless active.
+
+    For what an account makes besides messages (keys, endpoints, secrets): a closing account's
+    deletion erases them under this lock, and a create that waited on it would otherwise give a
+    deleted account a live key or secret again (its keys authenticate until the closeout commits).
+    AccountNotFound for no such account; AccountNotActive, naming `what`, for a closing or deleted one.
+    """
+    assert lock in _ROW_LOCKS, lock
+    status = await connection.fetchval(f"SELECT status FROM accounts WHERE id = $1 {lock}", account_id)
+    if status is None:
+        raise AccountNotFound(f"no account {account_id}")
+    if status != "active":
+        raise AccountNotActive(f"the account is {status}; it takes no new {what}")
+
+
 async def create_account(executor: Executor, name: str, *, price_per_delivery: int = 1) -> Account:
     _check_text(name, "name", NAME_LENGTH_MAX)
     if isinstance(price_per_delivery, bool) or not isinstance(price_per_delivery, int):

@@ -15,9 +15,9 @@ from datetime import datetime
 
 import asyncpg
 
-from billing import ids
+from billing import accounts, ids
 from billing.database import OUTCOME_WAIT_SECONDS, Executor, OutcomeUnknown, resolved_transaction, transaction
-from billing.errors import AccountNotActive, LedgerMismatch
+from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, settle
 from delivery.signer_cache import endpoint_secret_context
 from signing import Keyring, decrypt_secret, encrypt_secret
@@ -83,18 +83,6 @@ async def insert_endpoint(
     return Endpoint(**dict(row))
 
 
-async def _lock_active_account(connection: asyncpg.Connection, account_id: uuid.UUID, lock: str) -> None:
-    """Lock the account row first (the platform's one lock order) and refuse one that is not active.
-
-    A closing account's deletion erases its endpoints' secrets under this lock; a create or a
-    rotation that waited on it would otherwise give a deleted account a live secret again (its
-    keys still authenticate until the closeout's revocation commits).
-    """
-    status = await connection.fetchval(f"SELECT status FROM accounts WHERE id = $1 {lock}", account_id)
-    if status != "active":
-        raise AccountNotActive(f"account {account_id} is {status or 'gone'}; it takes no new endpoints or secrets")
-
-
 async def create_endpoint(
     executor: Executor,
     account_id: uuid.UUID,
@@ -121,7 +109,7 @@ async def create_endpoint(
     ciphertext = seal_secret(secret, keyring, endpoint_id)
     try:
         async with resolved_transaction(executor, wait_seconds=outcome_wait_seconds) as connection:
-            await _lock_active_account(connection, account_id, "FOR UPDATE")
+            await accounts.lock_active(connection, account_id, "endpoints")
             count = await connection.fetchval(
                 "SELECT count(*) FROM endpoints WHERE account_id = $1 AND deleted_at IS NULL", account_id
             )
@@ -237,7 +225,7 @@ async def rotate_secret(
     under the row lock (two identical rotations at once apply once).
     """
     async with transaction(pool) as connection:
-        await _lock_active_account(connection, account_id, "FOR SHARE")
+        await accounts.lock_active(connection, account_id, "secrets", lock="FOR SHARE")
         row = await connection.fetchrow(
             "SELECT secret FROM endpoints WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL FOR UPDATE",
             endpoint_id, account_id,

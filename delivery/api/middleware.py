@@ -107,12 +107,11 @@ async def errors_as_problems(request: web.Request, handler) -> web.StreamRespons
     except NotWritten as error:  # a COMMIT answer lost, and the database says it did not take effect
         log.warning("write not committed", method=request.method, path=request.path, error=repr(error))
         return problems.response(problems.write_failed())
-    except database.UNAVAILABLE as error:  # a 503 to retry, not a 500
-        return _database_unavailable(request, error)
     except Exception as error:
         if database.lost_database(error):
-            # Raised on the way out of a transaction or savepoint on a connection the database
-            # closed (asyncpg's InterfaceError, the loss as its context): the same 503.
+            # The database went away (one of database.UNAVAILABLE, or asyncpg's InterfaceError on
+            # the way out of a transaction or savepoint on the closed connection, the loss as its
+            # context): a 503 to retry, not a 500.
             return _database_unavailable(request, error)
         log.exception("unhandled error", method=request.method, path=request.path)
         return problems.response(Problem(500, "an unexpected error occurred; it was logged", "internal"))

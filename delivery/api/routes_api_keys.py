@@ -6,6 +6,7 @@ import uuid
 
 from aiohttp import web
 
+from billing import accounts as billing_accounts
 from billing.database import Executor, OutcomeUnknown, resolved_transaction
 from delivery.api import api_keys, idempotency, responses
 from delivery.api.context import ApiContext, context
@@ -43,11 +44,7 @@ async def _created(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, w
         # A COMMIT answer lost is resolved, not guessed: the key is shown only in this answer.
         async with resolved_transaction(executor, wait_seconds=ctx.settings.api.commit_outcome_wait_seconds) as connection:
             # The account lock serializes concurrent creates, so the per-account bound holds.
-            status = await connection.fetchval("SELECT status FROM accounts WHERE id = $1 FOR UPDATE", account_id)
-            if status is None:
-                raise not_found("account")
-            if status != "active":
-                raise Problem(409, f"the account is {status}; it takes no new keys", "account-not-active")
+            await billing_accounts.lock_active(connection, account_id, "keys")
             try:
                 key = await api_keys.create_key(connection, account_id)
             except api_keys.KeyLimitReached as error:

@@ -231,6 +231,18 @@ def _schedules(names: tuple[str, ...]):
     return [(number, names[number % len(names)]) for number in range(ROUNDS)]
 
 
+async def _second_waits_on_the_row(gate, kind: int, first, second) -> tuple:
+    """`first` held inside its UPDATE (the gate's `kind`), its row locked and not committed;
+    `second` arrives and waits for that row; then `first` is let go. (second's, first's) results."""
+    await gate.hold(kind)
+    firsts = asyncio.create_task(first())
+    await gate.wait_until_waiting(ON_GATE)
+    seconds = asyncio.create_task(second())
+    await gate.wait_until_waiting(ON_ROW)
+    await gate.let_go(kind)
+    return tuple(await asyncio.gather(seconds, firsts))
+
+
 async def test_a_release_racing_the_lease_expiry_is_taken_or_fenced_never_both(pool, racers, receiver_factory, keyring):
     """Race 1: the lease of attempt K has expired; the releasing worker gives the claim back while
     the sweep returns the lease to pending. Exactly one of them takes the delivery: released
@@ -256,13 +268,7 @@ async def test_a_release_racing_the_lease_expiry_is_taken_or_fenced_never_both(p
             await racers.gate.let_go(RELEASE)
             released = await releasing
         else:
-            await racers.gate.hold(EXPIRY)
-            sweeping = asyncio.create_task(sweep())
-            await racers.gate.wait_until_waiting(ON_GATE)
-            releasing = asyncio.create_task(release())
-            await racers.gate.wait_until_waiting(ON_ROW)  # the release waits for the sweep's row
-            await racers.gate.let_go(EXPIRY)
-            released, swept = await asyncio.gather(releasing, sweeping)
+            released, swept = await _second_waits_on_the_row(racers.gate, EXPIRY, sweep, release)
         label = f"round {number} ({schedule}): released {released}, swept {swept}"
         assert (released == [delivery_id]) != (swept == [delivery_id]), label
         assert set(released) | set(swept) == {delivery_id}, label
@@ -289,13 +295,7 @@ async def test_a_release_racing_another_workers_claim_never_undoes_it(pool, race
         if schedule == "together":
             released, claimed = await _together(rng, release, claim)
         else:
-            await racers.gate.hold(CLAIM)
-            claiming = asyncio.create_task(claim())
-            await racers.gate.wait_until_waiting(ON_GATE)
-            releasing = asyncio.create_task(release())
-            await racers.gate.wait_until_waiting(ON_ROW)  # the release waits for the claim's row
-            await racers.gate.let_go(CLAIM)
-            released, claimed = await asyncio.gather(releasing, claiming)
+            released, claimed = await _second_waits_on_the_row(racers.gate, CLAIM, claim, release)
             assert claimed is not None, f"round {number}: the held claim took nothing"
         label = f"round {number} ({schedule}): released {released}, claimed {claimed}"
         assert released == [], label
