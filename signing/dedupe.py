@@ -136,6 +136,11 @@ class MemoryDedupeStore(ReleasingStore):
     so size it above your peak rate times `retention_seconds` if duplicates must be caught for the
     whole period. A claim in progress is never forgotten early: when every entry is one, a new id
     is not claimed (answered 409, like a copy in progress), so the sender retries it later.
+
+    In `claimed()`, undoing a claim forgets the id only while that claim still holds it: a copy
+    whose claim lapsed mid-way (`processing_seconds`) cannot forget the claim of the copy that took
+    the id over, as in the Redis store. A claim's expiry is its token: the id can be claimed again
+    only once the expiry has passed, so the next claim's expiry is later and never equal.
     """
 
     def __init__(
@@ -188,6 +193,13 @@ class MemoryDedupeStore(ReleasingStore):
 
     async def is_complete(self, webhook_id: str) -> bool:
         return _is_live(self._completed, webhook_id, self._clock())
+
+    async def _claim_held(self, webhook_id: str) -> float | None:
+        return self._in_progress[webhook_id] if await self.claim(webhook_id) else None
+
+    async def _release_held(self, webhook_id: str, held: float) -> None:
+        if self._in_progress.get(webhook_id) == held:
+            del self._in_progress[webhook_id]
 
     def _forget(self, webhook_id: str) -> None:
         self._in_progress.pop(webhook_id, None)

@@ -86,3 +86,42 @@ async def test_a_repeat_during_processing_is_reported_in_progress():
     async with store.claimed("id") as first:
         async with store.claimed("id") as second:
             assert first.first and not second.first and second.in_progress
+
+
+async def _overlap(*, first_fails: bool, second_fails: bool) -> tuple[MemoryDedupeStore, tuple[bool, bool]]:
+    """Copy A claims and its claim lapses; copy B claims the id; A ends (fails or succeeds) while B
+    still runs and a third copy claims; then B ends. Returns the store and what the third copy was told."""
+    clock = FakeClock()
+    store = MemoryDedupeStore(processing_seconds=10, clock=clock)
+    scope_a = store.claimed("evt")
+    assert (await scope_a.__aenter__()).first
+    clock.seconds = 11
+    scope_b = store.claimed("evt")
+    assert (await scope_b.__aenter__()).first, "A's claim lapsed, so B takes the id over"
+    if first_fails:
+        assert not await scope_a.__aexit__(RuntimeError, RuntimeError("A fails after its claim lapsed"), None)
+    else:
+        await scope_a.__aexit__(None, None, None)
+    async with store.claimed("evt") as copy_c:
+        third = (copy_c.first, copy_c.in_progress)
+    if second_fails:
+        assert not await scope_b.__aexit__(RuntimeError, RuntimeError("B fails"), None)
+    else:
+        await scope_b.__aexit__(None, None, None)
+    return store, third
+
+
+async def test_a_lapsed_copy_that_fails_leaves_the_claim_of_the_copy_that_took_over():
+    """A's failure must not forget B's claim: a third copy is told "in progress" instead of
+    running beside B, and B's success is kept."""
+    store, third = await _overlap(first_fails=True, second_fails=False)
+    assert third == (False, True)
+    assert await store.is_complete("evt")
+
+
+async def test_a_lapsed_copy_that_succeeds_stays_done_when_the_copy_that_took_over_fails():
+    """A's processing succeeded, so the id is done; B's later failure must not forget that, or the
+    sender's next retry would process the webhook a third time."""
+    store, third = await _overlap(first_fails=False, second_fails=True)
+    assert third == (False, False)
+    assert await store.is_complete("evt")
