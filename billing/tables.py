@@ -163,6 +163,7 @@ deliveries = sa.Table(
     sa.Index("ix_deliveries_lease", "leased_until", postgresql_where=sa.text("state = 'sending'")),
     sa.Index("ix_deliveries_account_live", "account_id", "id", postgresql_where=sa.text("state IN ('pending', 'sending')")),
     sa.Index(None, "account_id", "created_at"),
+    sa.Index(None, "account_id", "id"),  # an account's pages of deliveries, newest first (0009)
     sa.Index(None, "message_id"),
     sa.Index(None, "endpoint_id", "state"),
     comment="One message to one endpoint. Charged when created; ends delivered or dead (refunded once by billing.settle).",

@@ -3,10 +3,17 @@ replay as a new charged delivery; the operator's dead-delivery view; isolation b
 
 from __future__ import annotations
 
+import json
 import uuid
 
+import asyncpg
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
 from billing.audit import audit
+from billing.ids import new_ids
 from billing.settle import settle
+from delivery.api.app import create_app
 
 
 async def _dead(api, delivery_id: str) -> None:
@@ -181,3 +188,112 @@ async def test_idempotency_keys_in_the_operators_replay_namespace_are_refused(ap
     response = await api.send(headers, key="replay:" + str(uuid.uuid4()))
     assert response.status == 422 and (await response.json())["errors"][0]["field"] == "Idempotency-Key"
     assert await api.snapshot() == before
+
+
+# ---- query plans: a page reads about a page of rows, however the account's rows lie ----------------
+
+async def _bulk_deliveries(pool, account_id: uuid.UUID, count: int, *, dead_every: int = 0) -> None:
+    """`count` delivered deliveries (each with its message) written by SQL, oldest first: a page
+    read needs rows, not money, so no charges are written. Every `dead_every`-th one is dead."""
+    endpoint_id = await pool.fetchval("SELECT id FROM endpoints WHERE account_id = $1 LIMIT 1", account_id)
+    message_ids = new_ids(count)
+    await pool.execute(
+        "INSERT INTO messages (id, account_id, event_type, payload, created_at)"
+        " SELECT m, $2, 'invoice.paid', '{}', now() - (n || ' ms')::interval"
+        " FROM unnest($1::uuid[]) WITH ORDINALITY AS u(m, n)", message_ids[::-1], account_id)
+    await pool.execute(
+        "INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, state, attempt, attempts_max,"
+        "   dead_reason, created_at, finished_at)"
+        " SELECT m.id, m.account_id, m.id, $2, 1, CASE WHEN d THEN 'dead' ELSE 'delivered' END, 1, 3,"
+        "   CASE WHEN d THEN 'out_of_retries' END, m.created_at, m.created_at"
+        " FROM messages m, LATERAL (SELECT $3 > 0 AND (('x' || right(m.id::text, 4))::bit(16)::int % $3 = 0) AS d) s"
+        " WHERE m.id = ANY($1::uuid[])", message_ids, endpoint_id, dead_every)
+
+
+class _PlanLog:
+    """Every statement's plan as PostgreSQL ran it (auto_explain with ANALYZE), sent to the client
+    as a NOTICE: what a request read is then counted, not timed."""
+
+    SERVER_SETTINGS = {"session_preload_libraries": "auto_explain", "auto_explain.log_min_duration": "0",
+                       "auto_explain.log_analyze": "on", "auto_explain.log_timing": "off",
+                       "auto_explain.log_format": "json", "auto_explain.log_level": "notice"}
+
+    def __init__(self) -> None:
+        self.plans: list[dict] = []
+        self.recording = False
+
+    async def listen(self, connection) -> None:
+        """Each time the pool hands the connection out (a release drops the listeners)."""
+        connection.add_log_listener(self._notice)
+
+    def _notice(self, connection, message) -> None:
+        text = message.message
+        if self.recording and "plan:" in text:
+            self.plans.append(json.loads(text.split("plan:", 1)[1])["Plan"])
+
+    def deliveries_rows_read(self) -> int:
+        """Rows the recorded statements took from the deliveries table (kept or filtered out)."""
+        def walk(node) -> int:
+            own = (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)) * node.get("Actual Loops", 1) \
+                if node.get("Relation Name") == "deliveries" else 0
+            return own + sum(walk(child) for child in node.get("Plans", ()))
+        return sum(walk(plan) for plan in self.plans)
+
+
+@pytest.fixture
+async def planned(api, database_url, queue):
+    """The app on a one-connection pool whose plans are logged: every request reuses the
+    connection's prepared statements (and, after five runs, whatever plan PostgreSQL settled on)."""
+    log = _PlanLog()
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1, statement_cache_size=256,
+                                     server_settings=log.SERVER_SETTINGS, setup=log.listen)
+    async with TestClient(TestServer(create_app(api.settings, pool, queue), host="127.0.0.1")) as client:
+        yield type(api)(client, pool, api.settings), log
+    await pool.close()
+
+
+async def _accounts_with_deliveries(api, count: int, deliveries: int) -> list[dict]:
+    accounts = []
+    for _ in range(count):
+        account_id, headers = await api.account()
+        await api.endpoint(headers)
+        await _bulk_deliveries(api.pool, account_id, deliveries)
+        accounts.append(headers)
+    return accounts
+
+
+async def _page_read(api, log, headers: dict, params: dict | None = None) -> int:
+    """Deliveries rows one page request read."""
+    log.plans.clear()
+    log.recording = True
+    response = await api.client.get("/v1/deliveries", params=params or {}, headers=headers)
+    log.recording = False
+    assert response.status == 200 and len((await response.json())["data"]) == 50
+    return log.deliveries_rows_read()
+
+
+@pytest.mark.filterwarnings("ignore:.*active log listener")
+async def test_a_page_reads_about_a_page_whichever_accounts_pages_came_before(planned):
+    """The page statement is prepared once per connection, and after five runs PostgreSQL may keep
+    a generic plan. Whichever accounts' pages made it, a page of a big account, of a small one
+    whose deliveries are older than the big one's, and a page deep in the big one read about a
+    page of deliveries, not the account's or the table's."""
+    api, log = planned
+    old_small = await _accounts_with_deliveries(api, 10, 150)
+    big_id, big = await api.account()
+    await api.endpoint(big)
+    await _bulk_deliveries(api.pool, big_id, 20_000)
+    new_small = await _accounts_with_deliveries(api, 10, 150)
+    await api.pool.execute("ANALYZE deliveries; ANALYZE messages")
+    for headers in new_small:
+        await _page_read(api, log, headers)
+    assert await _page_read(api, log, big) < 200
+    for _ in range(10):
+        await _page_read(api, log, big)
+    assert await _page_read(api, log, old_small[0]) < 200
+    deep = str(await api.pool.fetchval(
+        "SELECT id FROM deliveries WHERE account_id = $1 ORDER BY id DESC OFFSET 15000 LIMIT 1", big_id))
+    for _ in range(10):
+        await _page_read(api, log, big, {"cursor": deep})
+    assert await _page_read(api, log, big, {"cursor": deep}) < 200
+
