@@ -68,8 +68,11 @@ async def create_key(executor: Executor, account_id: uuid.UUID) -> NewApiKey:
 
 
 async def list_keys(executor: Executor, account_id: uuid.UUID, *, limit: int = 100) -> list[ApiKey]:
+    """The live keys (at most KEYS_PER_ACCOUNT_MAX), then the revoked ones, each oldest first, up
+    to `limit`: revoked keys pile up with every rotation, and must not push the live ones out."""
     rows = await executor.fetch(
-        "SELECT id, prefix, created_at, revoked_at FROM api_keys WHERE account_id = $1 ORDER BY id LIMIT $2",
+        "SELECT id, prefix, created_at, revoked_at FROM api_keys WHERE account_id = $1"
+        " ORDER BY revoked_at IS NOT NULL, id LIMIT $2",
         account_id, limit,
     )
     return [ApiKey(**dict(row)) for row in rows]

@@ -145,3 +145,19 @@ async def test_api_keys_create_list_revoke_and_stay_within_the_account(api):
     assert (await api.client.delete(f"/v1/api-keys/{key['id']}", headers=headers)).status == 204
     listed = await (await api.client.get("/v1/api-keys", headers=headers)).json()
     assert [item["revoked_at"] is not None for item in listed["data"] if item["id"] == key["id"]] == [True]
+
+
+async def test_the_key_list_shows_every_live_key_after_many_revoked_ones(api):
+    """The list answers at most 100 keys without a next page; an account that rotated its key more
+    than 100 times still sees (and can revoke) the keys that work, not only the oldest revoked ones."""
+    _, headers = await api.account()
+    (first,) = (await (await api.client.get("/v1/api-keys", headers=headers)).json())["data"]
+    current = first
+    for _ in range(100):  # rotate: make a new key, revoke the one before it
+        made = await api.client.post("/v1/api-keys", headers=headers)
+        assert made.status == 201
+        assert (await api.client.delete(f"/v1/api-keys/{current['id']}", headers=headers)).status == 204
+        current = await made.json()
+        headers = api.bearer(current["key"])
+    listed = (await (await api.client.get("/v1/api-keys", headers=headers)).json())["data"]
+    assert [k["id"] for k in listed if k["revoked_at"] is None] == [current["id"]]
