@@ -54,6 +54,8 @@ Cursor = Annotated[Optional[str], typer.Option(help="The next cursor a previous 
 
 def _out() -> Console:
     # Built per command so the terminal width (COLUMNS) and the stream are the ones of this run.
+    # A value to copy or capture (a secret) is printed with soft_wrap: folded at the width, it
+    # would come out of a pipe (80 columns) as two lines.
     return Console(highlight=False)
 
 
@@ -223,7 +225,7 @@ def endpoints_rotate_secret(
     """
     with _api(api_url, api_key, as_json) as client:
         new_secret = client.endpoints.rotate_secret(endpoint_id, secret=secret)
-    _emit({"secret": new_secret}, as_json, lambda console: console.print(new_secret, markup=False))
+    _emit({"secret": new_secret}, as_json, lambda console: console.print(new_secret, markup=False, soft_wrap=True))
 
 
 @endpoints_app.command("secret")
@@ -232,7 +234,7 @@ def endpoints_secret(endpoint_id: Annotated[str, typer.Argument(metavar="ID")],
     """Print the endpoint's signing secret (whsec_...)."""
     with _api(api_url, api_key, as_json) as client:
         secret = client.endpoints.get_secret(endpoint_id)
-    _emit({"secret": secret}, as_json, lambda console: console.print(secret, markup=False))
+    _emit({"secret": secret}, as_json, lambda console: console.print(secret, markup=False, soft_wrap=True))
 
 
 # ---- send, balance, ledger -------------------------------------------------------------------------

@@ -20,12 +20,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from billing.errors import BillingError
+from billing.errors import BillingError, InvalidInput
 from delivery import config
 
 accounts_app = typer.Typer(no_args_is_help=True, help="Accounts: create, top up, show, delete (and repair a deletion that waits).")
 deliveries_app = typer.Typer(no_args_is_help=True, help="Deliveries: dead letters, inspect, replay.")
 console = Console()
+errors = Console(stderr=True)  # what went wrong: never on stdout, which --json keeps for JSON
 
 EXIT_DONE, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_WAITING_REPAIR, EXIT_STILL_RUNNING = 0, 1, 2, 3, 4
 EXIT_UNAVAILABLE = 3  # not `accounts delete`'s: PostgreSQL went away while another command ran
@@ -39,7 +40,7 @@ def _uuid(value: str, what: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        console.print(f"[red]error[/red]: {what} must be an id like 01a2...-...; got {value!r}")
+        errors.print(f"[red]error[/red]: {what} must be an id like 01a2...-...; got {value!r}")
         raise typer.Exit(EXIT_BAD_INPUT) from None
 
 
@@ -49,7 +50,7 @@ def _time(value: str | None, what: str) -> datetime | None:
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
-        console.print(f"[red]error[/red]: {what} must be an ISO 8601 time like 2026-12-01T10:00:00Z; got {value!r}")
+        errors.print(f"[red]error[/red]: {what} must be an ISO 8601 time like 2026-12-01T10:00:00Z; got {value!r}")
         raise typer.Exit(EXIT_BAD_INPUT) from None
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
@@ -71,8 +72,8 @@ async def _with_pool(work):
 
 
 def _run(work):
-    """Run `work(pool)`; a refused operation prints its reason and exits 1; PostgreSQL going away
-    meanwhile, one line and exit 3, not a traceback."""
+    """Run `work(pool)`; a refused operation prints its reason and exits 1 (2 for bad input);
+    PostgreSQL going away meanwhile, one line and exit 3, not a traceback. Reasons go to stderr."""
     from delivery import database, dead_letters
 
     try:
@@ -80,11 +81,14 @@ def _run(work):
     except dead_letters.ReplayOutcomeUnknown as unknown:
         _print_in_doubt(unknown)
         raise typer.Exit(EXIT_UNAVAILABLE) from None
+    except InvalidInput as error:
+        errors.print(f"[red]error[/red]: {error.detail}")
+        raise typer.Exit(EXIT_BAD_INPUT) from None
     except BillingError as error:
-        console.print(f"[red]refused[/red]: {error.detail}")
+        errors.print(f"[red]refused[/red]: {error.detail}")
         raise typer.Exit(EXIT_FAILED) from None
     except database.UNAVAILABLE as error:
-        console.print(f"[red]error[/red]: PostgreSQL went away during the command ({error!r}); run it again"
+        errors.print(f"[red]error[/red]: PostgreSQL went away during the command ({error!r}); run it again"
                       " once it is back", highlight=False)
         raise typer.Exit(EXIT_UNAVAILABLE) from None
 
@@ -219,12 +223,16 @@ def dead(
     since: str = typer.Option(None, help="Died at or after this ISO 8601 time."),
     until: str = typer.Option(None, help="Died before this ISO 8601 time."),
     cursor: str = typer.Option(None, help="The next cursor a previous page printed."),
-    limit: int = typer.Option(50, help="Rows per page (1-500)."),
+    limit: int = typer.Option(50, min=1, max=500, help="Rows per page (1-500)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
 ) -> None:
     """List dead deliveries, newest first, one page at a time."""
+    from billing.tables import DEAD_REASONS
     from delivery import dead_letters
 
+    if reason is not None and reason not in DEAD_REASONS:
+        errors.print(f"[red]error[/red]: --reason must be one of {', '.join(DEAD_REASONS)}; got {reason!r}")
+        raise typer.Exit(EXIT_BAD_INPUT)
     filters = dead_letters.DeadFilter(
         _uuid(account, "account") if account else None, _uuid(endpoint, "endpoint") if endpoint else None,
         reason, _time(since, "--since"), _time(until, "--until"),
@@ -294,7 +302,7 @@ def replay(
     attempts_max = settings.ledger.attempts_max
     outcome_wait = settings.api.commit_outcome_wait_seconds  # a COMMIT answer lost: how long to ask
     if (delivery is None) == (endpoint is None):
-        console.print("[red]error[/red]: give a delivery id, or --endpoint with --since (bulk)")
+        errors.print("[red]error[/red]: give a delivery id, or --endpoint with --since (bulk)")
         raise typer.Exit(EXIT_BAD_INPUT)
     if delivery is not None:
         delivery_id = _uuid(delivery, "delivery")
@@ -304,7 +312,7 @@ def replay(
         return
     endpoint_id = _uuid(endpoint, "endpoint")
     if since is None:
-        console.print("[red]error[/red]: a bulk replay needs --since")
+        errors.print("[red]error[/red]: a bulk replay needs --since")
         raise typer.Exit(EXIT_BAD_INPUT)
     died_after, died_before = _time(since, "--since"), _time(until, "--until") or datetime.now(timezone.utc)
     plan = _run(lambda pool: dead_letters.plan_bulk_replay(pool, endpoint_id, died_after, died_before))
