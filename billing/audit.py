@@ -20,6 +20,17 @@ I5 and I8 check each trigger against the statement the migrations run (billing.t
 billing.references): it exists, is ENABLE ALWAYS, its definition (events, timing, level, columns,
 WHEN, function) is the migration's, and its function's body is the migration's. Catalog reads only.
 
+Two guards the migrations create are checked the same way, and reported as notices (they keep
+no money right, so a clean audit stays clean and `hookledger audit` exits 0):
+  - the probe setting (0006, billing.references.PROBE_SETTING): each reference check function
+    runs with exactly the settings the migrations give it (`enable_seqscan = off`); without it a
+    check's probes can turn into sequential scans and creates slow down with every message written;
+  - the key revocation trigger (0004, billing.tables.KEY_REVOKED_TRIGGER): it exists, fires at
+    least whenever the migration's does (the migration leaves it plain ENABLE, not ALWAYS), is the
+    migration's, and its function's body is the migration's; without it a revoked API key keeps
+    working in the API processes' auth caches until its entry expires (delivery.api.auth).
+All the catalog reads (I5, I8 and the guards) are one query.
+
 Incremental runs (`since`): the delivery checks cover the deliveries created or finished since,
 and every delivery that got a ledger entry since (with all of its entries, whenever written); the
 balance check (I4), the triggers and the per-account summary always cover everything.
@@ -254,17 +265,23 @@ LEFT JOIN (
 ) d ON d.account_id = a.id
 ORDER BY 1
 """
-# I5 and I8: each trigger as the database has it (catalog reads, no table is touched), with the
-# function it calls. NULL definition: no such trigger.
-_TRIGGERS = """
-SELECT t.relname AS table_name, t.trigger_name, coalesce(g.tgenabled = 'A', false) AS always,
+# I5, I8 and the guards, in one read of the catalog (no table is touched): each trigger as the
+# database has it, with the function it calls (NULL definition: no such trigger; enabled is
+# pg_trigger.tgenabled), then each function whose settings the migrations fix, with its settings
+# (NULL function: no such function).
+_CATALOG = """
+SELECT 'trigger' AS kind, t.position, t.relname AS table_name, t.trigger_name AS name, g.tgenabled::text AS enabled,
     pg_get_triggerdef(g.oid) AS definition, p.oid::regprocedure::text AS function, l.lanname AS language,
-    p.prosrc AS source
+    p.prosrc AS source, NULL::text[] AS config
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(relname, trigger_name, position)
 LEFT JOIN pg_trigger g ON g.tgname = t.trigger_name AND g.tgrelid = t.relname::regclass
 LEFT JOIN pg_proc p ON p.oid = g.tgfoid
 LEFT JOIN pg_language l ON l.oid = p.prolang
-ORDER BY t.position
+UNION ALL
+SELECT 'function', f.position, NULL, f.signature, NULL, NULL, p.oid::regprocedure::text, NULL, NULL, p.proconfig
+FROM unnest($3::text[]) WITH ORDINALITY AS f(signature, position)
+LEFT JOIN pg_proc p ON p.oid = to_regprocedure(f.signature)
+ORDER BY 1, 2
 """
 _FENCING_CHECK = """
 SELECT d.account_id, d.id AS delivery_id, 'I6:attempt ' || max(a.attempt) || ' recorded beyond the delivery''s attempt ' || d.attempt AS problem
@@ -329,16 +346,23 @@ WHERE d.state = 'dead' AND a.status = 'active' AND ($1::uuid IS NULL OR d.accoun
 """
 
 
+NOTICE = "notice"  # the `invariant` of a notice: a fact worth a look that breaks no invariant
+
+
 @dataclass(frozen=True)
 class _ExpectedTrigger:
-    """A trigger as the migrations create it: its CREATE TRIGGER statement and its function's source."""
+    """A trigger as the migrations create it: its CREATE TRIGGER statement, the enabled state they
+    leave it in, and its function's source. A guard's trigger (invariant NOTICE) also says what it
+    costs while it is not the migrations' own."""
 
     invariant: str
     table: str
     name: str
     statement: str
+    enabled: str  # pg_trigger.tgenabled as the migrations leave it (see _ENABLED_STATES)
     language: str
     source: str  # the function's body, as pg_proc.prosrc keeps it (the text between the $$)
+    cost: str = ""
 
 
 _CREATE_FUNCTION = re.compile(r"\s*CREATE FUNCTION (\w+)\(\) RETURNS trigger LANGUAGE (\w+) AS \$\$(.*)\$\$\s*", re.S)
@@ -348,6 +372,19 @@ _TRIGGER_DEFINITION = re.compile(
     r" ON (?:\w+\.)?(?P<table>\w+) (?P<rest>.*?)\s*EXECUTE (?:FUNCTION|PROCEDURE) (?:\w+\.)?(?P<function>\w+)"
     r"\((?P<arguments>.*)\)", re.S | re.I)
 _EVENT_ORDER = ("INSERT", "DELETE", "UPDATE", "TRUNCATE")  # pg_get_triggerdef's order
+_ENABLE_TRIGGER = re.compile(
+    r"\s*ALTER TABLE (?:\w+\.)?(?P<table>\w+) (?P<how>ENABLE ALWAYS|ENABLE REPLICA|ENABLE|DISABLE)"
+    r" TRIGGER (?P<name>\w+)\s*", re.I)
+# pg_trigger.tgenabled for each way of enabling a trigger; CREATE TRIGGER leaves it O.
+_ENABLED_STATES = {"ENABLE ALWAYS": "A", "ENABLE REPLICA": "R", "ENABLE": "O", "DISABLE": "D"}
+# The session_replication_role values under which a trigger in each state fires.
+_FIRES_UNDER = {"O": {"origin", "local"}, "A": {"origin", "local", "replica"}, "R": {"replica"}, "D": set()}
+_STATE_NAMES = {
+    "O": "plain ENABLE (fires unless session_replication_role = replica)",
+    "A": "ENABLE ALWAYS",
+    "R": "ENABLE REPLICA (fires only under session_replication_role = replica, so not on ordinary writes)",
+    "D": "disabled",
+}
 
 
 def _canonical_trigger(definition: str) -> str:
@@ -370,63 +407,182 @@ def _canonical_trigger(definition: str) -> str:
     ]).lower()
 
 
-def _expected_triggers() -> list[_ExpectedTrigger]:
-    """Every trigger I5 and I8 check, from the very statements the migrations run: the append-only
-    triggers of billing.tables (0001) and the reference triggers of billing.references (0005)."""
-    statements = (tables.APPEND_ONLY_FUNCTION, *tables.APPEND_ONLY_TRIGGERS, *references.upgrade_statements())
-    functions = {m[1]: (m[2], m[3]) for m in map(_CREATE_FUNCTION.fullmatch, statements) if m}
-    creates = {m["name"]: (m, statement) for statement in statements
-               if (m := _TRIGGER_DEFINITION.fullmatch(statement.strip()))}
-    append_only = [_TRIGGER_DEFINITION.fullmatch(statement) for statement in tables.APPEND_ONLY_TRIGGERS]
-    wanted = [("I5", match["table"], match["name"]) for match in append_only]
-    wanted += [("I8", table, name) for table, name in references.trigger_names()]
+def _triggers_created_by(statements, wanted: list[tuple[str, str, str]], cost: str = "") -> list[_ExpectedTrigger]:
+    """The triggers `wanted` ((invariant, table, name)) as these statements, run in order, leave
+    them: the CREATE TRIGGER, the last ALTER TABLE ... ENABLE/DISABLE TRIGGER after it (none: O),
+    and the CREATE FUNCTION of the function it calls."""
+    functions, creates, enabled = {}, {}, {}
+    for statement in statements:
+        if function := _CREATE_FUNCTION.fullmatch(statement):
+            functions[function[1]] = (function[2], function[3])
+        elif create := _TRIGGER_DEFINITION.fullmatch(statement.strip()):
+            creates[create["name"]] = (create, statement)
+            enabled[create["table"], create["name"]] = "O"
+        elif enable := _ENABLE_TRIGGER.fullmatch(statement):
+            enabled[enable["table"], enable["name"]] = _ENABLED_STATES[" ".join(enable["how"].upper().split())]
     expected = []
     for invariant, table, name in wanted:
         match, statement = creates[name]
         assert match["table"] == table, (name, match["table"], table)
         language, source = functions[match["function"]]
-        expected.append(_ExpectedTrigger(invariant, table, name, statement, language, source))
+        expected.append(_ExpectedTrigger(invariant, table, name, statement, enabled[table, name], language, source,
+                                         cost))
     return expected
 
 
+def _expected_triggers() -> list[_ExpectedTrigger]:
+    """Every trigger I5 and I8 check, from the very statements the migrations run: the append-only
+    triggers of billing.tables (0001) and the reference triggers of billing.references (0005)."""
+    statements = (tables.APPEND_ONLY_FUNCTION, *tables.APPEND_ONLY_TRIGGERS, *tables.APPEND_ONLY_ENABLE_ALWAYS,
+                  *references.upgrade_statements())
+    append_only = [_TRIGGER_DEFINITION.fullmatch(statement) for statement in tables.APPEND_ONLY_TRIGGERS]
+    wanted = [("I5", match["table"], match["name"]) for match in append_only]
+    wanted += [("I8", table, name) for table, name in references.trigger_names()]
+    expected = _triggers_created_by(statements, wanted)
+    # I5 and I8 say these always fire: the migrations must leave them so.
+    assert all(trigger.enabled == "A" for trigger in expected), [(t.name, t.enabled) for t in expected]
+    return expected
+
+
+# What a missing or altered key revocation trigger costs (delivery.api.auth): each API process
+# caches a key's lookup for the auth cache's TTL, and only this trigger's NOTIFY drops a revoked
+# key from the caches of processes other than the one that revoked it.
+_KEY_REVOKED_COST = (
+    "a revocation may not reach the API processes' auth caches, so a revoked API key can keep working for up to"
+    " the cache's TTL (HOOKLEDGER_AUTH_CACHE_TTL_MS, 30 s by default) in every API process that has it cached"
+    " (every process but the one that served its DELETE /v1/api-keys; every process for a revocation by an account"
+    " deletion or by hand) instead of stopping when the revocation commits; the ledger is unaffected"
+)
+
+
+def _expected_guard_triggers() -> list[_ExpectedTrigger]:
+    """The guard triggers, reported as notices: the key revocation trigger of billing.tables (0004),
+    which the migration leaves plain ENABLE (it NOTIFYs; nothing about money rests on it)."""
+    statements = (tables.KEY_REVOKED_FUNCTION, tables.KEY_REVOKED_TRIGGER)
+    create = _TRIGGER_DEFINITION.fullmatch(tables.KEY_REVOKED_TRIGGER)
+    return _triggers_created_by(statements, [(NOTICE, create["table"], create["name"])], _KEY_REVOKED_COST)
+
+
+@dataclass(frozen=True)
+class _ExpectedSettings:
+    """A function's settings (pg_proc.proconfig) as the migrations leave them, and their statements."""
+
+    function: str  # as regprocedure prints it: name(argument types)
+    settings: tuple[tuple[str, str], ...]  # (name, value)
+    statements: tuple[str, ...]
+
+
+_ALTER_FUNCTION_SET = re.compile(
+    r"\s*ALTER FUNCTION (?P<function>\w+\([^)]*\)) SET (?P<name>\w+) (?:=|TO) (?P<value>.+?)\s*", re.I)
+
+
+def _expected_settings() -> list[_ExpectedSettings]:
+    """The probe setting: every reference check function runs with sequential scans off, from the
+    very statements migration 0006 runs (billing.references.probe_setting_statements)."""
+    by_function: dict[str, list[tuple[str, str, str]]] = {}
+    for statement in references.probe_setting_statements():
+        match = _ALTER_FUNCTION_SET.fullmatch(statement)
+        assert match is not None, statement
+        by_function.setdefault(match["function"], []).append(
+            (match["name"].lower(), match["value"].strip("'"), statement))
+    return [_ExpectedSettings(function, tuple((name, value) for name, value, _ in sets),
+                              tuple(statement for _, _, statement in sets))
+            for function, sets in by_function.items()]
+
+
 _EXPECTED_TRIGGERS = _expected_triggers()
+_EXPECTED_GUARD_TRIGGERS = _expected_guard_triggers()
+_EXPECTED_SETTINGS = _expected_settings()
 
 
 def _digest(text: str | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12] if text is not None else "none"
 
 
-async def _trigger_violations(connection) -> list[Violation]:
-    """I5 and I8: each trigger exists, is ENABLE ALWAYS, fires on what the migration says (events,
-    timing, level, columns, WHEN, transition table, function), and its function's body is the
-    migration's, byte for byte. A trigger can be recreated under its name, or its function replaced
+def _trigger_problems(expected: _ExpectedTrigger, row, functions_seen: set) -> list[str]:
+    """What is wrong with one trigger: it is missing; it fires in fewer cases than the migrations
+    leave it firing in; it fires on other than the migration says (events, timing, level, columns,
+    WHEN, transition table, function); or its function's body is not the migration's, byte for byte
+    (checked once per function). A trigger can be recreated under its name, or its function replaced
     (CREATE OR REPLACE), without its name or its enabled state showing it."""
-    rows = {(row["table_name"], row["trigger_name"]): row for row in await connection.fetch(
-        _TRIGGERS, [t.table for t in _EXPECTED_TRIGGERS], [t.name for t in _EXPECTED_TRIGGERS])}
-    violations, functions_seen = [], set()
-    for expected in _EXPECTED_TRIGGERS:
-        row = rows[expected.table, expected.name]
-        name = f"trigger {expected.name} on {expected.table}"
-        if row["definition"] is None:
-            violations.append(Violation(expected.invariant, None, None, f"{name} does not exist"))
-            continue
-        if not row["always"]:
-            violations.append(Violation(expected.invariant, None, None, f"{name} is not enabled always"))
-        if _canonical_trigger(row["definition"]) != _canonical_trigger(expected.statement):
-            violations.append(Violation(
-                expected.invariant, None, None,
-                f"{name} is not the one the migrations create: it is `{row['definition']}`,"
-                f" expected `{expected.statement}`"))
-        if (expected.invariant, row["function"]) in functions_seen:
-            continue
+    name = f"trigger {expected.name} on {expected.table}"
+    if row["definition"] is None:
+        return [f"{name} does not exist"]
+    problems = []
+    if not _FIRES_UNDER[row["enabled"]] >= _FIRES_UNDER[expected.enabled]:
+        problems.append(f"{name} is not enabled always" if expected.enabled == "A" else
+                        f"{name} is {_STATE_NAMES[row['enabled']]},"
+                        f" the migrations leave it {_STATE_NAMES[expected.enabled]}")
+    if _canonical_trigger(row["definition"]) != _canonical_trigger(expected.statement):
+        problems.append(f"{name} is not the one the migrations create: it is `{row['definition']}`,"
+                        f" expected `{expected.statement}`")
+    if (expected.invariant, row["function"]) not in functions_seen:
         functions_seen.add((expected.invariant, row["function"]))
         if (row["language"], row["source"]) != (expected.language, expected.source):
-            violations.append(Violation(
-                expected.invariant, None, None,
-                f"function {row['function']} of {name} is not the one the migrations create:"
-                f" {row['language']} source sha256 {_digest(row['source'])}, expected {expected.language}"
-                f" source sha256 {_digest(expected.source)}"))
-    return violations
+            problems.append(f"function {row['function']} of {name} is not the one the migrations create:"
+                            f" {row['language']} source sha256 {_digest(row['source'])}, expected {expected.language}"
+                            f" source sha256 {_digest(expected.source)}")
+    return problems
+
+
+def _setting_value(value: str) -> str:
+    """A setting's value as PostgreSQL reads a boolean (on, true, yes, 1 and their unique prefixes
+    are all on), so `SET enable_seqscan = false` is the migration's `off`; any other value as it is."""
+    word = value.strip().strip("'").lower()
+    if word and ("true".startswith(word) or "yes".startswith(word) or word == "1"
+                 or (len(word) >= 2 and "on".startswith(word))):
+        return "on"
+    if word and ("false".startswith(word) or "no".startswith(word) or word == "0"
+                 or (len(word) >= 2 and "off".startswith(word))):
+        return "off"
+    return word
+
+
+def _settings_problem(expected: _ExpectedSettings, row) -> str | None:
+    """What is wrong with a function's settings: not exactly the migrations' (a setting missing or
+    set otherwise, or one they do not give it). A missing function is not reported here: its trigger
+    is then gone or calls another function, which I8 reports."""
+    if row["function"] is None:
+        return None
+    config = row["config"] or []
+    actual = {name.lower(): value for name, _, value in (setting.partition("=") for setting in config)}
+    wanted = dict(expected.settings)
+    unmet = [name for name, value in wanted.items()
+             if name not in actual or _setting_value(actual[name]) != _setting_value(value)]
+    extra = [name for name in actual if name not in wanted]
+    if not unmet and not extra:
+        return None
+    has = ", ".join(config) if config else "no settings"
+    gives = ", ".join(f"{name}={value}" for name, value in expected.settings)
+    if unmet:
+        cost = ("its reference probes are no longer pinned to index probes (a probe planned while its parent table"
+                " looked small becomes a sequential scan of it, and a create then costs time in proportion to every"
+                " message ever written); the ledger stays right; put it back with "
+                + "; ".join(f"`{statement}`" for statement in expected.statements))
+    else:
+        cost = (f"{', '.join(extra)} may change the plans of its reference probes, which the migrations pin to"
+                f" index probes; the ledger stays right")
+    return f"function {row['function']} runs with {has}, the migrations give it {gives}: {cost}"
+
+
+async def _catalog_findings(connection) -> tuple[list[Violation], list[Violation]]:
+    """I5 and I8 (violations) and the guards (notices), from one read of the catalog."""
+    triggers = (*_EXPECTED_TRIGGERS, *_EXPECTED_GUARD_TRIGGERS)
+    rows = await connection.fetch(_CATALOG, [t.table for t in triggers], [t.name for t in triggers],
+                                  [s.function for s in _EXPECTED_SETTINGS])
+    found = {(row["table_name"], row["name"]): row for row in rows if row["kind"] == "trigger"}
+    functions = {row["name"]: row for row in rows if row["kind"] == "function"}
+    violations, notices, functions_seen = [], [], set()
+    for expected in triggers:
+        for problem in _trigger_problems(expected, found[expected.table, expected.name], functions_seen):
+            if expected.invariant == NOTICE:
+                notices.append(Violation(NOTICE, None, None, f"{problem}: {expected.cost}"))
+            else:
+                violations.append(Violation(expected.invariant, None, None, problem))
+    for expected in _EXPECTED_SETTINGS:
+        if problem := _settings_problem(expected, functions[expected.function]):
+            notices.append(Violation(NOTICE, None, None, problem))
+    return violations, notices
 
 
 def _violation(row, problem: str | None = None) -> Violation:
@@ -460,12 +616,14 @@ async def audit(
                     Violation("I4", row["account_id"], None,
                               f"balance {row['balance']} but the ledger sums to {row['ledger_total']}")
                 )
-        report.violations.extend(await _trigger_violations(connection))
+        catalog_violations, catalog_notices = await _catalog_findings(connection)
+        report.violations.extend(catalog_violations)
+        report.notices.extend(catalog_notices)
         for query in (_scoped(_FENCING_CHECK, since), _scoped(_ENTRY_ACCOUNT_CHECK, since), negative_charge,
                       _scoped(_UNRECLAIMED_LATE_SUCCESS, since)):
             report.violations.extend(_violation(row) for row in await connection.fetch(query, *arguments))
         report.notices.extend(
-            Violation("notice", row["account_id"], row["delivery_id"], row["problem"])
+            Violation(NOTICE, row["account_id"], row["delivery_id"], row["problem"])
             for row in await connection.fetch(_scoped(_UNPAID_STALE_SUCCESS, since), *arguments)
         )
     _summarize(report, summaries)

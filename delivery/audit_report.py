@@ -33,7 +33,8 @@ def render(report: AuditReport, console: Console) -> None:
         for column in ("account", "delivery", "detail"):
             table.add_column(column)
         for notice in report.notices:
-            table.add_row(str(notice.account_id), str(notice.delivery_id), notice.detail)
+            # A notice about the schema (a guard the migrations create) names no account or delivery.
+            table.add_row(str(notice.account_id or "-"), str(notice.delivery_id or "-"), notice.detail)
         console.print(table)
     _render_summaries(report, console)
 

@@ -35,7 +35,8 @@ def audit(
                               " with a ledger entry, since this ISO 8601 time (balances and triggers are always"
                               " all checked)."),
 ) -> None:
-    """Check invariants I1-I8 against the ledger. Exit code 1 on any violation."""
+    """Check invariants I1-I8 against the ledger, and list notices (among them the probe setting and the
+    key revocation trigger, against the migrations). Exit code 1 on any violation; notices leave it 0."""
     from delivery import audit_report
     from delivery.database import open_pool
     from billing.audit import audit as run_audit

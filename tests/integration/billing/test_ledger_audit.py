@@ -5,15 +5,19 @@ Every corruption here BYPASSES THE APP with raw SQL: that is the only way to bre
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 from datetime import datetime, timedelta, timezone
 
 import asyncpg
 import pytest
 
-from billing import accounts, closeout, ids
+from billing import accounts, closeout, ids, references, tables
 from billing.audit import audit
 from billing.settle import DeadReason, settle
 from delivery import claims, presend, results
+from delivery.config import ApiSettings
 from ledger_helpers import (
     add_endpoint,
     assert_audit_clean,
@@ -24,6 +28,7 @@ from ledger_helpers import (
     make_account,
     one_delivery,
     order_id,
+    recreate_trigger,
 )
 
 
@@ -290,3 +295,173 @@ async def test_a_reclaim_written_before_its_refund(pool):
     assert [(v.invariant, v.account_id, v.delivery_id, v.detail) for v in report.violations] == [
         ("I3", account_id, delivered.id,
          f"reclaim (seq {seqs['reclaim']}) written before the refund (seq {seqs['refund']})")]
+
+
+# The guards the migrations create that keep no money right: the probe setting of the reference check
+# functions (0006) and the key revocation trigger (0004). Broken, each is a notice: the audit stays clean.
+
+_CHECK_FUNCTIONS = [statement.split()[2] for statement in references.probe_setting_statements()]
+
+
+def _guard_notices(report) -> list[str]:
+    """The notices that name no account and no delivery (about the schema), after checking that the
+    report has nothing else: no violation, no other notice."""
+    assert report.clean and report.violations == [], report.to_json()
+    assert all((n.invariant, n.account_id, n.delivery_id) == ("notice", None, None) for n in report.notices)
+    return [n.detail for n in report.notices]
+
+
+async def test_a_fresh_database_has_no_guard_notices(pool):
+    """As the migrations leave it, every check function has its probe setting and the key revocation trigger is
+    their own: no notice, for a full run, an incremental one and a one-account one."""
+    account_id = await make_account(pool, balance=1)
+    assert len(_CHECK_FUNCTIONS) == 4 and all(f.endswith("_check_references()") for f in _CHECK_FUNCTIONS)
+    for report in (await audit(pool), await audit(pool, since=datetime.now(timezone.utc)),
+                   await audit(pool, account_id)):
+        assert _guard_notices(report) == []
+
+
+_PROBE_COST = "its reference probes are no longer pinned to index probes"
+
+
+@pytest.mark.parametrize("function", _CHECK_FUNCTIONS)
+async def test_a_check_function_without_its_probe_setting_is_a_notice(pool, function):
+    """`ALTER FUNCTION ... RESET enable_seqscan` on one check function: one notice naming it, what it runs with, what
+    the migrations give it, what it costs and the statement that puts it back; clean, and no I8 (its trigger and
+    source are untouched). The migration's own statement puts it back."""
+    await make_account(pool, balance=1)
+    await pool.execute(f"ALTER FUNCTION {function} RESET enable_seqscan")
+    [detail] = _guard_notices(await audit(pool))
+    assert detail.startswith(f"function {function} runs with no settings, the migrations give it enable_seqscan=off: "
+                             f"{_PROBE_COST}"), detail
+    assert f"`ALTER FUNCTION {function} SET enable_seqscan = off`" in detail and "the ledger stays right" in detail
+    await pool.execute(f"ALTER FUNCTION {function} SET enable_seqscan = off")
+    assert _guard_notices(await audit(pool)) == []
+
+
+@pytest.mark.parametrize("change, runs_with, cost", [
+    ("SET enable_seqscan = on", "enable_seqscan=on", _PROBE_COST),
+    ("SET enable_indexscan = off", "enable_seqscan=off, enable_indexscan=off",
+     "enable_indexscan may change the plans of its reference probes"),
+])
+async def test_a_check_function_with_other_settings_is_a_notice(pool, change, runs_with, cost):
+    """The probe setting turned the other way, or a setting the migrations do not give (one that could push the probes
+    off their indexes): a notice naming what the function runs with."""
+    await make_account(pool, balance=1)
+    await pool.execute(f"ALTER FUNCTION messages_check_references() {change}")
+    [detail] = _guard_notices(await audit(pool))
+    assert detail.startswith(f"function messages_check_references() runs with {runs_with},"
+                             f" the migrations give it enable_seqscan=off: {cost}"), detail
+
+
+async def test_a_check_function_recreated_from_its_own_source_loses_its_probe_setting(pool):
+    """CREATE OR REPLACE with the migration's own source (say a hand-run hotfix) keeps the function I8 wants, but
+    drops the settings ALTER FUNCTION gave it: no violation, a notice. Spelling the setting another way that
+    PostgreSQL reads the same (`false` for `off`) is the migration's setting."""
+    await make_account(pool, balance=1)
+    create = next(s for s in references.upgrade_statements()
+                  if s.lstrip().startswith("CREATE FUNCTION deliveries_check_references()"))
+    await pool.execute(create.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+    [detail] = _guard_notices(await audit(pool))
+    assert detail.startswith("function deliveries_check_references() runs with no settings"), detail
+    await pool.execute("ALTER FUNCTION deliveries_check_references() SET enable_seqscan = 'false'")
+    assert _guard_notices(await audit(pool)) == []
+
+
+async def _key(pool, account_id) -> bytes:
+    """A live API key of the account (its hash), written by raw SQL."""
+    digest = os.urandom(32)
+    await pool.execute("INSERT INTO api_keys (id, account_id, key_hash, prefix) VALUES ($1, $2, $3, 'hl_live_test')",
+                       ids.new_id(), account_id, digest)
+    return digest
+
+
+async def _revocation_heard(pool, account_id) -> bool:
+    """Revoke a new key of the account: did a LISTENer on the revocation channel hear it (its hash)?"""
+    digest = await _key(pool, account_id)
+    heard: asyncio.Queue[str] = asyncio.Queue()
+
+    def callback(_connection, _pid, _channel, payload):
+        heard.put_nowait(payload)
+
+    async with pool.acquire() as listener:
+        await listener.add_listener(tables.KEY_REVOKED_CHANNEL, callback)
+        await pool.execute("UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1", digest)
+        payloads = []
+        with contextlib.suppress(asyncio.TimeoutError):  # a NOTIFY comes at commit: well within the wait
+            payloads.append(await asyncio.wait_for(heard.get(), 0.5))
+        await listener.remove_listener(tables.KEY_REVOKED_CHANNEL, callback)
+    payloads += [heard.get_nowait() for _ in range(heard.qsize())]
+    assert payloads in ([], [digest.hex()]), payloads
+    return payloads == [digest.hex()]
+
+
+_KEY_COST = ("a revocation may not reach the API processes' auth caches, so a revoked API key can keep working for up"
+             " to the cache's TTL (HOOKLEDGER_AUTH_CACHE_TTL_MS,")
+
+
+async def test_a_missing_key_revocation_trigger_is_a_notice(pool):
+    """DROP TRIGGER api_keys_revoked: revocations are no longer announced to the API processes (the harm), and the
+    audit says so in a notice that says what it costs, with the cache's real default TTL; clean. The migration's
+    statement puts it back."""
+    account_id = await make_account(pool, balance=1)
+    assert await _revocation_heard(pool, account_id)
+    await pool.execute("DROP TRIGGER api_keys_revoked ON api_keys")
+    assert not await _revocation_heard(pool, account_id)  # the harm
+    [detail] = _guard_notices(await audit(pool))
+    assert detail.startswith(f"trigger api_keys_revoked on api_keys does not exist: {_KEY_COST}"), detail
+    assert f"{ApiSettings.auth_cache_ttl_ms // 1000} s by default)" in detail and "the ledger is unaffected" in detail
+    await pool.execute(tables.KEY_REVOKED_TRIGGER)
+    assert _guard_notices(await audit(pool)) == []
+    assert await _revocation_heard(pool, account_id)
+
+
+@pytest.mark.parametrize("how, state", [
+    ("DISABLE", "disabled"),
+    ("ENABLE REPLICA", "ENABLE REPLICA (fires only under session_replication_role = replica"),
+])
+async def test_a_key_revocation_trigger_that_does_not_fire_is_a_notice(pool, how, state):
+    """Disabled, or ENABLE REPLICA (so it fires only where revocations never happen): a notice, comparing with what the
+    migration leaves (plain ENABLE)."""
+    await make_account(pool, balance=1)
+    await pool.execute(f"ALTER TABLE api_keys {how} TRIGGER api_keys_revoked")
+    [detail] = _guard_notices(await audit(pool))
+    assert detail.startswith(f"trigger api_keys_revoked on api_keys is {state}"), detail
+    assert "the migrations leave it plain ENABLE (fires unless session_replication_role = replica):" in detail
+    assert _KEY_COST in detail
+
+
+@pytest.mark.parametrize("how", ["ENABLE", "ENABLE ALWAYS"])
+async def test_a_key_revocation_trigger_that_fires_at_least_as_created_is_no_notice(pool, how):
+    """The migration leaves the trigger plain ENABLE; ENABLE ALWAYS fires in every case that does (and under replica
+    too), so neither is a notice."""
+    await make_account(pool, balance=1)
+    await pool.execute(f"ALTER TABLE api_keys {how} TRIGGER api_keys_revoked")
+    assert _guard_notices(await audit(pool)) == []
+
+
+async def test_a_key_revocation_trigger_recreated_differently_is_a_notice(pool):
+    """Recreated under its name with a WHEN that never holds: it exists and is enabled, yet never fires. A notice
+    quoting what it is and what the migration creates."""
+    await make_account(pool, balance=1)
+    await recreate_trigger(pool, "api_keys", "api_keys_revoked", "AFTER UPDATE OF revoked_at ON api_keys FOR EACH ROW"
+                           " WHEN (false) EXECUTE FUNCTION api_keys_notify_revoked()")
+    [detail] = _guard_notices(await audit(pool))
+    assert detail.startswith(
+        "trigger api_keys_revoked on api_keys is not the one the migrations create: it is `"), detail
+    assert f"expected `{tables.KEY_REVOKED_TRIGGER}`: {_KEY_COST}" in detail
+
+
+async def test_a_key_revocation_function_replaced_is_a_notice(pool):
+    """The function replaced by one that NOTIFYs another channel (no API process hears it): the trigger is untouched,
+    the function is a notice; the migration's own source puts it back."""
+    account_id = await make_account(pool, balance=1)
+    await pool.execute(tables.KEY_REVOKED_FUNCTION.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+                       .replace(tables.KEY_REVOKED_CHANNEL, "elsewhere"))
+    assert not await _revocation_heard(pool, account_id)  # the harm
+    [detail] = _guard_notices(await audit(pool))
+    assert detail.startswith("function api_keys_notify_revoked() of trigger api_keys_revoked on api_keys is not the"
+                             " one the migrations create: plpgsql source sha256 "), detail
+    assert _KEY_COST in detail
+    await pool.execute(tables.KEY_REVOKED_FUNCTION.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+    assert _guard_notices(await audit(pool)) == []

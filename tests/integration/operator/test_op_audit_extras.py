@@ -86,3 +86,32 @@ async def test_cron_sets_the_gauges(pool):
     await raw_delivery(pool, account_id, endpoint_id, charge=None)
     assert await worker.audit_cron({"pool": pool}) == 2
     assert metrics.REGISTRY.get_sample_value("hookledger_audit_violations") == 2
+
+
+async def test_broken_guards_are_notices_and_the_audit_still_exits_clean(pool, database_url, monkeypatch):
+    """The probe setting and the key revocation trigger keep no money right: with both broken `hookledger audit` says
+    the audit is clean, lists each as a notice (naming no account or delivery) and exits 0, `--json` has them under
+    notices, and the cron's violations gauge stays 0."""
+    account_id = await make_account(pool, balance=100)
+    endpoint_id = await add_endpoint(pool, account_id)
+    await create_many(pool, account_id, endpoint_id, 2)
+    await pool.execute("ALTER FUNCTION ledger_entries_check_references() RESET enable_seqscan")
+    await pool.execute("DROP TRIGGER api_keys_revoked ON api_keys")
+
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    result = await asyncio.to_thread(CliRunner().invoke, app, ["audit", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["clean"] is True and data["violations"] == []
+    notices = [(n["invariant"], n["account_id"], n["delivery_id"], n["detail"].split(":")[0]) for n in data["notices"]]
+    assert notices == [
+        ("notice", None, None, "trigger api_keys_revoked on api_keys does not exist"),
+        ("notice", None, None, "function ledger_entries_check_references() runs with no settings, the migrations"
+                               " give it enable_seqscan=off"),
+    ]
+    table = await asyncio.to_thread(CliRunner(env={"COLUMNS": "400"}).invoke, app, ["audit"])
+    assert table.exit_code == 0 and "audit clean" in table.output and "2 notices (no invariant broken)" in table.output
+    assert "api_keys_revoked" in table.output and "ledger_entries_check_references()" in table.output
+    assert "None" not in table.output  # a schema notice's account and delivery show as "-"
+    assert await worker.audit_cron({"pool": pool}) == 0
+    assert metrics.REGISTRY.get_sample_value("hookledger_audit_violations") == 0
