@@ -16,6 +16,7 @@ from delivery.api import (
     routes_endpoints,
     routes_messages,
     routes_ops,
+    routes_recover,
 )
 from delivery.api.auth import Authenticator
 from delivery.api.context import CONTEXT, ApiContext
@@ -67,7 +68,8 @@ def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> w
         settings=settings, pool=pool, queue=queue, keyring=keyring, policy=policy,
         auth=Authenticator(pool, api.operator_key, api.auth_cache_ttl_ms), coalescer=coalescer,
     )
-    for module in (routes_accounts, routes_api_keys, routes_endpoints, routes_messages, routes_deliveries, routes_ops):
+    for module in (routes_accounts, routes_api_keys, routes_endpoints, routes_messages, routes_deliveries, routes_ops,
+                   routes_recover):
         app.add_routes(module.routes)
     dashboard.setup(app)  # the web dashboard under /dashboard (delivery/dashboard)
     app.cleanup_ctx.append(_revocation_listener)

@@ -15,6 +15,7 @@ import msgspec
 from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX
 from billing.tables import DELIVERY_STATES
 from delivery.api import responses as r
+from delivery.api import routes_recover as recover
 from delivery.api import validation as v
 from delivery.api.problems import ProblemBody
 
@@ -66,6 +67,10 @@ _IDEMPOTENCY_KEY = {
 _REPLAYED = {"Idempotent-Replayed": {"description": "true when this is a stored response for a reused key",
                                      "schema": {"type": "string", "enum": ["true"]}}}
 
+_DATE_TIME = {"type": "string", "format": "date-time"}
+_RECOVER_SINCE = {"name": "since", "in": "query", "required": True, "schema": _DATE_TIME,
+                  "description": "RFC 3339 with a timezone: dead deliveries that died at or after this."}
+
 OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/v1/accounts", "Create an account and its first API key (operator)", OPERATOR,
               {201: r.AccountCreated}, (400, 409, 422), v.AccountCreate, parameters=(_IDEMPOTENCY_KEY,),
@@ -111,6 +116,16 @@ OPERATIONS: tuple[Operation, ...] = (
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={200: _REPLAYED}),
     Operation("get", "/v1/endpoints/{id}/secret", "Read the signing secret", ACCOUNT, {200: r.EndpointSecret}, (404,),
               parameters=(_path_id(),)),
+    Operation("get", "/v1/endpoints/{id}/recover",
+              "Plan a recovery: the endpoint's dead deliveries in [since, until) not replayed yet (at most"
+              f" {recover.REPLAYS_PER_CALL_MAX}), and the total a POST would charge now; writes nothing", ACCOUNT,
+              {200: recover.RecoverPlan}, (404, 422),
+              parameters=(_path_id(), _RECOVER_SINCE, _query("until", _DATE_TIME, "Default: now (PostgreSQL's clock)."))),
+    Operation("post", "/v1/endpoints/{id}/recover",
+              "Recover: replay the plan's dead deliveries as new charged deliveries, if confirm_total is still"
+              " the total (else 409 total-changed); all or nothing (402); more: call again", ACCOUNT,
+              {202: recover.Recovered}, (402, 404, 409, 422), recover.RecoverCreate,
+              parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
     Operation("post", "/v1/messages", "Send an event to the subscribed endpoints, charged per delivery", ACCOUNT,
               {202: r.MessageAccepted}, (400, 402, 409, 413, 422, 503), v.MessageCreate,
               parameters=(_IDEMPOTENCY_KEY,), headers={202: _REPLAYED}),
@@ -140,7 +155,8 @@ _DESCRIPTIONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No content", 
 
 
 def _schemas() -> dict:
-    kinds = (*v.REQUEST_BODIES, v.Empty, *r.RESPONSE_BODIES, ProblemBody)
+    kinds = (*v.REQUEST_BODIES, v.Empty, *r.RESPONSE_BODIES, *recover.REQUEST_BODIES, *recover.RESPONSE_BODIES,
+             ProblemBody)
     _, components = msgspec.json.schema_components(kinds, ref_template="#/components/schemas/{name}")
     return components
 

@@ -8,10 +8,14 @@
         page = hookledger.deliveries.list(message_id=message.id)
         print(hookledger.balance().balance)
 
+After a receiver outage, `endpoints.recover_plan(endpoint_id, since)` shows what recovering the
+endpoint's dead deliveries would charge, and `endpoints.recover(endpoint_id, since,
+confirm_total=plan.total_charge)` replays them as new charged deliveries (200 a call; `more`).
+
 An operator (holding the operator key) has `accounts.create/get/top_up/reverse_top_up` and
 `deliveries.list_dead`. Every refusal raises a `HookledgerError` subclass carrying the API's
 problem+json fields (`status`, `type`, `title`, `detail`, `errors`). Every create (`send`, a
-replay, an account, an API key, an endpoint, a secret rotation) carries an Idempotency-Key
+replay, a recovery, an account, an API key, an endpoint, a secret rotation) carries an Idempotency-Key
 (generated when not given) reused by its retries, so a retry never charges twice, nor makes a
 second endpoint or key; what is retried, and when, is in `retry.py`.
 
@@ -50,6 +54,10 @@ from delivery.client.models import (
     Message,
     NewApiKey,
     Page,
+    RecoverPlan,
+    RecoverRefusal,
+    Recovered,
+    RecoveredDelivery,
     Topup,
 )
 from delivery.client.retry import RetryPolicy
@@ -82,6 +90,10 @@ __all__ = [
     "PaymentRequiredError",
     "PermissionDeniedError",
     "RateLimitError",
+    "RecoverPlan",
+    "RecoverRefusal",
+    "Recovered",
+    "RecoveredDelivery",
     "ResponseDecodeError",
     "RetryPolicy",
     "ServerError",

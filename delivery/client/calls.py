@@ -251,3 +251,27 @@ def replay_delivery(delivery_id: Id, idempotency_key: str) -> Call[models.Messag
     """Idempotent through its key, as send is: every attempt of this call carries the same one."""
     return Call("POST", f"/v1/deliveries/{_segment(delivery_id)}/replay", True, _reads_keyed_message(idempotency_key),
                 headers=_keyed(idempotency_key))
+
+
+def recover_plan(endpoint_id: Id, since: datetime | str, until: datetime | str | None) -> Call[models.RecoverPlan]:
+    return Call("GET", f"/v1/endpoints/{_segment(endpoint_id)}/recover", True, _reads(models.RecoverPlan),
+                params=_params(since=since, until=until))
+
+
+def _reads_keyed_recovery(idempotency_key: str) -> Callable[[httpx.Response], models.Recovered]:
+    def read(response: httpx.Response) -> models.Recovered:
+        recovered = _decoder(models.Recovered).decode(response.content)
+        replayed = response.headers.get(REPLAYED_HEADER, "").lower() == "true"
+        return msgspec.structs.replace(recovered, idempotent_replayed=replayed, idempotency_key=idempotency_key)
+
+    return read
+
+
+def recover(endpoint_id: Id, since: datetime | str, until: datetime | str | None, confirm_total: int,
+            idempotency_key: str) -> Call[models.Recovered]:
+    """Idempotent through its key: a retry answers the first call's replays, not 409 total-changed.
+    (Without the key a repeat could not charge twice either, each dead delivery being replayed at
+    most once, but its answer would be lost.)"""
+    body = _json({"since": since, "until": until if until is not None else UNSET, "confirm_total": confirm_total})
+    return Call("POST", f"/v1/endpoints/{_segment(endpoint_id)}/recover", True,
+                _reads_keyed_recovery(idempotency_key), body=body, headers=_keyed(idempotency_key))

@@ -110,6 +110,56 @@ class Message(msgspec.Struct, frozen=True):
     idempotency_key: str | None = None
 
 
+class RecoverPlan(msgspec.Struct, frozen=True):
+    """What a recovery of an endpoint's dead deliveries would do now; nothing was written.
+
+    Pass `total_charge` as `confirm_total`, and `since`/`until` as given here, to `recover`: it
+    replays only if that is still the total. `more`: more match than one call replays (200).
+    """
+
+    endpoint_id: uuid.UUID
+    endpoint_enabled: bool  # False: recover answers 409 endpoint-disabled until it is enabled again
+    since: datetime
+    until: datetime
+    count: int
+    total_charge: int
+    more: bool
+    dead_delivery_ids: tuple[uuid.UUID, ...] = ()
+
+
+class RecoveredDelivery(msgspec.Struct, frozen=True):
+    dead_delivery_id: uuid.UUID
+    delivery_id: uuid.UUID  # the new delivery (for already_replayed: the earlier replay)
+
+
+class RecoverRefusal(msgspec.Struct, frozen=True):
+    dead_delivery_id: uuid.UUID
+    reason: str
+
+
+class Recovered(msgspec.Struct, frozen=True):
+    """A recovery: each dead delivery replayed as a new pending delivery, charged once.
+
+    `more` True: call again (plan, then recover) for the rest. `idempotent_replayed` True: the API
+    answered the stored answer of this idempotency key (nothing new charged). `idempotency_key` is
+    the key this call sent (generated when the caller gave none).
+    """
+
+    endpoint_id: uuid.UUID
+    since: datetime
+    until: datetime
+    replayed_count: int
+    replayed: tuple[RecoveredDelivery, ...]
+    already_replayed_count: int
+    already_replayed: tuple[RecoveredDelivery, ...]
+    refused_count: int
+    refused: tuple[RecoverRefusal, ...]
+    total_charged: int
+    more: bool
+    idempotent_replayed: bool = False
+    idempotency_key: str | None = None
+
+
 class Attempt(msgspec.Struct, frozen=True):
     attempt: int
     started_at: datetime

@@ -130,6 +130,24 @@ class Endpoints(_Resource):
     def get_secret(self, endpoint_id: Id) -> str:
         return self._run(calls.get_secret(endpoint_id))
 
+    def recover_plan(self, endpoint_id: Id, since: datetime | str,
+                     until: datetime | str | None = None) -> models.RecoverPlan:
+        """What `recover` would replay now: the endpoint's dead deliveries that died in [since, until)
+        (until None: now) and were not replayed yet, at most 200, and the total it would charge.
+        Times need a timezone."""
+        return self._run(calls.recover_plan(endpoint_id, since, until))
+
+    def recover(self, endpoint_id: Id, since: datetime | str, until: datetime | str | None = None, *,
+                confirm_total: int, idempotency_key: str | None = None) -> models.Recovered:
+        """Replay those dead deliveries as new deliveries, each charged anew, if `confirm_total` is
+        still the total (else ConflictError, slug total-changed; PaymentRequiredError when the balance
+        cannot cover it all: nothing is replayed). `more` True: plan and recover again for the rest.
+
+        Keyed (one is generated unless given) and retried with that key, so a retry answers the first
+        call's replays; a dead delivery is replayed at most once whatever happens.
+        """
+        return self._run(calls.recover(endpoint_id, since, until, confirm_total, calls.key_or_new(idempotency_key)))
+
 
 class Deliveries(_Resource):
     def list(self, *, limit: int | None = None, cursor: str | None = None, state: str | None = None,
