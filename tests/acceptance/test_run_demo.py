@@ -14,6 +14,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
+# The stop tests need a run that serves, and `hookledger run` serves after its demo, whose dead
+# deliveries wait out the retry schedule (the demo's own 0,2,2 took about 6 s of each demo here).
+# The schedule `run` honours from the environment: three attempts still, a fraction of a second
+# apart. The demo test itself keeps the demo's own schedule, as ./scripts/run has it.
+FAST_RETRY_SCHEDULE = "0,0.2,0.2"
 
 
 def test_run_demo_on_embedded_servers(tmp_path: Path) -> None:
@@ -33,6 +38,14 @@ def test_run_demo_on_embedded_servers(tmp_path: Path) -> None:
     assert (tmp_path / "data" / "postgres" / "PG_VERSION").exists()  # the embedded server's data dir
     secrets_file = tmp_path / "data" / "dev-secrets.json"
     assert oct(secrets_file.stat().st_mode & 0o777) == "0o600"
+
+
+def _serving_environment(data_dir: Path) -> dict[str, str]:
+    """The environment of a `hookledger run` on embedded servers in data_dir, with fast retries."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    environment.update(HOOKLEDGER_DATA_DIR=str(data_dir), COLUMNS="200",
+                       HOOKLEDGER_RETRY_SCHEDULE=FAST_RETRY_SCHEDULE)
+    return environment
 
 
 def _processes() -> dict[int, tuple[int, str]]:
@@ -59,9 +72,8 @@ def _descendants(pid: int, processes: dict[int, tuple[int, str]]) -> set[int]:
 def _serving_run(data_dir: Path):
     """`hookledger run` on embedded servers, serving: (its process, its child processes, the
     PostgreSQL and Redis server pids, the process table then). Leaves nothing running after."""
-    environment = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    environment.update(HOOKLEDGER_DATA_DIR=str(data_dir), COLUMNS="200")
-    run = subprocess.Popen([sys.executable, "-m", "delivery", "run", "--port", "0"], cwd=ROOT, env=environment,
+    run = subprocess.Popen([sys.executable, "-m", "delivery", "run", "--port", "0"], cwd=ROOT,
+                           env=_serving_environment(data_dir),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     children: set[int] = set()
     servers: dict[str, int] = {}
@@ -125,9 +137,7 @@ def test_sigkill_leaves_nothing_running_for_long(tmp_path: Path) -> None:
         left = _gone_within(children | {servers["redis"]}, 30)
         assert not left, {pid: processes[pid][1] for pid in left}
         assert servers["postgres"] in _processes()  # left for the next run to adopt
-        environment = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-        environment.update(HOOKLEDGER_DATA_DIR=str(data_dir), COLUMNS="200")
         again = subprocess.run([sys.executable, "-m", "delivery", "run", "--demo-only", "--port", "0"], cwd=ROOT,
-                               env=environment, capture_output=True, text=True, timeout=240)
+                               env=_serving_environment(data_dir), capture_output=True, text=True, timeout=240)
         assert again.returncode == 0 and "audit clean" in again.stdout, (again.stdout + again.stderr)[-4000:]
         assert not _gone_within({servers["postgres"]}, 30), "the adopted PostgreSQL was not stopped"
