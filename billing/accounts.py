@@ -89,8 +89,9 @@ async def _lock_account(connection, account_id: uuid.UUID):
 _ROW_LOCKS = frozenset({"FOR UPDATE", "FOR SHARE"})
 
 
-async def lock_active(connection, account_id: uuid.UUID, what: str, *, lock: str = "FOR UPDATE") -> None:
-    """Lock the account row (first: the platform's one lock order) and refuse it unless active.
+async def lock_active(connection, account_id: uuid.UUID, what: str, *, lock: str = "FOR UPDATE") -> int:
+    """Lock the account row (first: the platform's one lock order), refuse it unless active, and
+    answer its balance as locked.
 
     For what an account makes besides messages (keys, endpoints, secrets): a closing account's
     deletion erases them under this lock, and a create that waited on it would otherwise give a
@@ -98,11 +99,12 @@ async def lock_active(connection, account_id: uuid.UUID, what: str, *, lock: str
     AccountNotFound for no such account; AccountNotActive, naming `what`, for a closing or deleted one.
     """
     assert lock in _ROW_LOCKS, lock
-    status = await connection.fetchval(f"SELECT status FROM accounts WHERE id = $1 {lock}", account_id)
-    if status is None:
+    row = await connection.fetchrow(f"SELECT status, balance FROM accounts WHERE id = $1 {lock}", account_id)
+    if row is None:
         raise AccountNotFound(f"no account {account_id}")
-    if status != "active":
-        raise AccountNotActive(f"the account is {status}; it takes no new {what}")
+    if row["status"] != "active":
+        raise AccountNotActive(f"the account is {row['status']}; it takes no new {what}")
+    return row["balance"]
 
 
 async def create_account(executor: Executor, name: str, *, price_per_delivery: int = 1) -> Account:

@@ -9,7 +9,8 @@ silently ignored (Outpost lost manual retries to a static key, hookdeck/outpost 
 
 Bulk replay of one endpoint's dead deliveries over a time range is two calls: `plan_bulk_replay`
 computes the total charge, `bulk_replay` replays only when its `confirm_total` equals the total
-computed again at that moment (so an API can offer the same confirmation), in batches of
+computed again at that moment (the API's recovery, which plans and checks under the account's lock
+itself, replays that plan with `replay_plan`), in batches of
 REPLAY_BATCH_MAX through create_messages, at most REPLAY_PER_CALL_MAX per call; dead
 deliveries replayed before are left out, so the next call goes on where this one stopped.
 
@@ -198,7 +199,14 @@ async def bulk_replay(pool: asyncpg.Pool, endpoint_id: uuid.UUID, died_after: da
             f"the replay would charge {plan.total_charge} credits for {len(plan.delivery_ids)} deliveries,"
             f" but {confirm_total} was confirmed; nothing was replayed"
         )
-    return await _replay(pool, list(plan.delivery_ids), attempts_max=attempts_max, keyed=True,
+    return await replay_plan(pool, plan, attempts_max=attempts_max, outcome_wait_seconds=outcome_wait_seconds)
+
+
+async def replay_plan(executor: asyncpg.Pool | asyncpg.Connection, plan: BulkReplayPlan, *, attempts_max: int,
+                      outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS) -> Replayed:
+    """Replay a plan's dead deliveries, keyed, as planned: for a caller that checked the plan's total
+    itself and holds the account's lock since it planned (so nothing it planned has changed)."""
+    return await _replay(executor, list(plan.delivery_ids), attempts_max=attempts_max, keyed=True,
                          outcome_wait_seconds=outcome_wait_seconds)
 
 

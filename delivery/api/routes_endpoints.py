@@ -46,7 +46,8 @@ def _check_event_types(event_types: list[str] | None) -> None:
         raise validation([FieldError("event_types", "lists an event type twice")])
 
 
-async def _ids(request: web.Request) -> tuple[ApiContext, uuid.UUID, uuid.UUID]:
+async def endpoint_ids(request: web.Request) -> tuple[ApiContext, uuid.UUID, uuid.UUID]:
+    """The context, the caller's account and the {id} of an /v1/endpoints/{id} route (404 when malformed)."""
     ctx = context(request)
     account_id = await ctx.account(request)
     endpoint_id = path_id(request.match_info["id"])
@@ -88,7 +89,7 @@ async def list_endpoints(request: web.Request) -> web.Response:
 
 @routes.get("/v1/endpoints/{id}")
 async def get_endpoint(request: web.Request) -> web.Response:
-    ctx, account_id, endpoint_id = await _ids(request)
+    ctx, account_id, endpoint_id = await endpoint_ids(request)
     endpoint = await store.get_endpoint(ctx.pool, account_id, endpoint_id)
     if endpoint is None:
         raise not_found("endpoint")
@@ -97,7 +98,7 @@ async def get_endpoint(request: web.Request) -> web.Response:
 
 @routes.patch("/v1/endpoints/{id}")
 async def patch_endpoint(request: web.Request) -> web.Response:
-    ctx, account_id, endpoint_id = await _ids(request)
+    ctx, account_id, endpoint_id = await endpoint_ids(request)
     body = decode(await request.read(), EndpointPatch)
     changes = {name: value for name, value in msgspec.structs.asdict(body).items() if value is not msgspec.UNSET}
     if "url" in changes:
@@ -111,7 +112,7 @@ async def patch_endpoint(request: web.Request) -> web.Response:
 
 @routes.delete("/v1/endpoints/{id}")
 async def delete_endpoint(request: web.Request) -> web.Response:
-    ctx, account_id, endpoint_id = await _ids(request)
+    ctx, account_id, endpoint_id = await endpoint_ids(request)
     refunded = await store.delete_endpoint(ctx.pool, account_id, endpoint_id)
     if refunded is None:
         raise not_found("endpoint")
@@ -121,7 +122,7 @@ async def delete_endpoint(request: web.Request) -> web.Response:
 @routes.post("/v1/endpoints/{id}/secret/rotate")
 async def rotate_secret(request: web.Request) -> web.Response:
     """The old secret keeps signing beside the new one for the configured overlap (24 h by default)."""
-    ctx, account_id, endpoint_id = await _ids(request)
+    ctx, account_id, endpoint_id = await endpoint_ids(request)
     body = decode(await request.read(), SecretRotate, optional=True)
     _check_secret(body.secret)
     return await idempotency.once(request, str(account_id),
@@ -142,7 +143,7 @@ async def _rotate(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, en
 
 @routes.get("/v1/endpoints/{id}/secret")
 async def read_secret(request: web.Request) -> web.Response:
-    ctx, account_id, endpoint_id = await _ids(request)
+    ctx, account_id, endpoint_id = await endpoint_ids(request)
     secret = await store.read_secret(ctx.pool, account_id, endpoint_id, ctx.keyring)
     if secret is None:
         raise not_found("endpoint")

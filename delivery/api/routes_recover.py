@@ -4,7 +4,7 @@
 nothing; `POST /v1/endpoints/{id}/recover {since, until?, confirm_total}` does it: each dead
 delivery of the endpoint that died in [since, until) and was not replayed before becomes a NEW
 delivery with a new charge (the old stays dead and keeps its refund), through
-delivery.dead_letters.bulk_replay, so each replay carries the key `replay:<dead delivery id>` and a
+delivery.dead_letters (planned, then `replay_plan`), so each replay carries the key `replay:<dead delivery id>` and a
 dead delivery is replayed at most once, whoever asks and however often.
 
 One call is one transaction of at most dead_letters.REPLAY_BATCH_MAX replays (`more` says to call
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated
 
 import msgspec
@@ -38,12 +38,14 @@ import structlog
 from aiohttp import web
 
 from billing.database import Executor, OutcomeUnknown, resolved_transaction
-from billing.errors import AccountNotActive, InsufficientBalance
+from billing import accounts
+from billing.errors import InsufficientBalance
 from delivery import dead_letters
 from delivery.api import idempotency, responses
-from delivery.api.context import ApiContext, context
+from delivery.api.context import ApiContext
 from delivery.api.problems import FieldError, Problem, not_found, validation
-from delivery.api.validation import BIGINT_MAX, Query, decode, path_id
+from delivery.api.routes_endpoints import endpoint_ids
+from delivery.api.validation import BIGINT_MAX, TIME_RANGE, Query, decode, in_utc
 
 log = structlog.get_logger("hookledger.api")
 routes = web.RouteTableDef()
@@ -106,60 +108,20 @@ class Recovered(msgspec.Struct):
 REQUEST_BODIES = (RecoverCreate,)
 RESPONSE_BODIES = (RecoverPlan, Recovered)
 
-# Lock the account row first (the one lock order), with PostgreSQL's clock for a default `until`.
-_LOCK_ACCOUNT = "SELECT status, balance, now() AS now FROM accounts WHERE id = $1 FOR UPDATE"
-# The endpoint, the account's own, shared-locked so that it is not disabled or deleted under us.
-_LOCK_ENDPOINT = "SELECT enabled, deleted_at FROM endpoints WHERE id = $1 AND account_id = $2 FOR SHARE"
+# The endpoint, the account's own, shared-locked so that it is not disabled or deleted under us
+# (after the account's lock: the one lock order), with PostgreSQL's clock for a default `until`.
+_LOCK_ENDPOINT = "SELECT enabled, deleted_at, now() AS now FROM endpoints WHERE id = $1 AND account_id = $2 FOR SHARE"
 # The plan reads the endpoint and the clock in one snapshot with the candidates.
 _READ_ENDPOINT = "SELECT enabled, deleted_at, now() AS now FROM endpoints WHERE id = $1 AND account_id = $2"
 
 
-class _RecoverQuery(Query):
-    """The plan's query string: `since` required, `until` optional, both RFC 3339 with a timezone,
-    read by the same parser as the POST body's (msgspec), so the two cannot disagree."""
-
-    def rfc3339(self, name: str, *, required: bool) -> datetime | None:
-        raw = self._raw(name)
-        if raw is None:
-            if required:
-                self.errors.append(FieldError(name, "is required"))
-            return None
-        try:
-            return _in_utc(name, msgspec.convert(raw, Timestamp) if len(raw) <= 64 else None)
-        except (msgspec.ValidationError, _OutOfRange):
-            self.errors.append(FieldError(name, "must be an RFC 3339 time with a timezone, like 2026-01-31T12:00:00Z,"
-                                                " from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z"))
-            return None
-
-
-class _OutOfRange(Exception):
-    pass
-
-
-def _in_utc(name: str, value: datetime | None) -> datetime:
-    """`value` in UTC (as the driver sends it), which must stay within years 1 to 9999."""
-    if value is None:
-        raise _OutOfRange(name)
-    try:
-        return value.astimezone(UTC)
-    except OverflowError:
-        raise _OutOfRange(name) from None
-
-
 def _body_times(body: RecoverCreate) -> tuple[datetime, datetime | None]:
-    errors, times = [], {}
-    for name in ("since", "until"):
-        value = getattr(body, name)
-        if value is None:
-            times[name] = None
-            continue
-        try:
-            times[name] = _in_utc(name, value)
-        except _OutOfRange:
-            errors.append(FieldError(name, "must be a time from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z"))
+    times = {name: getattr(body, name) for name in ("since", "until")}
+    utc = {name: None if value is None else in_utc(value) for name, value in times.items()}
+    errors = [FieldError(name, TIME_RANGE) for name in times if times[name] is not None and utc[name] is None]
     if errors:
         raise validation(errors)
-    return times["since"], times["until"]
+    return utc["since"], utc["until"]
 
 
 def _check_range(since: datetime, until: datetime | None, now: datetime) -> datetime:
@@ -173,24 +135,15 @@ def _check_range(since: datetime, until: datetime | None, now: datetime) -> date
     return until
 
 
-async def _ids(request: web.Request) -> tuple[ApiContext, uuid.UUID, uuid.UUID]:
-    ctx = context(request)
-    account_id = await ctx.account(request)
-    endpoint_id = path_id(request.match_info["id"])
-    if endpoint_id is None:
-        raise not_found("endpoint")
-    return ctx, account_id, endpoint_id
-
-
 @routes.get("/v1/endpoints/{id}/recover")
 async def recover_plan(request: web.Request) -> web.Response:
     """The plan: how many dead deliveries a POST would replay now, and the total it would charge."""
-    ctx, account_id, endpoint_id = await _ids(request)
-    query = _RecoverQuery(request.query)
-    since = query.rfc3339("since", required=True)
-    until = query.rfc3339("until", required=False)
+    ctx, account_id, endpoint_id = await endpoint_ids(request)
+    query = Query(request.query)
+    since = query.timestamp("since", required=True, zone_required=True)
+    until = query.timestamp("until", zone_required=True)
     query.check()
-    assert since is not None
+    since, until = in_utc(since), None if until is None else in_utc(until)
     if until is not None:
         _check_range(since, until, until)
     async with ctx.pool.acquire() as connection, connection.transaction(isolation="repeatable_read", readonly=True):
@@ -206,7 +159,7 @@ async def recover_plan(request: web.Request) -> web.Response:
 @routes.post("/v1/endpoints/{id}/recover")
 async def recover(request: web.Request) -> web.Response:
     """Replay the plan's dead deliveries as new, charged deliveries, if `confirm_total` is still its total."""
-    ctx, account_id, endpoint_id = await _ids(request)
+    ctx, account_id, endpoint_id = await endpoint_ids(request)
     body = decode(await request.read(), RecoverCreate)
     since, until = _body_times(body)
     if until is not None:
@@ -225,33 +178,25 @@ async def _recover(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, e
                    since: datetime, until: datetime | None, confirm_total: int, created: list[uuid.UUID]) -> web.Response:
     try:
         async with resolved_transaction(executor, wait_seconds=ctx.settings.api.commit_outcome_wait_seconds) as connection:
-            account = await connection.fetchrow(_LOCK_ACCOUNT, account_id)
-            if account is None:  # its key authenticated a moment ago; gone only with the account itself
-                raise not_found("endpoint")
-            if account["status"] != "active":
-                raise AccountNotActive(f"the account is {account['status']}; it takes no new deliveries")
+            balance = await accounts.lock_active(connection, account_id, "deliveries")
             endpoint = await connection.fetchrow(_LOCK_ENDPOINT, endpoint_id, account_id)
             if endpoint is None or endpoint["deleted_at"] is not None:
                 raise not_found("endpoint")
             if not endpoint["enabled"]:
                 raise Problem(409, "the endpoint is disabled; enable it (PATCH enabled: true) before recovering",
                               "endpoint-disabled")
-            until = _check_range(since, until, account["now"])
+            until = _check_range(since, until, endpoint["now"])
             plan = await dead_letters.plan_bulk_replay(connection, endpoint_id, since, until,
                                                        limit=REPLAYS_PER_CALL_MAX)
             _check_total(plan, confirm_total)
-            if account["balance"] < plan.total_charge:
+            if balance < plan.total_charge:
                 # All or nothing: replaying what the balance covers would leave the client a
                 # partial recovery it did not confirm.
-                raise InsufficientBalance(f"balance {account['balance']} cannot cover {len(plan.delivery_ids)}"
+                raise InsufficientBalance(f"balance {balance} cannot cover {len(plan.delivery_ids)}"
                                           f" replays ({plan.total_charge} credits); nothing was replayed")
-            try:
-                # Plans again in this transaction, under the same locks: the same deliveries and total.
-                result = await dead_letters.bulk_replay(
-                    connection, endpoint_id, since, until, confirm_total=confirm_total,
-                    attempts_max=ctx.settings.ledger.attempts_max, limit=REPLAYS_PER_CALL_MAX)
-            except dead_letters.ReplayTotalMismatch as error:
-                raise _total_changed(str(error)) from None
+            # Under the account's lock since it was planned: nothing that charges or dies on the
+            # account has committed since, so the plan checked is the plan replayed.
+            result = await dead_letters.replay_plan(connection, plan, attempts_max=ctx.settings.ledger.attempts_max)
     except OutcomeUnknown as unknown:
         unknown.look_for = (f"the endpoint's new deliveries (GET /v1/endpoints/{endpoint_id}/recover shows what"
                             " is left; a dead delivery is never replayed twice)")
@@ -262,13 +207,9 @@ async def _recover(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, e
 
 def _check_total(plan: dead_letters.BulkReplayPlan, confirm_total: int) -> None:
     if confirm_total != plan.total_charge:
-        raise _total_changed(f"the recovery would now charge {plan.total_charge} credits for"
-                             f" {len(plan.delivery_ids)} dead deliveries, but {confirm_total} was confirmed;"
-                             " nothing was replayed")
-
-
-def _total_changed(detail: str) -> Problem:
-    return Problem(409, detail, TOTAL_CHANGED)
+        raise Problem(409, f"the recovery would now charge {plan.total_charge} credits for"
+                           f" {len(plan.delivery_ids)} dead deliveries, but {confirm_total} was confirmed;"
+                           " nothing was replayed", TOTAL_CHANGED)
 
 
 def _recovered(endpoint_id: uuid.UUID, since: datetime, until: datetime, result: dead_letters.Replayed,

@@ -249,6 +249,18 @@ def path_id(raw: str) -> uuid.UUID | None:
         return None
 
 
+TIME_RANGE = "must be a time from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z"
+
+
+def in_utc(value: datetime) -> datetime | None:
+    """`value` (with a timezone) in UTC, as the driver sends it; None when that leaves years 1 to
+    9999 (0001-01-01T00:00:00+14:00 does)."""
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        return None
+
+
 class Query:
     """Query-string parameters, collecting every error before answering 422 once.
 
@@ -294,9 +306,12 @@ class Query:
             return None
         return raw
 
-    def timestamp(self, name: str) -> datetime | None:
+    def timestamp(self, name: str, *, required: bool = False, zone_required: bool = False) -> datetime | None:
+        """An RFC 3339 time; without a timezone it is UTC, unless `zone_required` refuses it."""
         raw = self._raw(name)
         if raw is None:
+            if required:
+                self.errors.append(FieldError(name, "is required"))
             return None
         try:
             value = datetime.fromisoformat(raw) if len(raw) <= 64 else None
@@ -306,11 +321,12 @@ class Query:
             self.errors.append(FieldError(name, "must be an RFC 3339 timestamp like 2026-01-31T12:00:00Z"))
             return None
         if value.tzinfo is None:
+            if zone_required:
+                self.errors.append(FieldError(name, "must have a timezone (Z or an offset), like 2026-01-31T12:00:00Z"))
+                return None
             return value.replace(tzinfo=UTC)
-        try:  # in UTC (as the driver sends it) it may leave years 1 to 9999: 0001-01-01T00:00:00+14:00
-            value.astimezone(UTC)
-        except OverflowError:
-            self.errors.append(FieldError(name, "must be a time from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z"))
+        if in_utc(value) is None:
+            self.errors.append(FieldError(name, TIME_RANGE))
             return None
         return value
 

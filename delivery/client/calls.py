@@ -218,12 +218,13 @@ def get_secret(endpoint_id: Id) -> Call[str]:
     return Call("GET", f"/v1/endpoints/{_segment(endpoint_id)}/secret", True, _reads_secret)
 
 
-def _reads_keyed_message(idempotency_key: str) -> Callable[[httpx.Response], models.Message]:
-    """A 202 of a keyed create (a send or a replay), with whether it was the stored answer."""
-    def read(response: httpx.Response) -> models.Message:
-        message = _decoder(models.Message).decode(response.content)
+def _reads_keyed(kind: Any, idempotency_key: str, replayed_field: str = "replayed") -> Callable[[httpx.Response], Any]:
+    """A 202 of a keyed create (a send, a replay, a recovery), with its key and whether it was the
+    stored answer (in `replayed_field`: a recovery's `replayed` lists its new deliveries)."""
+    def read(response: httpx.Response) -> Any:
+        answer = _decoder(kind).decode(response.content)
         replayed = response.headers.get(REPLAYED_HEADER, "").lower() == "true"
-        return msgspec.structs.replace(message, replayed=replayed, idempotency_key=idempotency_key)
+        return msgspec.structs.replace(answer, **{replayed_field: replayed}, idempotency_key=idempotency_key)
 
     return read
 
@@ -231,7 +232,7 @@ def _reads_keyed_message(idempotency_key: str) -> Callable[[httpx.Response], mod
 def send(event_type: str, payload: Any, idempotency_key: str) -> Call[models.Message]:
     """Idempotent through its key: every attempt of this call carries the same one."""
     body = _json({"event_type": event_type, "payload": payload})
-    return Call("POST", "/v1/messages", True, _reads_keyed_message(idempotency_key), body=body,
+    return Call("POST", "/v1/messages", True, _reads_keyed(models.Message, idempotency_key), body=body,
                 headers=_keyed(idempotency_key))
 
 
@@ -249,22 +250,14 @@ def get_delivery(delivery_id: Id) -> Call[models.DeliveryDetail]:
 
 def replay_delivery(delivery_id: Id, idempotency_key: str) -> Call[models.Message]:
     """Idempotent through its key, as send is: every attempt of this call carries the same one."""
-    return Call("POST", f"/v1/deliveries/{_segment(delivery_id)}/replay", True, _reads_keyed_message(idempotency_key),
+    return Call("POST", f"/v1/deliveries/{_segment(delivery_id)}/replay", True,
+                _reads_keyed(models.Message, idempotency_key),
                 headers=_keyed(idempotency_key))
 
 
 def recover_plan(endpoint_id: Id, since: datetime | str, until: datetime | str | None) -> Call[models.RecoverPlan]:
     return Call("GET", f"/v1/endpoints/{_segment(endpoint_id)}/recover", True, _reads(models.RecoverPlan),
                 params=_params(since=since, until=until))
-
-
-def _reads_keyed_recovery(idempotency_key: str) -> Callable[[httpx.Response], models.Recovered]:
-    def read(response: httpx.Response) -> models.Recovered:
-        recovered = _decoder(models.Recovered).decode(response.content)
-        replayed = response.headers.get(REPLAYED_HEADER, "").lower() == "true"
-        return msgspec.structs.replace(recovered, idempotent_replayed=replayed, idempotency_key=idempotency_key)
-
-    return read
 
 
 def recover(endpoint_id: Id, since: datetime | str, until: datetime | str | None, confirm_total: int,
@@ -274,4 +267,5 @@ def recover(endpoint_id: Id, since: datetime | str, until: datetime | str | None
     most once, but its answer would be lost.)"""
     body = _json({"since": since, "until": until if until is not None else UNSET, "confirm_total": confirm_total})
     return Call("POST", f"/v1/endpoints/{_segment(endpoint_id)}/recover", True,
-                _reads_keyed_recovery(idempotency_key), body=body, headers=_keyed(idempotency_key))
+                _reads_keyed(models.Recovered, idempotency_key, "idempotent_replayed"), body=body,
+                headers=_keyed(idempotency_key))
