@@ -7,7 +7,7 @@ statement, which it keeps after five runs on a connection, did the second for a 
 
 Revision ID: 0009
 Revises: 0008
-Create Date: 2026-12-05
+Create Date: 2026-12-03
 """
 from alembic import op
 
