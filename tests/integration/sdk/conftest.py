@@ -29,9 +29,16 @@ def _settings(database_url: str, redis_url: str) -> config.Settings:
 
 
 @pytest.fixture
-async def base_url(database_url, redis_url, pool):
+def api_settings(database_url, redis_url) -> config.Settings:
+    """The API's settings for these tests (a fixture, not an import: two conftest modules collide
+    in sys.modules when tests/unit/sdk and this directory run in one pytest call)."""
+    return _settings(database_url, redis_url)
+
+
+@pytest.fixture
+async def base_url(api_settings, redis_url, pool):
     redis = await job_queue.connect(redis_url)
-    server = TestServer(create_app(_settings(database_url, redis_url), pool, job_queue.Queue(redis)), host="127.0.0.1")
+    server = TestServer(create_app(api_settings, pool, job_queue.Queue(redis)), host="127.0.0.1")
     await server.start_server()
     try:
         yield str(server.make_url("")).rstrip("/")

@@ -10,17 +10,16 @@ import asyncio
 
 from aiohttp import web
 
-from conftest import _settings
 from delivery import queue as job_queue
 from delivery.api.app import create_app
 from delivery.client import AsyncClient
 from delivery.platform import free_port
 
 
-async def test_a_create_held_past_the_retries_returns_the_one_endpoint_made(database_url, redis_url, pool, account):
+async def test_a_create_held_past_the_retries_returns_the_one_endpoint_made(api_settings, redis_url, pool, account):
     created, key = account
     redis = await job_queue.connect(redis_url)
-    runner = web.AppRunner(create_app(_settings(database_url, redis_url), pool, job_queue.Queue(redis)), access_log=None)
+    runner = web.AppRunner(create_app(api_settings, pool, job_queue.Queue(redis)), access_log=None)
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
