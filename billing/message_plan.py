@@ -38,7 +38,9 @@ class MessageRequest:
     # None fans out to every subscribed endpoint. Given (a replay), only these endpoints, each
     # of which must still be enabled and not deleted; their event type filters do not apply.
     endpoint_ids: tuple[uuid.UUID, ...] | None = None
-    # A replay: the delivery it sends again. Part of what was asked, as the target is.
+    # A replay: the delivery it sends again. Part of what was asked, as the target is. Written on
+    # its deliveries (deliveries.replay_of): what tells the recovery and the operator's bulk
+    # replay that a dead delivery was replayed, whoever replayed it and under whatever key.
     replay_of: uuid.UUID | None = None
 
     def request_hash(self) -> bytes:
@@ -81,6 +83,7 @@ class Plan:
         self.replays = replays  # (account id, key) -> (request hash, MessageCreated)
         self.messages: list[tuple] = []
         self.deliveries: list[tuple] = []
+        self.replay_of: list[uuid.UUID | None] = []  # beside each delivery: the delivery it replays, if any
 
     @classmethod
     async def load(cls, connection, requests: list[MessageRequest], *, lock: bool = True) -> Plan:
@@ -160,6 +163,7 @@ class Plan:
         created = []
         for endpoint_id, delivery_id in zip(subscribed, delivery_ids, strict=True):
             self.deliveries.append((delivery_id, request.account_id, message_id, endpoint_id, price, attempts_max))
+            self.replay_of.append(request.replay_of)
             created.append(CreatedDelivery(delivery_id, endpoint_id, price))
         return MessageCreated(
             message_id, request.account_id, request.event_type, tuple(created), price * len(created), replayed=False
@@ -170,6 +174,10 @@ class Plan:
         message of the batch goes to any endpoint)."""
         return [*zip(*self.messages), *(list(zip(*self.deliveries)) or [[]] * 6)]
 
+    def _replays(self) -> bool:
+        """Whether a delivery of the batch replays one: then the write carries the replay_of column."""
+        return any(replayed is not None for replayed in self.replay_of)
+
     async def write(self, connection) -> None:
         """Locked: the whole batch in one statement: messages, deliveries, their charges, the balances."""
         if not self.messages:
@@ -177,16 +185,21 @@ class Plan:
         changed = [(account_id, balance) for account_id, balance in self.balances.items()
                    if balance != self.accounts[account_id]["balance"]]
         balances = list(zip(*changed)) or [[], []]
-        await connection.execute(WRITE_BATCH, *self._rows(), *balances)
+        if self._replays():
+            await connection.execute(WRITE_BATCH_REPLAYS, *self._rows(), *balances, self.replay_of)
+        else:
+            await connection.execute(WRITE_BATCH, *self._rows(), *balances)
 
     async def write_gated(self, connection) -> bool:
         """Unlocked: one autocommit statement writes the whole batch if every account with new
         messages still passes what the plan assumed, and nothing if one does not; whether it wrote."""
         accounts = sorted({account_id for _, account_id, *_ in self.messages})
+        replays = self._replays()
         return await connection.fetchval(
-            GATED_WRITE, *self._rows(), accounts,
+            GATED_WRITE_REPLAYS if replays else GATED_WRITE, *self._rows(), accounts,
             [self.accounts[account_id]["balance"] - self.balances[account_id] for account_id in accounts],
             [self.accounts[account_id]["price_per_delivery"] for account_id in accounts],
+            *([self.replay_of] if replays else []),
         )
 
 
@@ -213,26 +226,38 @@ READ_ACCOUNTS_ENDPOINTS = _READ_ACCOUNTS_ENDPOINTS.format(marker="statement_time
 
 # The batch's rows: its messages, its deliveries, and one charge per delivery, its id derived
 # from the delivery id (invariant I1), written in the same statement as the delivery. {only}
-# limits the inserts (the unlocked write's "ok"); $1 to $12 the columns.
+# limits the inserts (the unlocked write's "ok"); $1 to $12 the columns. {replay_of}: nothing, or
+# for a batch that replays a delivery, the deliveries' replay_of column and its array (below).
 _INSERT_BATCH = (
     " message_rows AS ("
     "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash)"
     "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[]){only}),"
     " delivery_rows AS ("
-    "   INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"
-    "   SELECT * FROM unnest($7::uuid[], $8::uuid[], $9::uuid[], $10::uuid[], $11::bigint[], $12::int[]){only}"
+    "   INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max{replay_of_column})"
+    "   SELECT * FROM unnest($7::uuid[], $8::uuid[], $9::uuid[], $10::uuid[], $11::bigint[], $12::int[]"
+    "{replay_of_array}){only}"
     "   RETURNING id, account_id, price),"
     " charge_rows AS ("
     "   INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
     "   SELECT 'charge:' || id, account_id, id, 'charge', -price FROM delivery_rows)"
 )
 
+
+def _insert_batch(only: str, replay_of: int | None) -> str:
+    """The inserts; with `replay_of`, the number of the parameter that carries each delivery's replay_of."""
+    if replay_of is None:
+        return _INSERT_BATCH.format(only=only, replay_of_column="", replay_of_array="")
+    return _INSERT_BATCH.format(only=only, replay_of_column=", replay_of", replay_of_array=f", ${replay_of}::uuid[]")
+
+
 # The locked write: the rows, and the balances the plan computed ($13, $14), in one statement.
-WRITE_BATCH = (
-    "WITH" + _INSERT_BATCH.format(only="") +
-    " UPDATE accounts SET balance = t.balance FROM unnest($13::uuid[], $14::bigint[]) AS t(id, balance)"
-    " WHERE accounts.id = t.id"
-)
+def _write_batch(replay_of: int | None) -> str:
+    return (
+        "WITH" + _insert_batch("", replay_of) +
+        " UPDATE accounts SET balance = t.balance FROM unnest($13::uuid[], $14::bigint[]) AS t(id, balance)"
+        " WHERE accounts.id = t.id"
+    )
+
 
 # The unlocked write, one autocommit statement, all or nothing. "locked" takes the row locks of
 # the accounts that still pass, in id order (LockRows above the Sort, as in the locked read, so
@@ -241,19 +266,29 @@ WRITE_BATCH = (
 # locked. Only if every account passes ("ok") are the balances moved and the rows inserted; the
 # statement answers "ok". $13 to $15: the accounts with new messages, the total each is charged,
 # the price the plan used.
-GATED_WRITE = (
-    "WITH locked AS ("
-    "   SELECT a.id FROM accounts a, unnest($13::uuid[], $14::bigint[], $15::bigint[]) AS t(id, total, price)"
-    "   WHERE a.id = t.id AND a.status = 'active' AND a.price_per_delivery = t.price AND a.balance >= t.total"
-    "   ORDER BY a.id FOR UPDATE OF a),"
-    " ok AS (SELECT count(*) = cardinality($13::uuid[]) AS ok FROM locked),"
-    " gate AS ("
-    "   UPDATE accounts a SET balance = a.balance - t.total"
-    "   FROM unnest($13::uuid[], $14::bigint[]) AS t(id, total), ok WHERE ok.ok AND a.id = t.id),"
-    + _INSERT_BATCH.format(only=" WHERE (SELECT ok FROM ok)") +
-    " SELECT ok FROM ok"
-)
+def _gated_write(replay_of: int | None) -> str:
+    return (
+        "WITH locked AS ("
+        "   SELECT a.id FROM accounts a, unnest($13::uuid[], $14::bigint[], $15::bigint[]) AS t(id, total, price)"
+        "   WHERE a.id = t.id AND a.status = 'active' AND a.price_per_delivery = t.price AND a.balance >= t.total"
+        "   ORDER BY a.id FOR UPDATE OF a),"
+        " ok AS (SELECT count(*) = cardinality($13::uuid[]) AS ok FROM locked),"
+        " gate AS ("
+        "   UPDATE accounts a SET balance = a.balance - t.total"
+        "   FROM unnest($13::uuid[], $14::bigint[]) AS t(id, total), ok WHERE ok.ok AND a.id = t.id),"
+        + _insert_batch(" WHERE (SELECT ok FROM ok)", replay_of) +
+        " SELECT ok FROM ok"
+    )
 
+
+# Each comes twice. A batch that replays no delivery (every ordinary create that goes this way)
+# sends the statement as it always was: its deliveries' replay_of is NULL, which costs nothing
+# to write (the row has a null bitmap anyway) and nothing to send. A batch with a replay in it
+# sends one more uuid array, last ($15, $16): each delivery's replay_of, NULL where it replays none.
+WRITE_BATCH = _write_batch(None)
+WRITE_BATCH_REPLAYS = _write_batch(15)
+GATED_WRITE = _gated_write(None)
+GATED_WRITE_REPLAYS = _gated_write(16)
 
 def _replayed(created: MessageCreated) -> MessageCreated:
     return MessageCreated(

@@ -8,8 +8,8 @@ request alone, and a refused request writes nothing.
 A batch first goes direct (`billing.message_direct`): one autocommit statement in which
 PostgreSQL fans out, locks the accounts in id order, and writes the batch only if every request
 passes (every account active and covering its share, no key seen before), else nothing. One
-round trip, and nothing decided in Python. A batch it does not take (one that targets endpoints,
-a replay) or that it wrote nothing of goes planned (`billing.message_plan`), unlocked first: it
+round trip, and nothing decided in Python. A batch it does not take (one that targets endpoints
+or replays a delivery: a replay) or that it wrote nothing of goes planned (`billing.message_plan`), unlocked first: it
 reads its accounts and endpoints without locking them, decides every request in memory, and
 writes in one autocommit statement that locks the accounts in id order and writes the batch only
 if every account still passes what was decided (active, the same price, a balance covering its
@@ -125,6 +125,8 @@ def validate(request: MessageRequest) -> None:
             raise InvalidInput(f"endpoint_ids must be a tuple of 1 to {TARGET_ENDPOINTS_MAX} endpoint ids")
         if not all(isinstance(endpoint_id, uuid.UUID) for endpoint_id in targets) or len(set(targets)) != len(targets):
             raise InvalidInput("endpoint_ids must be distinct UUIDs")
+    if request.replay_of is not None and not isinstance(request.replay_of, uuid.UUID):
+        raise InvalidInput("replay_of must be the UUID of the delivery replayed")
 
 
 async def create_message(executor: Executor, request: MessageRequest, *, attempts_max: int) -> MessageCreated:

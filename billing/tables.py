@@ -152,6 +152,10 @@ deliveries = sa.Table(
     sa.Column("dead_reason", sa.Text),
     _created_at(),
     sa.Column("finished_at", sa.DateTime(timezone=True)),
+    # The delivery this one sends again (a replay, single or bulk; 0010), NULL for any other. Not
+    # checked by billing.references: only the create path writes it, from a delivery it read in
+    # the same account, and nothing changes it after.
+    sa.Column("replay_of", pg.UUID(as_uuid=True)),
     sa.CheckConstraint("price >= 0", name="price_non_negative"),
     sa.CheckConstraint(_in("state", DELIVERY_STATES), name="state"),
     sa.CheckConstraint("dead_reason IS NULL OR " + _in("dead_reason", DEAD_REASONS), name="dead_reason"),
@@ -164,6 +168,12 @@ deliveries = sa.Table(
     sa.Index("ix_deliveries_account_live", "account_id", "id", postgresql_where=sa.text("state IN ('pending', 'sending')")),
     sa.Index(None, "account_id", "created_at"),
     sa.Index(None, "account_id", "id"),  # an account's pages of deliveries, newest first (0009)
+    # Whether a dead delivery was replayed, for the recovery's and the bulk replay's candidates (0010).
+    sa.Index("ix_deliveries_replay_of", "replay_of", postgresql_where=sa.text("replay_of IS NOT NULL")),
+    # The dead deliveries in id order, for the operator's pages of them, newest first (0010).
+    # Beside it, not declarable here: extended statistics on (state, dead_reason), which are set
+    # together, so that a page filtered by reason is estimated as what it is (0010).
+    sa.Index("ix_deliveries_dead", "id", postgresql_where=sa.text("state = 'dead'")),
     sa.Index(None, "message_id"),
     sa.Index(None, "endpoint_id", "state"),
     comment="One message to one endpoint. Charged when created; ends delivered or dead (refunded once by billing.settle).",

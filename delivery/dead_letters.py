@@ -7,12 +7,23 @@ delivery stays dead and keeps its refund. Each replay carries the idempotency ke
 dead delivery once; replaying it again on purpose is explicit (`again=True`, no key) and never
 silently ignored (Outpost lost manual retries to a static key, hookdeck/outpost #670).
 
+Every replay records the delivery it replays on the new delivery (deliveries.replay_of): these,
+keyed or not, and the API's (POST /v1/deliveries/{id}/replay, under the caller's Idempotency-Key
+or none). Bulk replays and the API's recovery leave out a dead delivery that any replay replays,
+so one replayed singly is not replayed and charged again by a recovery. The other way round is
+left open on purpose: asked for by id, a single replay of a dead delivery that a bulk replay or a
+recovery replayed already makes one more, charged (but for this module's keyed `replay`, which
+shares their key and so answers their replay). The key `replay:<dead id>` stays what makes bulk
+replays and recoveries that race write each dead delivery's replay at most once; replay_of only
+says which dead deliveries were replayed.
+
 Bulk replay of one endpoint's dead deliveries over a time range is two calls: `plan_bulk_replay`
 computes the total charge, `bulk_replay` replays only when its `confirm_total` equals the total
 computed again at that moment (the API's recovery, which plans and checks under the account's lock
 itself, replays that plan with `replay_plan`), in batches of
 REPLAY_BATCH_MAX through create_messages, at most REPLAY_PER_CALL_MAX per call; dead
-deliveries replayed before are left out, so the next call goes on where this one stopped.
+deliveries replayed before (by anyone, above) are left out, so the next call goes on where this
+one stopped.
 
 A batch whose COMMIT answer was lost is resolved by asking the database (create_messages); when
 it cannot tell in time, `ReplayOutcomeUnknown` says which replays were written before that batch
@@ -72,16 +83,38 @@ class DeadPage:
     next_cursor: str | None  # the id after which the next page starts (newest first)
 
 
-# Newest first by id (time-ordered ids); $1..$5 the filter, $6 the cursor, $7 the page size + 1.
-_DEAD_PAGE = (
+# Newest first by id (time-ordered ids). The statement names only the filters given (and the
+# cursor when there is one), so that PostgreSQL, in a generic plan too, estimates what a page
+# reads: with every filter an "$n IS NULL OR ...", a generic plan took the filters' selectivity
+# for tiny, read every dead delivery through a bitmap and sorted them (1,000 rows for a page of 50
+# among 1,000 dead). Unfiltered, a page walks ix_deliveries_dead (the dead ones in id order)
+# from the cursor; with an account or an endpoint, PostgreSQL picks between that and their own
+# indexes. At most 2^6 statements, each prepared once per connection.
+_DEAD_COLUMNS = (
     "SELECT d.id, d.account_id, d.endpoint_id, d.message_id, d.price, d.dead_reason, d.attempt, d.created_at,"
     "   d.finished_at, e.url, m.event_type"
     " FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id JOIN messages m ON m.id = d.message_id"
-    " WHERE d.state = 'dead' AND ($1::uuid IS NULL OR d.account_id = $1) AND ($2::uuid IS NULL OR d.endpoint_id = $2)"
-    "   AND ($3::text IS NULL OR d.dead_reason = $3) AND ($4::timestamptz IS NULL OR d.finished_at >= $4)"
-    "   AND ($5::timestamptz IS NULL OR d.finished_at < $5) AND ($6::uuid IS NULL OR d.id < $6)"
-    " ORDER BY d.id DESC LIMIT $7"
+    " WHERE d.state = 'dead'"
 )
+_DEAD_CONDITIONS = (
+    "d.account_id = ${}::uuid", "d.endpoint_id = ${}::uuid", "d.dead_reason = ${}::text",
+    "d.finished_at >= ${}::timestamptz", "d.finished_at < ${}::timestamptz", "d.id < ${}::uuid",
+)
+
+
+def _dead_page(filters: DeadFilter, after: uuid.UUID | None, limit: int) -> tuple[str, list]:
+    """The statement for one page and its arguments: the conditions of the values given, then the size."""
+    values = (filters.account_id, filters.endpoint_id, filters.reason, filters.died_after, filters.died_before, after)
+    sql, arguments = [_DEAD_COLUMNS], []
+    for condition, value in zip(_DEAD_CONDITIONS, values, strict=True):
+        if value is not None:
+            arguments.append(value)
+            sql.append(" AND " + condition.format(len(arguments)))
+    arguments.append(limit + 1)
+    sql.append(f" ORDER BY d.id DESC LIMIT ${len(arguments)}")
+    return "".join(sql), arguments
+
+
 _DELIVERY = (
     "SELECT d.id, d.account_id, d.endpoint_id, d.message_id, d.price, d.state, d.dead_reason, d.attempt,"
     "   d.attempts_max, d.created_at, d.finished_at, e.url, e.enabled, e.deleted_at AS endpoint_deleted_at,"
@@ -100,14 +133,17 @@ _LEDGER = (
     "   'adjustment:' || $1::text || ':charge_difference', 'adjustment:' || $1::text || ':refund_on_live')"
     " ORDER BY seq"
 )
-# The dead deliveries of one endpoint in a time range, not replayed yet, oldest first; with the
-# price a replay charges now (the account's current price). $4: at most this many.
+# The dead deliveries of one endpoint in a time range, not replayed yet (by anyone: no delivery
+# replays it, through ix_deliveries_replay_of), oldest first; with the price a replay charges now
+# (the account's current price). $4: at most this many. OFFSET 0 keeps the endpoint's dead
+# deliveries read through its (endpoint_id, state) index and then sorted: without it, ORDER BY id
+# LIMIT may walk ix_deliveries_dead, every account's dead deliveries in id order, looking for
+# this endpoint's, and read them all when it has few (measured: 30,000 rows for none).
 _BULK_CANDIDATES = (
-    "SELECT d.id, d.account_id, a.price_per_delivery AS price"
-    " FROM deliveries d JOIN accounts a ON a.id = d.account_id"
-    " WHERE d.endpoint_id = $1 AND d.state = 'dead' AND d.finished_at >= $2 AND d.finished_at < $3"
-    "   AND NOT EXISTS (SELECT 1 FROM messages r WHERE r.account_id = d.account_id"
-    "       AND r.idempotency_key = 'replay:' || d.id::text)"
+    "SELECT d.id, d.account_id, (SELECT a.price_per_delivery FROM accounts a WHERE a.id = d.account_id) AS price"
+    " FROM (SELECT id, account_id FROM deliveries"
+    "       WHERE endpoint_id = $1 AND state = 'dead' AND finished_at >= $2 AND finished_at < $3 OFFSET 0) d"
+    " WHERE NOT EXISTS (SELECT FROM deliveries r WHERE r.replay_of = d.id AND r.account_id = d.account_id)"
     " ORDER BY d.id LIMIT $4"
 )
 _SOURCES = (
@@ -123,8 +159,8 @@ async def list_dead(pool: asyncpg.Pool, filters: DeadFilter = DeadFilter(), *, c
     if not 1 <= limit <= PAGE_SIZE_MAX:
         raise InvalidInput(f"limit must be 1 to {PAGE_SIZE_MAX}")
     after = _cursor(cursor)
-    rows = await pool.fetch(_DEAD_PAGE, filters.account_id, filters.endpoint_id, filters.reason,
-                            filters.died_after, filters.died_before, after, limit + 1)
+    sql, arguments = _dead_page(filters, after, limit)
+    rows = await pool.fetch(sql, *arguments)
     page = [dict(row) for row in rows[:limit]]
     return DeadPage(page, str(page[-1]["id"]) if len(rows) > limit else None)
 

@@ -117,7 +117,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/v1/endpoints/{id}/secret", "Read the signing secret", ACCOUNT, {200: r.EndpointSecret}, (404,),
               parameters=(_path_id(),)),
     Operation("get", "/v1/endpoints/{id}/recover",
-              "Plan a recovery: the endpoint's dead deliveries in [since, until) not replayed yet (at most"
+              "Plan a recovery: the endpoint's dead deliveries in [since, until) not replayed yet, by any replay (at most"
               f" {recover.REPLAYS_PER_CALL_MAX}), and the total a POST would charge now; writes nothing", ACCOUNT,
               {200: recover.RecoverPlan}, (404, 422),
               parameters=(_path_id(), _RECOVER_SINCE, _query("until", _DATE_TIME, "Default: now (PostgreSQL's clock)."))),
@@ -136,7 +136,9 @@ OPERATIONS: tuple[Operation, ...] = (
                           _query("created_before", {"type": "string", "format": "date-time"}))),
     Operation("get", "/v1/deliveries/{id}", "Read a delivery with its attempts and ledger entries", ACCOUNT,
               {200: r.DeliveryDetail}, (404,), parameters=(_path_id(),)),
-    Operation("post", "/v1/deliveries/{id}/replay", "Send a dead or delivered delivery again (a new, charged delivery)",
+    Operation("post", "/v1/deliveries/{id}/replay",
+              "Send a dead or delivered delivery again (a new, charged delivery whose replay_of is this one;"
+              " a recovery leaves this one out)",
               ACCOUNT, {202: r.MessageAccepted}, (400, 402, 404, 409, 422, 503), v.Empty, body_optional=True,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
     Operation("get", "/healthz", "The process is up", None, {200: r.Health}),

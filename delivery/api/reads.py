@@ -16,7 +16,7 @@ from billing.database import Executor
 
 _DELIVERY_COLUMNS = (
     "d.id, d.account_id, d.message_id, d.endpoint_id, m.event_type, d.state, d.attempt, d.attempts_max, d.price,"
-    " d.next_attempt_at, d.dead_reason, d.created_at, d.finished_at"
+    " d.next_attempt_at, d.dead_reason, d.created_at, d.finished_at, d.replay_of"
 )
 
 # One page of an account's deliveries, newest first, with optional filters ($2.. NULL = any).
@@ -44,10 +44,14 @@ _LEDGER_PAGE = (
     f"SELECT {_LEDGER_COLUMNS} FROM ledger_entries WHERE account_id = $1"
     " AND ($2::uuid IS NULL OR delivery_id = $2) AND seq > $3 ORDER BY seq LIMIT $4"
 )
-# One page of dead deliveries across every account, newest first (the operator's view).
+# One page of dead deliveries across every account, newest first (the operator's view), through
+# ix_deliveries_dead from the cursor on. No cursor is the greatest uuid (ids are UUIDv7s, never
+# all ones), not an "IS NULL OR": so the cursor is an index condition in a generic plan too,
+# where "IS NULL OR" was a filter and a deep page read every row newer than its cursor.
 _DEAD_PAGE = (
     f"SELECT {_DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.message_id"
-    " WHERE d.state = 'dead' AND ($1::uuid IS NULL OR d.id < $1) ORDER BY d.id DESC LIMIT $2"
+    " WHERE d.state = 'dead' AND d.id < coalesce($1::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')"
+    " ORDER BY d.id DESC LIMIT $2"
 )
 # The message a delivery carries, for a replay.
 _MESSAGE_OF_DELIVERY = (

@@ -127,6 +127,9 @@ class Delivery(msgspec.Struct):
     dead_reason: DeadReason | None
     created_at: datetime
     finished_at: datetime | None
+    # The delivery this one sends again (a replay: POST /v1/deliveries/{id}/replay, a recovery, an
+    # operator's replay); null for a delivery of a message sent.
+    replay_of: uuid.UUID | None
 
 
 class Attempt(msgspec.Struct):

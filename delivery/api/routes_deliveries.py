@@ -79,9 +79,12 @@ async def replay_delivery(request: web.Request) -> web.Response:
     """Send a dead or delivered delivery's message again to its endpoint: a NEW delivery, charged anew.
 
     The old delivery keeps its state and its refund (if any); the new one has its own id, so a
-    receiver deduping on webhook-id does not swallow it (hookdeck/outpost #670). An
-    Idempotency-Key makes a retried replay answer the first one's response (as POST
-    /v1/messages); without one, each call replays again. The body is empty or `{}`.
+    receiver deduping on webhook-id does not swallow it (hookdeck/outpost #670), and its
+    replay_of names the old one: a recovery (routes_recover) or an operator's bulk replay then
+    leaves the old one out instead of replaying and charging it again. An Idempotency-Key makes a
+    retried replay answer the first one's response (as POST /v1/messages); without one, each call
+    replays again, a delivery that a recovery replayed already too: asked for by id, one more
+    replay is what the caller wants. The body is empty or `{}`.
     """
     ctx = context(request)
     account_id = await ctx.account(request)

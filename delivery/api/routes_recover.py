@@ -2,10 +2,12 @@
 
 `GET /v1/endpoints/{id}/recover?since=&until=` says what a recovery would do now and writes
 nothing; `POST /v1/endpoints/{id}/recover {since, until?, confirm_total}` does it: each dead
-delivery of the endpoint that died in [since, until) and was not replayed before becomes a NEW
-delivery with a new charge (the old stays dead and keeps its refund), through
-delivery.dead_letters (planned, then `replay_plan`), so each replay carries the key `replay:<dead delivery id>` and a
-dead delivery is replayed at most once, whoever asks and however often.
+delivery of the endpoint that died in [since, until) and was not replayed before (by any replay:
+this, the operator's, or POST /v1/deliveries/{id}/replay; each names what it replays in
+deliveries.replay_of) becomes a NEW delivery with a new charge (the old stays dead and keeps its
+refund), through delivery.dead_letters (planned, then `replay_plan`), so each replay carries the
+key `replay:<dead delivery id>` and a dead delivery is replayed at most once by recoveries and
+bulk replays, whoever asks and however often.
 
 One call is one transaction of at most dead_letters.REPLAY_BATCH_MAX replays (`more` says to call
 again; the next call goes on where this one stopped, since replayed ones are left out). In it, the

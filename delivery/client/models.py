@@ -185,6 +185,7 @@ class Delivery(msgspec.Struct, frozen=True):
     dead_reason: str | None
     created_at: datetime
     finished_at: datetime | None
+    replay_of: uuid.UUID | None = None  # the delivery this one replays; None for a message's own
 
 
 class DeliveryDetail(Delivery, frozen=True):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import asyncpg
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -45,4 +47,43 @@ async def test_downgrade_base_then_upgrade_again(database_url: str) -> None:
     await migrate.downgrade_async(database_url)
     assert await _tables(database_url) <= {"alembic_version"}
     await migrate.upgrade_async(database_url)
+    assert await _differences(database_url) == []
+
+
+async def test_0010_marks_the_keyed_replays_made_before_it(database_url: str) -> None:
+    """Upgrading from 0009 marks each delivery of a message keyed replay:<id> as a replay of <id>,
+    when <id> is a delivery of the message's own account; a key naming another account's
+    delivery, no delivery, or no uuid at all, and an unkeyed message, leave replay_of NULL."""
+    await migrate.downgrade_async(database_url, "0009")
+    connection = await asyncpg.connect(database_url)
+    try:
+        own, other = uuid.uuid4(), uuid.uuid4()
+        for account_id in (own, other):
+            await connection.execute("INSERT INTO accounts (id, name) VALUES ($1, 'a')", account_id)
+            await connection.execute("INSERT INTO endpoints (id, account_id, url) VALUES ($1, $1, 'https://example.com')",
+                                     account_id)  # the endpoint's id is its account's: one each
+        dead = uuid.uuid4()
+        keys = {"dead": (own, None), "replay": (own, f"replay:{dead}"), "elsewhere": (other, f"replay:{dead}"),
+                "missing": (own, f"replay:{uuid.uuid4()}"), "malformed": (own, "replay:not-a-uuid"), "plain": (own, None)}
+        made = {}
+        for name, (account_id, key) in keys.items():
+            message_id = delivery_id = dead if name == "dead" else uuid.uuid4()
+            await connection.execute("INSERT INTO messages (id, account_id, event_type, payload, idempotency_key)"
+                                     " VALUES ($1, $2, 't', '{}', $3)", message_id, account_id, key)
+            await connection.execute("INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"
+                                     " VALUES ($1, $2, $1, $2, 1, 3)", delivery_id, account_id)
+            made[name] = delivery_id
+        await connection.execute("UPDATE deliveries SET state = 'dead', dead_reason = 'out_of_retries',"
+                                 " finished_at = now() WHERE id = $1", dead)
+    finally:
+        await connection.close()
+    await migrate.upgrade_async(database_url)
+    connection = await asyncpg.connect(database_url)
+    try:
+        rows = await connection.fetch("SELECT id, replay_of FROM deliveries")
+    finally:
+        await connection.close()
+    replay_of = {row["id"]: row["replay_of"] for row in rows}
+    assert {name: replay_of[delivery_id] for name, delivery_id in made.items()} == {
+        "dead": None, "replay": dead, "elsewhere": None, "missing": None, "malformed": None, "plain": None}
     assert await _differences(database_url) == []

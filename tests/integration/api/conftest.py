@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from billing.database import create_pool
 from billing.message_direct import DIRECT_WRITE
-from billing.message_plan import GATED_WRITE
+from billing.message_plan import GATED_WRITE, GATED_WRITE_REPLAYS
 from delivery import config
 from delivery import queue as job_queue
 from delivery.api.app import create_app
@@ -119,7 +119,7 @@ def api(client, pool, settings) -> Harness:
 async def cutter(database_url):
     """A proxy to this test's database that breaks a connection at its COMMIT or at a create's
     autocommit write (commit_cutter.py), when armed."""
-    cutter = await CommitCutter(database_url, statements=(DIRECT_WRITE, GATED_WRITE)).start()
+    cutter = await CommitCutter(database_url, statements=(DIRECT_WRITE, GATED_WRITE, GATED_WRITE_REPLAYS)).start()
     yield cutter
     await cutter.close()
 

@@ -3,6 +3,7 @@ replay as a new charged delivery; the operator's dead-delivery view; isolation b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 
@@ -13,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from billing.audit import audit
 from billing.ids import new_ids
 from billing.settle import settle
+from delivery import dead_letters
 from delivery.api.app import create_app
 
 
@@ -240,16 +242,22 @@ class _PlanLog:
         return sum(walk(plan) for plan in self.plans)
 
 
-@pytest.fixture
-async def planned(api, database_url, queue):
+@contextlib.asynccontextmanager
+async def _planned_app(api, database_url, queue, **server_settings):
     """The app on a one-connection pool whose plans are logged: every request reuses the
     connection's prepared statements (and, after five runs, whatever plan PostgreSQL settled on)."""
     log = _PlanLog()
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1, statement_cache_size=256,
-                                     server_settings=log.SERVER_SETTINGS, setup=log.listen)
+                                     server_settings={**log.SERVER_SETTINGS, **server_settings}, setup=log.listen)
     async with TestClient(TestServer(create_app(api.settings, pool, queue), host="127.0.0.1")) as client:
         yield type(api)(client, pool, api.settings), log
     await pool.close()
+
+
+@pytest.fixture
+async def planned(api, database_url, queue):
+    async with _planned_app(api, database_url, queue) as planned:
+        yield planned
 
 
 async def _accounts_with_deliveries(api, count: int, deliveries: int) -> list[dict]:
@@ -297,3 +305,56 @@ async def test_a_page_reads_about_a_page_whichever_accounts_pages_came_before(pl
         await _page_read(api, log, big, {"cursor": deep})
     assert await _page_read(api, log, big, {"cursor": deep}) < 200
 
+
+
+async def _dead_page_read(api, log, cursor: str | None) -> tuple[int, str]:
+    """Deliveries rows one page of GET /v1/dead-deliveries read, and its next cursor."""
+    log.plans.clear()
+    log.recording = True
+    response = await api.client.get("/v1/dead-deliveries", params={"cursor": cursor} if cursor else {},
+                                    headers=api.operator)
+    log.recording = False
+    body = await response.json()
+    assert response.status == 200 and len(body["data"]) == 50 and {d["state"] for d in body["data"]} == {"dead"}
+    return log.deliveries_rows_read(), body["next_cursor"]
+
+
+async def _list_dead_read(api, log, cursor: str | None, filters=dead_letters.DeadFilter()) -> int:
+    """Deliveries rows one page of dead_letters.list_dead (the CLI's and the dashboard's) read."""
+    log.plans.clear()
+    log.recording = True
+    page = await dead_letters.list_dead(api.pool, filters, cursor=cursor, limit=50)
+    log.recording = False
+    assert len(page.rows) == 50 and page.next_cursor is not None
+    return log.deliveries_rows_read()
+
+
+@pytest.mark.filterwarnings("ignore:.*active log listener")
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_custom_plan", "force_generic_plan"])
+async def test_a_page_of_dead_deliveries_reads_about_a_page_however_deep(api, database_url, queue, plan_cache_mode):
+    """The operator's dead deliveries, GET /v1/dead-deliveries and dead_letters.list_dead, one in
+    twenty of 20,000 deliveries: the first page, the next ones and a page deep in them each read
+    about a page of deliveries rows, whichever plan PostgreSQL runs. Without an index of the dead
+    ones in id order a custom plan walked the primary key past twenty deliveries for each dead one,
+    and a generic plan (where the cursor was a filter, not an index condition) past every row newer
+    than the cursor too; with list_dead's filters each an "$n IS NULL OR", a generic plan read every
+    dead one and sorted them (1,050 rows), filtered or not."""
+    account_id, headers = await api.account()
+    await api.endpoint(headers)
+    await _bulk_deliveries(api.pool, account_id, 20_000, dead_every=20)
+    await api.pool.execute("ANALYZE deliveries; ANALYZE messages")
+    deep = str(await api.pool.fetchval(
+        "SELECT id FROM deliveries WHERE state = 'dead' ORDER BY id DESC OFFSET 800 LIMIT 1"))
+    async with _planned_app(api, database_url, queue, plan_cache_mode=plan_cache_mode) as (planned, log):
+        cursor = None
+        for _ in range(8):  # past the five custom plans after which PostgreSQL may keep a generic one
+            read, cursor = await _dead_page_read(planned, log, cursor)
+            assert read < 200
+        for _ in range(8):
+            assert (await _dead_page_read(planned, log, deep))[0] < 200
+        assert (await _dead_page_read(planned, log, None))[0] < 200
+        for cursor in [None] * 8 + [deep] * 8:
+            assert await _list_dead_read(planned, log, cursor) < 200
+        for filters in (dead_letters.DeadFilter(account_id=account_id), dead_letters.DeadFilter(reason="out_of_retries")):
+            for cursor in [None] * 8 + [deep] * 8:
+                assert await _list_dead_read(planned, log, cursor, filters) < 200

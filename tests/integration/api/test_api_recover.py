@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
+from datetime import datetime, timezone
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -231,6 +232,122 @@ async def test_a_dead_delivery_replayed_before_is_left_out(api):
     assert await _replays_of(api, scene.dead) == {old: 1 for old in scene.dead}
     empty = await _recover(api, scene.headers, scene.endpoint, 0)
     assert empty.status == 202 and (await empty.json())["replayed_count"] == 0
+    assert (await audit(api.pool)).clean
+
+
+async def _replays(api, old) -> list[dict]:
+    """Every delivery that replays `old` (by deliveries.replay_of), oldest first, with its charge."""
+    rows = await api.pool.fetch(
+        "SELECT d.id, d.state, (SELECT l.amount FROM ledger_entries l WHERE l.id = 'charge:' || d.id::text) AS charge"
+        " FROM deliveries d WHERE d.replay_of = $1 ORDER BY d.id", uuid.UUID(str(old)))
+    return [dict(row) for row in rows]
+
+
+async def _single_replay(api, headers: dict, old: str, key: str | None = None) -> str:
+    """POST /v1/deliveries/{old}/replay; the new delivery's id."""
+    extra = {"Idempotency-Key": key} if key else {}
+    response = await api.client.post(f"/v1/deliveries/{old}/replay", headers={**headers, **extra})
+    assert response.status == 202, await response.text()
+    (delivery,) = (await response.json())["deliveries"]
+    return delivery["id"]
+
+
+@pytest.mark.parametrize("key", [None, "my-own-key"], ids=["unkeyed", "keyed"])
+async def test_a_dead_delivery_replayed_singly_is_left_out_and_not_charged_again(api, key):
+    """One of three was replayed through POST /v1/deliveries/{id}/replay (unkeyed, or under the
+    caller's own key: never replay:<id>): the recovery's plan and the operator's bulk plan leave it
+    out; POST recover replays and charges the other two only; the balance and the ledger show one
+    replay of it, charged once; a recovery and a bulk replay after that find nothing."""
+    scene = await _scene(api)
+    first = sorted(scene.dead)[0]
+    balance = await _balance(api, scene.headers)
+    single = await _single_replay(api, scene.headers, first, key)
+    assert await _balance(api, scene.headers) == balance - 2
+    plan = await _plan(api, scene.headers, scene.endpoint)
+    assert (plan["count"], plan["total_charge"]) == (2, 4) and first not in plan["dead_delivery_ids"]
+    since, until = datetime.fromisoformat(plan["since"]), datetime.fromisoformat(plan["until"])
+    bulk = await dead_letters.plan_bulk_replay(api.pool, uuid.UUID(scene.endpoint), since, until)
+    assert sorted(map(str, bulk.delivery_ids)) == plan["dead_delivery_ids"] and bulk.total_charge == 4
+    body = await (await _recover(api, scene.headers, scene.endpoint, 4, until=plan["until"])).json()
+    assert (body["replayed_count"], body["already_replayed_count"], body["total_charged"]) == (2, 0, 4)
+    assert first not in {entry["dead_delivery_id"] for entry in body["replayed"] + body["already_replayed"]}
+    assert await _balance(api, scene.headers) == balance - 2 - 4
+    assert await _replays(api, first) == [{"id": uuid.UUID(single), "state": "pending", "charge": -2}]
+    for old in scene.dead:
+        assert [replay["charge"] for replay in await _replays(api, old)] == [-2]
+    assert (await _plan(api, scene.headers, scene.endpoint))["count"] == 0
+    after = await dead_letters.bulk_replay(api.pool, uuid.UUID(scene.endpoint), since, until, confirm_total=0,
+                                           attempts_max=3)
+    assert (after.created, after.already, after.charged) == ({}, {}, 0)
+    assert await _balance(api, scene.headers) == balance - 6
+    assert (await audit(api.pool)).clean
+
+
+async def test_the_operators_bulk_replay_leaves_out_a_dead_delivery_replayed_singly(api):
+    """The operator's bulk replay (hookledger deliveries replay --endpoint) after a single replay
+    through the API: its plan's total leaves that delivery out, and it replays and charges the other
+    two only."""
+    scene = await _scene(api)
+    first = sorted(scene.dead)[0]
+    await _single_replay(api, scene.headers, first)
+    balance = await _balance(api, scene.headers)
+    since, until = datetime(2000, 1, 1, tzinfo=timezone.utc), datetime(2999, 1, 1, tzinfo=timezone.utc)
+    plan = await dead_letters.plan_bulk_replay(api.pool, uuid.UUID(scene.endpoint), since, until)
+    assert uuid.UUID(first) not in plan.delivery_ids and plan.total_charge == 4
+    done = await dead_letters.bulk_replay(api.pool, uuid.UUID(scene.endpoint), since, until, confirm_total=4,
+                                          attempts_max=3)
+    assert set(map(str, done.created)) == set(scene.dead) - {first} and done.charged == 4
+    assert await _balance(api, scene.headers) == balance - 4
+    assert [len(await _replays(api, old)) for old in sorted(scene.dead)] == [1, 1, 1]
+    assert (await audit(api.pool)).clean
+
+
+async def test_a_single_replay_after_a_recovery_is_one_more_replay_and_the_plan_still_leaves_it_out(api):
+    """Asked for by id, a dead delivery that a recovery replayed already is replayed once more and
+    charged (the caller asked for exactly that); the recovery's plan still offers nothing."""
+    scene = await _scene(api)
+    assert (await (await _recover(api, scene.headers, scene.endpoint, 6)).json())["replayed_count"] == 3
+    first = sorted(scene.dead)[0]
+    balance = await _balance(api, scene.headers)
+    again = await _single_replay(api, scene.headers, first)
+    assert await _balance(api, scene.headers) == balance - 2
+    replays = await _replays(api, first)
+    assert len(replays) == 2 and replays[-1]["id"] == uuid.UUID(again)
+    assert [replay["charge"] for replay in replays] == [-2, -2]
+    plan = await _plan(api, scene.headers, scene.endpoint)
+    assert (plan["count"], plan["total_charge"]) == (0, 0)
+    assert (await audit(api.pool)).clean
+
+
+async def test_replay_of_names_the_delivery_replayed_and_is_null_on_a_messages_own(api):
+    """replay_of, in the table and on GET /v1/deliveries/{id} and the list: null on the deliveries
+    of a message sent; the old delivery's id on a single replay's, a recovery's, the operator's
+    keyed replay's and its --again replay's; a replay of a replay names the replay it sent again."""
+    scene = await _scene(api, dead=4)
+    first, second, third, fourth = sorted(scene.dead)
+    sent = await (await api.send(scene.headers)).json()
+    single = await _single_replay(api, scene.headers, first)
+    recovered = await (await _recover(api, scene.headers, scene.endpoint, 6, until="2999-01-01T00:00:00Z")).json()
+    assert {entry["dead_delivery_id"] for entry in recovered["replayed"]} == {second, third, fourth}
+    keyed = await dead_letters.replay(api.pool, uuid.UUID(fourth), attempts_max=3)
+    assert keyed.already and not keyed.created  # the recovery's replay, under the same key replay:<id>
+    forced = await dead_letters.replay(api.pool, uuid.UUID(fourth), attempts_max=3, again=True)
+    await _kill(api, [single])
+    of_replay = await _single_replay(api, scene.headers, single)
+    expected = {delivery["id"]: None for delivery in sent["deliveries"]}
+    expected |= {single: first, of_replay: single, str(forced.created[uuid.UUID(fourth)]): fourth}
+    expected |= {entry["delivery_id"]: entry["dead_delivery_id"] for entry in recovered["replayed"]}
+    expected |= {old: None for old in scene.dead + scene.elsewhere}
+    rows = await api.pool.fetch("SELECT id, replay_of FROM deliveries WHERE account_id = $1", scene.account_id)
+    table = {str(row["id"]): None if row["replay_of"] is None else str(row["replay_of"]) for row in rows}
+    assert {delivery_id: table[delivery_id] for delivery_id in expected} == expected
+    assert all(table[delivery_id] is None for delivery_id in set(table) - set(expected))  # the scene's live ones
+    listed = await (await api.client.get("/v1/deliveries", params={"limit": "100"}, headers=scene.headers)).json()
+    assert listed["next_cursor"] is None
+    assert {delivery["id"]: delivery["replay_of"] for delivery in listed["data"]} == table
+    for delivery_id, replayed in expected.items():
+        one = await (await api.client.get(f"/v1/deliveries/{delivery_id}", headers=scene.headers)).json()
+        assert one["replay_of"] == replayed, delivery_id
     assert (await audit(api.pool)).clean
 
 

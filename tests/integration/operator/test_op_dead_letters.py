@@ -196,14 +196,14 @@ async def _cli_through_cutter(pool, database_url, redis_url, keyring, receiver_f
     """Dead deliveries, and `hookledger deliveries replay` run against PostgreSQL through a CommitCutter."""
     from typer.testing import CliRunner
 
-    from billing.message_plan import GATED_WRITE
+    from billing.message_plan import GATED_WRITE_REPLAYS
     from commit_cutter import CommitCutter
     from delivery.cli import app
 
     account_id, endpoint_id, _ = await _dead_deliveries(pool, database_url, redis_url, keyring, receiver_factory)
     old_id = (await dead_letters.list_dead(pool, dead_letters.DeadFilter(endpoint_id=endpoint_id))).rows[0]["id"]
     balance = await pool.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id)
-    cutter = await CommitCutter(database_url, statements=(GATED_WRITE,)).start()
+    cutter = await CommitCutter(database_url, statements=(GATED_WRITE_REPLAYS,)).start()
     monkeypatch.setenv("DATABASE_URL", cutter.url())
     monkeypatch.setenv("HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS", "1")
     runner = CliRunner()
