@@ -134,6 +134,12 @@ AUDIT_VIOLATIONS = Gauge(
     "Invariant violations (I1-I8) found by the last periodic audit.",
     registry=REGISTRY,
 )
+AUDIT_NOTICES = Gauge(
+    "hookledger_audit_notices",
+    "Notices (facts worth a look that break no invariant, e.g. a guard the migrations create that is"
+    " missing) found by the last periodic audit.",
+    registry=REGISTRY,
+)
 AUDIT_LAST_RUN = Gauge(
     "hookledger_audit_last_run_timestamp_seconds",
     "Unix time at which the last periodic audit finished.",
@@ -151,7 +157,7 @@ REDIS_REACHABLE = Gauge(
 # Redis (delivery.metrics_share): the counters and the histogram summed over the live workers, the
 # gauges summarized; never its own copies, which would be zeros.
 WORKER_SUMMED = (DELIVERIES, ATTEMPTS, DELIVERY_LATENCY, REFUNDS)
-WORKER_GAUGES = (REDIS_REACHABLE, AUDIT_VIOLATIONS, AUDIT_LAST_RUN)
+WORKER_GAUGES = (REDIS_REACHABLE, AUDIT_VIOLATIONS, AUDIT_NOTICES, AUDIT_LAST_RUN)
 
 
 def count_deaths(reason: str, count: int) -> None:

@@ -205,14 +205,16 @@ def _per_worker(metric, snapshots: list[Snapshot]) -> Metric:
 def _latest_audit(snapshots: list[Snapshot]) -> list[Metric]:
     """The audit runs on one worker at a time (a unique cron): its gauges are those of the latest
     run among the live workers, none when no live worker has run one (not a zero)."""
-    violations, last_run = _family(metrics.AUDIT_VIOLATIONS), _family(metrics.AUDIT_LAST_RUN)
+    found = [_family(metrics.AUDIT_VIOLATIONS), _family(metrics.AUDIT_NOTICES)]
+    last_run = _family(metrics.AUDIT_LAST_RUN)
     runs = [(_value(snapshot, last_run.name), snapshot) for snapshot in snapshots]
     runs = [(finished, snapshot) for finished, snapshot in runs if finished]
     if runs:
         finished, latest = max(runs, key=lambda run: run[0])
         last_run.add_sample(last_run.name, {}, finished)
-        violations.add_sample(violations.name, {}, _value(latest, violations.name))
-    return [violations, last_run]
+        for family in found:
+            family.add_sample(family.name, {}, _value(latest, family.name))
+    return [*found, last_run]
 
 
 def _value(snapshot: Snapshot, family_name: str) -> float:

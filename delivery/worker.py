@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 SWEEP_TIMEOUT_SECONDS = 600
 DELETION_TIMEOUT_SECONDS = 3600
 AUDIT_TIMEOUT_SECONDS = 1800
+AUDIT_NOTICES_LOGGED_MAX = 20  # one warning each, then one line with the count
 QUEUE_READ_MAX = 1000  # job ids read from the queue's head per poll: room for 50 workers' running jobs
 RUNNING_ELSEWHERE_RECHECK_SECONDS = 1.0
 EXISTS_CHUNK = 64  # in-progress keys asked about per round trip while looking for startable jobs
@@ -73,12 +74,22 @@ async def sweep(ctx: dict) -> int:
 
 
 async def audit_cron(ctx: dict) -> int:
-    """Audit every account and publish the result as gauges. Returns the number of violations."""
+    """Audit every account and publish the result as gauges. Returns the number of violations.
+
+    The violations are an error (the first is logged); the notices (a guard the migrations create
+    that is missing or changed, dead deliveries of a closed account...) break no invariant but are
+    what an operator should look at, so each is logged as a warning and counted, not dropped."""
     report = await audit(ctx["pool"])
     metrics.AUDIT_VIOLATIONS.set(len(report.violations))
+    metrics.AUDIT_NOTICES.set(len(report.notices))
     metrics.AUDIT_LAST_RUN.set_to_current_time()
     if report.violations:
         logger.error("audit: %d violations, first: %s", len(report.violations), report.violations[0])
+    for notice in report.notices[:AUDIT_NOTICES_LOGGED_MAX]:
+        logger.warning("audit notice: %s (account %s, delivery %s)", notice.detail, notice.account_id or "-",
+                       notice.delivery_id or "-")
+    if len(report.notices) > AUDIT_NOTICES_LOGGED_MAX:
+        logger.warning("audit: %d notices in all; `hookledger audit` lists them", len(report.notices))
     return len(report.violations)
 
 

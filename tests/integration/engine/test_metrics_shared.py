@@ -28,7 +28,7 @@ SHARE_SECONDS = 1
 WORKER_SERIES = ("hookledger_deliveries_total", "hookledger_delivery_attempts_total", "hookledger_refunds_total",
                  "hookledger_delivery_latency_seconds_count", "hookledger_delivery_latency_seconds_bucket",
                  "hookledger_worker_redis_reachable", "hookledger_audit_violations",
-                 "hookledger_audit_last_run_timestamp_seconds")
+                 "hookledger_audit_notices", "hookledger_audit_last_run_timestamp_seconds")
 # (sample name, labels) -> what this test's deliveries add to it
 MOVES = {
     ("hookledger_delivery_attempts_total", (("status_class", "2xx"),)): 2,
@@ -172,12 +172,14 @@ async def test_the_api_sums_the_live_workers_and_summarizes_their_gauges(
             **ours.families,
             "hookledger_worker_redis_reachable": [("hookledger_worker_redis_reachable", {}, 0.0)],
             "hookledger_audit_violations": [("hookledger_audit_violations", {}, 3.0)],
+            "hookledger_audit_notices": [("hookledger_audit_notices", {}, 2.0)],
             "hookledger_audit_last_run_timestamp_seconds": [
                 ("hookledger_audit_last_run_timestamp_seconds", {}, audit_at)],
         })
         ours = msgspec.structs.replace(ours, families={
             **ours.families,
             "hookledger_audit_violations": [("hookledger_audit_violations", {}, 0.0)],
+            "hookledger_audit_notices": [("hookledger_audit_notices", {}, 1.0)],
             "hookledger_audit_last_run_timestamp_seconds": [
                 ("hookledger_audit_last_run_timestamp_seconds", {}, audit_at - 600)],
         })
@@ -194,6 +196,7 @@ async def test_the_api_sums_the_live_workers_and_summarizes_their_gauges(
             assert scraped[("hookledger_worker_redis_reachable", (("worker", "elsewhere:7:abc"),))] == 0
             assert scraped[("hookledger_audit_last_run_timestamp_seconds", ())] == audit_at
             assert scraped[("hookledger_audit_violations", ())] == 3
+            assert scraped[("hookledger_audit_notices", ())] == 2
             assert scraped[("hookledger_workers_reporting", ())] == 2
 
             await redis.pexpire(metrics_share.KEY_PREFIX + "elsewhere:7:abc", 1)
@@ -201,6 +204,7 @@ async def test_the_api_sums_the_live_workers_and_summarizes_their_gauges(
             scraped = await _scrape(client)
             assert {series: scraped[series] for series in one} == one
             assert scraped[("hookledger_audit_violations", ())] == 0
+            assert scraped[("hookledger_audit_notices", ())] == 1
             assert scraped[("hookledger_workers_reporting", ())] == 1
             assert await redis.smembers(metrics_share.INDEX) == {ours.process.encode()}
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from datetime import datetime, timedelta, timezone
 
 from typer.testing import CliRunner
@@ -82,16 +83,17 @@ async def test_cron_sets_the_gauges(pool):
     before = datetime.now(timezone.utc).timestamp()
     assert await worker.audit_cron({"pool": pool}) == 0
     assert metrics.REGISTRY.get_sample_value("hookledger_audit_violations") == 0
+    assert metrics.REGISTRY.get_sample_value("hookledger_audit_notices") == 0
     assert metrics.REGISTRY.get_sample_value("hookledger_audit_last_run_timestamp_seconds") >= before - 1
     await raw_delivery(pool, account_id, endpoint_id, charge=None)
     assert await worker.audit_cron({"pool": pool}) == 2
     assert metrics.REGISTRY.get_sample_value("hookledger_audit_violations") == 2
 
 
-async def test_broken_guards_are_notices_and_the_audit_still_exits_clean(pool, database_url, monkeypatch):
+async def test_broken_guards_are_notices_and_the_audit_still_exits_clean(pool, database_url, monkeypatch, caplog):
     """The probe setting and the key revocation trigger keep no money right: with both broken `hookledger audit` says
     the audit is clean, lists each as a notice (naming no account or delivery) and exits 0, `--json` has them under
-    notices, and the cron's violations gauge stays 0."""
+    notices, and the cron's violations gauge stays 0 while its notices gauge counts 2, each logged as a warning."""
     account_id = await make_account(pool, balance=100)
     endpoint_id = await add_endpoint(pool, account_id)
     await create_many(pool, account_id, endpoint_id, 2)
@@ -113,5 +115,10 @@ async def test_broken_guards_are_notices_and_the_audit_still_exits_clean(pool, d
     assert table.exit_code == 0 and "audit clean" in table.output and "2 notices (no invariant broken)" in table.output
     assert "api_keys_revoked" in table.output and "ledger_entries_check_references()" in table.output
     assert "None" not in table.output  # a schema notice's account and delivery show as "-"
-    assert await worker.audit_cron({"pool": pool}) == 0
+    with caplog.at_level(logging.WARNING, logger="delivery.worker"):
+        assert await worker.audit_cron({"pool": pool}) == 0
     assert metrics.REGISTRY.get_sample_value("hookledger_audit_violations") == 0
+    assert metrics.REGISTRY.get_sample_value("hookledger_audit_notices") == 2
+    logged = sorted(record.getMessage() for record in caplog.records if record.name == "delivery.worker")
+    assert len(logged) == 2 and all(line.startswith("audit notice: ") for line in logged), logged
+    assert "api_keys_revoked" in logged[0] + logged[1] and "ledger_entries_check_references()" in logged[0] + logged[1]
