@@ -23,16 +23,18 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import msgspec
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from delivery import config
-from delivery.cli_operator import accounts_app, deliveries_app
-from delivery.client import APIConnectionError, Client, HookledgerError, ServerError, models
+from delivery.cli_operator import accounts_app, deliveries_app, parse_id, parse_time
+
+if TYPE_CHECKING:
+    # The SDK (httpx) is imported by the commands that call the API, when they run: see delivery.cli.
+    from delivery.client import Client, HookledgerError, models
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 API_URL_DEFAULT = "http://127.0.0.1:8000"
@@ -71,6 +73,8 @@ def _usage(message: str) -> typer.Exit:
 @contextmanager
 def _api(api_url: str, api_key: str | None, as_json: bool) -> Iterator[Client]:
     """A client for one command; an API error is printed and becomes the exit code."""
+    from delivery.client import APIConnectionError, Client, HookledgerError, ServerError
+
     if not api_key:
         raise _usage("no API key: set HOOKLEDGER_API_KEY or pass --api-key")
     try:
@@ -124,6 +128,15 @@ def _next_page(console: Console, cursor: str | None) -> None:
         console.print(f"next page: --cursor {cursor}", markup=False)
 
 
+def _check_ids(*ids: tuple[str | None, str]) -> None:
+    """Each (id given, what it names) is an id, or a usage error (parse_id: stderr, exit 2) before
+    the API is asked, which would answer a malformed id as a missing row (404) or a bad field (422),
+    exit 1 as for a refusal. Not given (None): nothing to check."""
+    for value, what in ids:
+        if value is not None:
+            parse_id(value, what)
+
+
 # ---- endpoints -------------------------------------------------------------------------------------
 
 def _endpoint_rows(endpoints) -> list[tuple]:
@@ -170,6 +183,7 @@ def endpoints_list(api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as
 def endpoints_show(endpoint_id: Annotated[str, typer.Argument(metavar="ID")],
                    api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False) -> None:
     """Show one endpoint."""
+    _check_ids((endpoint_id, "endpoint"))
     with _api(api_url, api_key, as_json) as client:
         endpoint = client.endpoints.get(endpoint_id)
     _emit(endpoint, as_json, _print_endpoint(endpoint))
@@ -189,6 +203,7 @@ def endpoints_update(
     api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False,
 ) -> None:
     """Change an endpoint; only the options given change."""
+    _check_ids((endpoint_id, "endpoint"))
     if event_type and all_events:
         raise _usage("give --event-type or --all-events, not both")
     changes: dict[str, Any] = {name: value for name, value in
@@ -207,6 +222,7 @@ def endpoints_update(
 def endpoints_delete(endpoint_id: Annotated[str, typer.Argument(metavar="ID")],
                      api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False) -> None:
     """Delete an endpoint; its pending deliveries are refunded."""
+    _check_ids((endpoint_id, "endpoint"))
     with _api(api_url, api_key, as_json) as client:
         deleted = client.endpoints.delete(endpoint_id)
     _emit(deleted, as_json, lambda console: console.print(
@@ -223,6 +239,7 @@ def endpoints_rotate_secret(
 
     With --secret the rotation is safe to retry: rotating to the secret already current changes nothing.
     """
+    _check_ids((endpoint_id, "endpoint"))
     with _api(api_url, api_key, as_json) as client:
         new_secret = client.endpoints.rotate_secret(endpoint_id, secret=secret)
     _emit({"secret": new_secret}, as_json, lambda console: console.print(new_secret, markup=False, soft_wrap=True))
@@ -232,6 +249,7 @@ def endpoints_rotate_secret(
 def endpoints_secret(endpoint_id: Annotated[str, typer.Argument(metavar="ID")],
                      api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False) -> None:
     """Print the endpoint's signing secret (whsec_...)."""
+    _check_ids((endpoint_id, "endpoint"))
     with _api(api_url, api_key, as_json) as client:
         secret = client.endpoints.get_secret(endpoint_id)
     _emit({"secret": secret}, as_json, lambda console: console.print(secret, markup=False, soft_wrap=True))
@@ -287,6 +305,7 @@ def ledger(
     api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False,
 ) -> None:
     """Your ledger, oldest first: top-ups, charges, refunds, reclaims."""
+    _check_ids((delivery, "delivery"))
     with _api(api_url, api_key, as_json) as client:
         page = client.ledger(limit=limit, cursor=cursor, delivery_id=delivery)
 
@@ -300,16 +319,6 @@ def ledger(
 
 # ---- deliveries list (beside the operator's dead/show/replay) ---------------------------------------
 
-def _parse_time(value: str | None, option: str) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise _usage(f"{option} must be an ISO 8601 time like 2026-12-01T10:00:00Z; got {value!r}") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
-
-
 @deliveries_app.command("list")
 def deliveries_list(
     state: Annotated[Optional[str], typer.Option(help="pending, sending, delivered or dead.")] = None,
@@ -321,7 +330,8 @@ def deliveries_list(
     api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False,
 ) -> None:
     """Your deliveries through the API, newest first, one page at a time."""
-    after, before = _parse_time(created_after, "--created-after"), _parse_time(created_before, "--created-before")
+    after, before = parse_time(created_after, "--created-after"), parse_time(created_before, "--created-before")
+    _check_ids((endpoint, "endpoint"), (message, "message"))
     with _api(api_url, api_key, as_json) as client:
         page = client.deliveries.list(limit=limit, cursor=cursor, state=state, endpoint_id=endpoint,
                                       message_id=message, created_after=after, created_before=before)
@@ -369,6 +379,7 @@ def accounts_topup(
     api_url: ApiUrl = API_URL_DEFAULT, api_key: OperatorKey = None, as_json: AsJson = False,
 ) -> None:
     """Add credits to an account, once per order id."""
+    _check_ids((account_id, "account"))
     with _api(api_url, api_key, as_json) as client:
         topup = client.accounts.top_up(account_id, order_id, amount)
     _emit(topup, as_json, lambda console: console.print(
@@ -383,6 +394,7 @@ def accounts_reverse_topup(
     api_url: ApiUrl = API_URL_DEFAULT, api_key: OperatorKey = None, as_json: AsJson = False,
 ) -> None:
     """Reverse a top-up (a refund to the customer), once per order id."""
+    _check_ids((account_id, "account"))
     with _api(api_url, api_key, as_json) as client:
         topup = client.accounts.reverse_top_up(account_id, order_id)
     _emit(topup, as_json, lambda console: console.print(
@@ -394,6 +406,7 @@ def accounts_reverse_topup(
 def accounts_show(account_id: Annotated[str, typer.Argument(metavar="ACCOUNT_ID")],
                   api_url: ApiUrl = API_URL_DEFAULT, api_key: OperatorKey = None, as_json: AsJson = False) -> None:
     """Show an account: status, balance, price."""
+    _check_ids((account_id, "account"))
     with _api(api_url, api_key, as_json) as client:
         account = client.accounts.get(account_id)
     _emit(account, as_json, _print_account(account))
@@ -421,6 +434,7 @@ def listen(
         raise _usage(f"--tolerance-seconds must be a finite number of seconds above 0, not {tolerance_seconds}")
     keys = list(secret or [])
     if secret_from_endpoint:
+        _check_ids((secret_from_endpoint, "--secret-from-endpoint"))
         with _api(api_url, api_key, False) as client:
             keys.append(client.endpoints.get_secret(secret_from_endpoint))
     if not keys:
@@ -436,6 +450,8 @@ def listen(
         # configuration error, said in one line with exit 2 as `hookledger api` does, not a traceback.
         if not (isinstance(error, socket.gaierror) or error.errno in _BIND_ERRNOS):
             raise
-        raise config.ConfigError(
+        from delivery.config import ConfigError  # only here: the settings cost more to import than listen
+
+        raise ConfigError(
             f"cannot listen on {host}:{port} ({error.strerror or error}); pass a free --port (0: any) or another --host"
         ) from None

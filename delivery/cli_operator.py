@@ -17,11 +17,9 @@ from datetime import datetime, timezone
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from billing.errors import BillingError, InvalidInput
-from delivery import config
 
 accounts_app = typer.Typer(no_args_is_help=True, help="Accounts: create, top up, show, delete (and repair a deletion that waits).")
 deliveries_app = typer.Typer(no_args_is_help=True, help="Deliveries: dead letters, inspect, replay.")
@@ -36,7 +34,9 @@ POLL_INTERVAL_SECONDS = 0.5
 POOL_CLOSE_SECONDS = 5.0  # a graceful close of the pool, then its connections are cut
 
 
-def _uuid(value: str, what: str) -> uuid.UUID:
+def parse_id(value: str, what: str) -> uuid.UUID:
+    """An id given on the command line (every command's, the API's too): a malformed one is bad
+    input, said on stderr with exit 2 before anything is asked of PostgreSQL or the API."""
     try:
         return uuid.UUID(value)
     except ValueError:
@@ -44,7 +44,8 @@ def _uuid(value: str, what: str) -> uuid.UUID:
         raise typer.Exit(EXIT_BAD_INPUT) from None
 
 
-def _time(value: str | None, what: str) -> datetime | None:
+def parse_time(value: str | None, what: str) -> datetime | None:
+    """A time given on the command line, in UTC when it names no zone; a malformed one as parse_id."""
     if value is None:
         return None
     try:
@@ -57,6 +58,7 @@ def _time(value: str | None, what: str) -> datetime | None:
 
 async def _with_pool(work):
     from billing.database import ask_within
+    from delivery import config
     from delivery.database import open_pool
 
     pool = await open_pool(config.load())
@@ -125,13 +127,16 @@ def delete_account(
     """Delete an account: close it, refund every live delivery once, close out its balance."""
     from delivery import deletion
 
-    account_id = _uuid(account, "account")
+    account_id = parse_id(account, "account")
+    if not timeout >= 0:  # NaN too: it would never run out, so the command would watch forever
+        errors.print(f"[red]error[/red]: --timeout must be a number of seconds, 0 or more; got {timeout}")
+        raise typer.Exit(EXIT_BAD_INPUT)
 
     async def main(pool):
         if inline:
             await deletion.start_account_deletion(pool, None, account_id)
             return await deletion.run_deletion(pool, account_id)
-        from delivery import queue as job_queue, services
+        from delivery import config, queue as job_queue, services
 
         redis = await job_queue.connect(services.redis_url(config.load().redis))
         try:
@@ -152,6 +157,8 @@ def delete_account(
 
 async def _watch(pool, account_id: uuid.UUID, timeout_seconds: float):
     """Poll the deletion row and show its step until it stops running or the timeout passes."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     from delivery import deletion
 
     deadline = time.monotonic() + timeout_seconds
@@ -198,7 +205,7 @@ def repair_account(
     """Show the live deliveries that disagree with the ledger and the adjustments that fix them."""
     from delivery import repair
 
-    account_id = _uuid(account, "account")
+    account_id = parse_id(account, "account")
     shown = _run(lambda pool: repair.plan(pool, account_id))
     repair.render(shown, console)
     if not apply or not shown.repairable:
@@ -234,8 +241,8 @@ def dead(
         errors.print(f"[red]error[/red]: --reason must be one of {', '.join(DEAD_REASONS)}; got {reason!r}")
         raise typer.Exit(EXIT_BAD_INPUT)
     filters = dead_letters.DeadFilter(
-        _uuid(account, "account") if account else None, _uuid(endpoint, "endpoint") if endpoint else None,
-        reason, _time(since, "--since"), _time(until, "--until"),
+        parse_id(account, "account") if account else None, parse_id(endpoint, "endpoint") if endpoint else None,
+        reason, parse_time(since, "--since"), parse_time(until, "--until"),
     )
     page = _run(lambda pool: dead_letters.list_dead(pool, filters, cursor=cursor, limit=limit))
     if as_json:
@@ -260,7 +267,7 @@ def show(
     """One delivery: its attempts (status, latency, errors, response excerpt) and ledger entries."""
     from delivery import dead_letters
 
-    delivery_id = _uuid(delivery, "delivery")
+    delivery_id = parse_id(delivery, "delivery")
     found = _run(lambda pool: dead_letters.inspect(pool, delivery_id))
     if as_json:
         print(json.dumps(found, default=str, indent=2))
@@ -292,11 +299,11 @@ def replay(
     endpoint: str = typer.Option(None, help="Bulk: replay this endpoint's dead deliveries in --since/--until."),
     since: str = typer.Option(None, help="Bulk: died at or after this ISO 8601 time."),
     until: str = typer.Option(None, help="Bulk: died before this ISO 8601 time (default now)."),
-    confirm_total: int = typer.Option(None, help="Bulk: the total charge you accept (skips the question)."),
+    confirm_total: int = typer.Option(None, min=0, help="Bulk: the total charge you accept (skips the question)."),
     yes: bool = typer.Option(False, "--yes", help="Bulk: accept the total shown without asking."),
 ) -> None:
     """Replay dead deliveries as new deliveries with new charges; the old refunds stay."""
-    from delivery import dead_letters
+    from delivery import config, dead_letters
 
     settings = config.load()
     attempts_max = settings.ledger.attempts_max
@@ -305,16 +312,16 @@ def replay(
         errors.print("[red]error[/red]: give a delivery id, or --endpoint with --since (bulk)")
         raise typer.Exit(EXIT_BAD_INPUT)
     if delivery is not None:
-        delivery_id = _uuid(delivery, "delivery")
+        delivery_id = parse_id(delivery, "delivery")
         result = _run(lambda pool: dead_letters.replay(pool, delivery_id, attempts_max=attempts_max, again=again,
                                                        outcome_wait_seconds=outcome_wait))
         _print_replayed(result)
         return
-    endpoint_id = _uuid(endpoint, "endpoint")
+    endpoint_id = parse_id(endpoint, "endpoint")
     if since is None:
         errors.print("[red]error[/red]: a bulk replay needs --since")
         raise typer.Exit(EXIT_BAD_INPUT)
-    died_after, died_before = _time(since, "--since"), _time(until, "--until") or datetime.now(timezone.utc)
+    died_after, died_before = parse_time(since, "--since"), parse_time(until, "--until") or datetime.now(timezone.utc)
     plan = _run(lambda pool: dead_letters.plan_bulk_replay(pool, endpoint_id, died_after, died_before))
     console.print(f"{len(plan.delivery_ids)} dead deliveries to replay; total charge {plan.total_charge} credits"
                   + (" (more remain for a next call)" if plan.more else ""))
