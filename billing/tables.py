@@ -174,6 +174,8 @@ deliveries = sa.Table(
     # Beside it, not declarable here: extended statistics on (state, dead_reason), which are set
     # together, so that a page filtered by reason is estimated as what it is (0010).
     sa.Index("ix_deliveries_dead", "id", postgresql_where=sa.text("state = 'dead'")),
+    # An account's dead deliveries in id order, for its pages of them (0011).
+    sa.Index("ix_deliveries_account_dead", "account_id", "id", postgresql_where=sa.text("state = 'dead'")),
     sa.Index(None, "message_id"),
     sa.Index(None, "endpoint_id", "state"),
     comment="One message to one endpoint. Charged when created; ends delivered or dead (refunded once by billing.settle).",

@@ -358,3 +358,50 @@ async def test_a_page_of_dead_deliveries_reads_about_a_page_however_deep(api, da
         for filters in (dead_letters.DeadFilter(account_id=account_id), dead_letters.DeadFilter(reason="out_of_retries")):
             for cursor in [None] * 8 + [deep] * 8:
                 assert await _list_dead_read(planned, log, cursor, filters) < 200
+
+
+async def _state_page_read(api, log, headers: dict, state: str, cursor: str | None) -> tuple[int, str]:
+    """Deliveries rows one page of an account's deliveries in one state read, and its next cursor."""
+    log.plans.clear()
+    log.recording = True
+    params = {"state": state, **({"cursor": cursor} if cursor else {})}
+    response = await api.client.get("/v1/deliveries", params=params, headers=headers)
+    log.recording = False
+    body = await response.json()
+    assert response.status == 200 and len(body["data"]) == 50 and {d["state"] for d in body["data"]} == {state}
+    return log.deliveries_rows_read(), body["next_cursor"]
+
+
+@pytest.mark.filterwarnings("ignore:.*active log listener")
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_custom_plan", "force_generic_plan"])
+async def test_a_page_of_one_state_reads_about_a_page_however_rare_the_state(api, database_url, queue, plan_cache_mode):
+    """GET /v1/deliveries?state=...: an account's dead deliveries (one in twenty of 20,000), its
+    pending ones (one in forty) and its delivered ones, beside a newer account half of whose
+    deliveries are dead, the first page, the next ones and a page
+    deep in them, each read about a page of deliveries rows, whichever plan PostgreSQL runs. With
+    the state an "$n IS NULL OR" filter on the account's pages in id order, a page of dead ones
+    read twenty rows for each it kept (a thousand) in a custom plan, and every row of the account
+    in a generic one; through the index of all dead deliveries, the other account's first."""
+    account_id, headers = await api.account()
+    await api.endpoint(headers)
+    await _bulk_deliveries(api.pool, account_id, 20_000, dead_every=20)
+    await api.pool.execute(
+        "UPDATE deliveries SET state = 'pending', dead_reason = NULL, finished_at = NULL, next_attempt_at = now()"
+        " WHERE account_id = $1 AND state = 'delivered' AND ('x' || right(id::text, 4))::bit(16)::int % 40 = 1",
+        account_id)
+    noisy_id, noisy = await api.account()  # newer, and half of its deliveries dead
+    await api.endpoint(noisy)
+    await _bulk_deliveries(api.pool, noisy_id, 10_000, dead_every=2)
+    await api.pool.execute("ANALYZE deliveries; ANALYZE messages")
+    async with _planned_app(api, database_url, queue, plan_cache_mode=plan_cache_mode) as (planned, log):
+        for state in ("dead", "pending", "delivered"):
+            deep = str(await api.pool.fetchval(
+                "SELECT id FROM deliveries WHERE account_id = $1 AND state = $2 ORDER BY id DESC OFFSET 300 LIMIT 1",
+                account_id, state))
+            cursor = None
+            for _ in range(6):  # past the five custom plans after which PostgreSQL may keep a generic one
+                read, cursor = await _state_page_read(planned, log, headers, state, cursor)
+                assert read < 200, (state, read)
+            for _ in range(6):
+                read, _ = await _state_page_read(planned, log, headers, state, deep)
+                assert read < 200, (state, read)
