@@ -194,10 +194,13 @@ async def test_idempotency_keys_in_the_operators_replay_namespace_are_refused(ap
 
 # ---- query plans: a page reads about a page of rows, however the account's rows lie ----------------
 
-async def _bulk_deliveries(pool, account_id: uuid.UUID, count: int, *, dead_every: int = 0) -> None:
+async def _bulk_deliveries(pool, account_id: uuid.UUID, count: int, *, dead_every: int = 0,
+                           endpoint_id: uuid.UUID | None = None) -> None:
     """`count` delivered deliveries (each with its message) written by SQL, oldest first: a page
-    read needs rows, not money, so no charges are written. Every `dead_every`-th one is dead."""
-    endpoint_id = await pool.fetchval("SELECT id FROM endpoints WHERE account_id = $1 LIMIT 1", account_id)
+    read needs rows, not money, so no charges are written. Every `dead_every`-th one is dead.
+    To the given endpoint, or to one of the account's."""
+    if endpoint_id is None:
+        endpoint_id = await pool.fetchval("SELECT id FROM endpoints WHERE account_id = $1 LIMIT 1", account_id)
     message_ids = new_ids(count)
     await pool.execute(
         "INSERT INTO messages (id, account_id, event_type, payload, created_at)"
@@ -405,3 +408,37 @@ async def test_a_page_of_one_state_reads_about_a_page_however_rare_the_state(api
             for _ in range(6):
                 read, _ = await _state_page_read(planned, log, headers, state, deep)
                 assert read < 200, (state, read)
+
+
+async def _filtered_page_read(api, log, headers: dict, params: dict) -> tuple[int, str | None]:
+    """Deliveries rows one page of GET /v1/deliveries with these parameters read (a full page), and its next cursor."""
+    log.plans.clear()
+    log.recording = True
+    response = await api.client.get("/v1/deliveries", params=params, headers=headers)
+    log.recording = False
+    body = await response.json()
+    assert response.status == 200 and len(body["data"]) == 50, (response.status, len(body.get("data", ())))
+    return log.deliveries_rows_read(), body["next_cursor"]
+
+
+@pytest.mark.filterwarnings("ignore:.*active log listener")
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_custom_plan"])
+async def test_a_page_of_one_endpoint_reads_about_a_page(api, database_url, queue, plan_cache_mode):
+    """GET /v1/deliveries?endpoint_id=...: a page of a busy endpoint (20,000 deliveries) walks the
+    account's pages, and of a quiet one (120, older) reads its own through (endpoint_id, state),
+    after any number of either. PostgreSQL keeps custom plans here (a generic one cannot tell a
+    quiet endpoint from a busy one, and forced, it read 20,051 rows for the quiet one's page);
+    this test fails if the statement stops letting it choose."""
+    account_id, headers = await api.account()
+    busy = uuid.UUID((await api.endpoint(headers))["id"])
+    quiet = uuid.UUID((await api.endpoint(headers, url="https://example.com/quiet"))["id"])
+    await _bulk_deliveries(api.pool, account_id, 120, endpoint_id=quiet)
+    await _bulk_deliveries(api.pool, account_id, 20_000, endpoint_id=busy)
+    await api.pool.execute("ANALYZE deliveries; ANALYZE messages")
+    async with _planned_app(api, database_url, queue, plan_cache_mode=plan_cache_mode) as (planned, log):
+        for endpoint in (busy,) * 8 + (quiet,) * 2 + (busy, quiet) * 3:
+            params = {"endpoint_id": str(endpoint), "limit": "50"}
+            read, cursor = await _filtered_page_read(planned, log, headers, params)
+            assert read < 200, (endpoint == quiet, read)
+            read, _ = await _filtered_page_read(planned, log, headers, {**params, "cursor": cursor})
+            assert read < 200, (endpoint == quiet, read)
