@@ -236,6 +236,16 @@ class _PlanLog:
         if self.recording and "plan:" in text:
             self.plans.append(json.loads(text.split("plan:", 1)[1])["Plan"])
 
+    async def rows_read(self, call):
+        """Deliveries rows the statements run while awaiting `call` read, and what it answered."""
+        self.plans.clear()
+        self.recording = True
+        try:
+            answer = await call
+        finally:
+            self.recording = False
+        return self.deliveries_rows_read(), answer
+
     def deliveries_rows_read(self) -> int:
         """Rows the recorded statements took from the deliveries table (kept or filtered out)."""
         def walk(node) -> int:
@@ -273,14 +283,15 @@ async def _accounts_with_deliveries(api, count: int, deliveries: int) -> list[di
     return accounts
 
 
-async def _page_read(api, log, headers: dict, params: dict | None = None) -> int:
-    """Deliveries rows one page request read."""
-    log.plans.clear()
-    log.recording = True
-    response = await api.client.get("/v1/deliveries", params=params or {}, headers=headers)
-    log.recording = False
-    assert response.status == 200 and len((await response.json())["data"]) == 50
-    return log.deliveries_rows_read()
+async def _page_read(api, log, headers: dict, params: dict | None = None, **each) -> tuple[int, str | None]:
+    """Deliveries rows one full page of GET /v1/deliveries read, and its next cursor; every row of
+    the page has the fields given as `each` (state=..., endpoint_id=...)."""
+    read, response = await log.rows_read(api.client.get("/v1/deliveries", params=params or {}, headers=headers))
+    body = await response.json()
+    assert response.status == 200 and len(body["data"]) == 50, (response.status, len(body.get("data", ())))
+    for field, value in each.items():
+        assert {d[field] for d in body["data"]} == {value}, field
+    return read, body["next_cursor"]
 
 
 @pytest.mark.filterwarnings("ignore:.*active log listener")
@@ -298,38 +309,32 @@ async def test_a_page_reads_about_a_page_whichever_accounts_pages_came_before(pl
     await api.pool.execute("ANALYZE deliveries; ANALYZE messages")
     for headers in new_small:
         await _page_read(api, log, headers)
-    assert await _page_read(api, log, big) < 200
+    assert (await _page_read(api, log, big))[0] < 200
     for _ in range(10):
         await _page_read(api, log, big)
-    assert await _page_read(api, log, old_small[0]) < 200
+    assert (await _page_read(api, log, old_small[0]))[0] < 200
     deep = str(await api.pool.fetchval(
         "SELECT id FROM deliveries WHERE account_id = $1 ORDER BY id DESC OFFSET 15000 LIMIT 1", big_id))
     for _ in range(10):
         await _page_read(api, log, big, {"cursor": deep})
-    assert await _page_read(api, log, big, {"cursor": deep}) < 200
+    assert (await _page_read(api, log, big, {"cursor": deep}))[0] < 200
 
 
 
 async def _dead_page_read(api, log, cursor: str | None) -> tuple[int, str]:
     """Deliveries rows one page of GET /v1/dead-deliveries read, and its next cursor."""
-    log.plans.clear()
-    log.recording = True
-    response = await api.client.get("/v1/dead-deliveries", params={"cursor": cursor} if cursor else {},
-                                    headers=api.operator)
-    log.recording = False
+    read, response = await log.rows_read(api.client.get(
+        "/v1/dead-deliveries", params={"cursor": cursor} if cursor else {}, headers=api.operator))
     body = await response.json()
     assert response.status == 200 and len(body["data"]) == 50 and {d["state"] for d in body["data"]} == {"dead"}
-    return log.deliveries_rows_read(), body["next_cursor"]
+    return read, body["next_cursor"]
 
 
 async def _list_dead_read(api, log, cursor: str | None, filters=dead_letters.DeadFilter()) -> int:
     """Deliveries rows one page of dead_letters.list_dead (the CLI's and the dashboard's) read."""
-    log.plans.clear()
-    log.recording = True
-    page = await dead_letters.list_dead(api.pool, filters, cursor=cursor, limit=50)
-    log.recording = False
+    read, page = await log.rows_read(dead_letters.list_dead(api.pool, filters, cursor=cursor, limit=50))
     assert len(page.rows) == 50 and page.next_cursor is not None
-    return log.deliveries_rows_read()
+    return read
 
 
 @pytest.mark.filterwarnings("ignore:.*active log listener")
@@ -363,18 +368,6 @@ async def test_a_page_of_dead_deliveries_reads_about_a_page_however_deep(api, da
                 assert await _list_dead_read(planned, log, cursor, filters) < 200
 
 
-async def _state_page_read(api, log, headers: dict, state: str, cursor: str | None) -> tuple[int, str]:
-    """Deliveries rows one page of an account's deliveries in one state read, and its next cursor."""
-    log.plans.clear()
-    log.recording = True
-    params = {"state": state, **({"cursor": cursor} if cursor else {})}
-    response = await api.client.get("/v1/deliveries", params=params, headers=headers)
-    log.recording = False
-    body = await response.json()
-    assert response.status == 200 and len(body["data"]) == 50 and {d["state"] for d in body["data"]} == {state}
-    return log.deliveries_rows_read(), body["next_cursor"]
-
-
 @pytest.mark.filterwarnings("ignore:.*active log listener")
 @pytest.mark.parametrize("plan_cache_mode", ["auto", "force_custom_plan", "force_generic_plan"])
 async def test_a_page_of_one_state_reads_about_a_page_however_rare_the_state(api, database_url, queue, plan_cache_mode):
@@ -403,22 +396,11 @@ async def test_a_page_of_one_state_reads_about_a_page_however_rare_the_state(api
                 account_id, state))
             cursor = None
             for _ in range(6):  # past the five custom plans after which PostgreSQL may keep a generic one
-                read, cursor = await _state_page_read(planned, log, headers, state, cursor)
+                read, cursor = await _page_read(planned, log, headers, {"state": state, **({"cursor": cursor} if cursor else {})}, state=state)
                 assert read < 200, (state, read)
             for _ in range(6):
-                read, _ = await _state_page_read(planned, log, headers, state, deep)
+                read, _ = await _page_read(planned, log, headers, {"state": state, "cursor": deep}, state=state)
                 assert read < 200, (state, read)
-
-
-async def _filtered_page_read(api, log, headers: dict, params: dict) -> tuple[int, str | None]:
-    """Deliveries rows one page of GET /v1/deliveries with these parameters read (a full page), and its next cursor."""
-    log.plans.clear()
-    log.recording = True
-    response = await api.client.get("/v1/deliveries", params=params, headers=headers)
-    log.recording = False
-    body = await response.json()
-    assert response.status == 200 and len(body["data"]) == 50, (response.status, len(body.get("data", ())))
-    return log.deliveries_rows_read(), body["next_cursor"]
 
 
 @pytest.mark.filterwarnings("ignore:.*active log listener")
@@ -438,7 +420,7 @@ async def test_a_page_of_one_endpoint_reads_about_a_page(api, database_url, queu
     async with _planned_app(api, database_url, queue, plan_cache_mode=plan_cache_mode) as (planned, log):
         for endpoint in (busy,) * 8 + (quiet,) * 2 + (busy, quiet) * 3:
             params = {"endpoint_id": str(endpoint), "limit": "50"}
-            read, cursor = await _filtered_page_read(planned, log, headers, params)
+            read, cursor = await _page_read(planned, log, headers, params, endpoint_id=str(endpoint))
             assert read < 200, (endpoint == quiet, read)
-            read, _ = await _filtered_page_read(planned, log, headers, {**params, "cursor": cursor})
+            read, _ = await _page_read(planned, log, headers, {**params, "cursor": cursor}, endpoint_id=str(endpoint))
             assert read < 200, (endpoint == quiet, read)
