@@ -424,3 +424,34 @@ async def test_a_page_of_one_endpoint_reads_about_a_page(api, database_url, queu
             assert read < 200, (endpoint == quiet, read)
             read, _ = await _page_read(planned, log, headers, {**params, "cursor": cursor}, endpoint_id=str(endpoint))
             assert read < 200, (endpoint == quiet, read)
+
+
+@pytest.mark.filterwarnings("ignore:.*active log listener")
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_custom_plan", "force_generic_plan"])
+async def test_the_operators_dead_deliveries_of_one_account_read_about_a_page(api, database_url, queue,
+                                                                               plan_cache_mode):
+    """dead_letters.list_dead filtered by an account (the CLI's `deliveries dead --account` and the
+    dashboard's): an older account's dead deliveries (one in twenty of 4,000) beside a newer account
+    with 10,000 dead ones. Walking the index of every dead delivery from the newest would read all
+    of the newer account's first; the first page, the next ones and one deep in them each read
+    about a page, through the account's own dead index, whichever plan PostgreSQL runs."""
+    account_id, headers = await api.account()
+    await api.endpoint(headers)
+    await _bulk_deliveries(api.pool, account_id, 4_000, dead_every=20)
+    noisy_id, noisy = await api.account()  # newer, and half of its deliveries dead
+    await api.endpoint(noisy)
+    await _bulk_deliveries(api.pool, noisy_id, 20_000, dead_every=2)
+    await api.pool.execute("ANALYZE deliveries; ANALYZE messages")
+    deep = str(await api.pool.fetchval(
+        "SELECT id FROM deliveries WHERE account_id = $1 AND state = 'dead' ORDER BY id DESC OFFSET 100 LIMIT 1",
+        account_id))
+    filters = dead_letters.DeadFilter(account_id=account_id)
+    async with _planned_app(api, database_url, queue, plan_cache_mode=plan_cache_mode) as (planned, log):
+        cursor = None
+        for _ in range(3):
+            read, page = await log.rows_read(dead_letters.list_dead(planned.pool, filters, cursor=cursor, limit=50))
+            assert len(page.rows) == 50 and {row["account_id"] for row in page.rows} == {account_id}
+            assert read < 200, read
+            cursor = page.next_cursor
+        for cursor in [None] * 6 + [deep] * 6:
+            assert await _list_dead_read(planned, log, cursor, filters) < 200
