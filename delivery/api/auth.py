@@ -7,12 +7,21 @@ path commits it, reaches every API process at once: a trigger on api_keys NOTIFY
 While that listening connection is down the cache is emptied and the TTL is the bound again.
 Unknown keys are never cached. The operator key comes from configuration and is compared in
 constant time.
+
+A key's lookups are single-flight: the requests that find it missing or expired at once (a hot
+key's whole concurrency, every TTL) wait on one query, not one each on the pool the group commit
+needs. A key in use is looked up again in the background in the last quarter of its TTL, while
+its entry, still within the TTL, keeps answering; so a busy key never expires on the hot path,
+and no entry answers past its TTL, as before. A lookup during which any revocation was heard
+answers its request but caches nothing: it may have read the key before that revocation
+committed, and its notice, already handled, would not come again to drop it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import time
@@ -42,9 +51,16 @@ class Authenticator:
         self._operator_hash = api_keys.key_hash(operator_key)
         self._ttl_seconds = cache_ttl_ms / 1000
         self._cache: dict[bytes, tuple[uuid.UUID, float]] = {}
+        self._lookups: dict[bytes, asyncio.Task] = {}  # digest -> its one lookup in flight
+        self._forgotten = 0  # revocations heard and cache clears: a lookup across one caches nothing
 
     def forget(self, digest: bytes) -> None:
+        self._forgotten += 1
         self._cache.pop(digest, None)
+
+    def _clear(self) -> None:
+        self._forgotten += 1
+        self._cache.clear()
 
     def _on_revoked(self, connection, pid: int, channel: str, payload: str) -> None:
         try:
@@ -68,13 +84,13 @@ class Authenticator:
                 connection = await self._pool.acquire()
                 connection.add_termination_listener(on_lost)
                 await connection.add_listener(KEY_REVOKED_CHANNEL, self._on_revoked)
-                self._cache.clear()
+                self._clear()
                 await lost.wait()
                 logger.warning("the key revocation listener lost its connection; listening again")
             except Exception as error:  # noqa: BLE001 - the TTL still bounds a missed revocation; cancelling is not caught
                 logger.warning("cannot listen for key revocations (%r); retrying", error)
             finally:
-                self._cache.clear()
+                self._clear()
                 if connection is not None:
                     await _release(self._pool, connection, self._on_revoked, on_lost)
             await asyncio.sleep(RELISTEN_DELAY_SECONDS)
@@ -96,18 +112,48 @@ class Authenticator:
         """The account whose key signed this request; 401 without one, 403 for the operator key."""
         digest = self._bearer(request)
         cached = self._cache.get(digest)
-        now = time.monotonic()
-        if cached is not None and cached[1] > now:
-            return cached[0]
+        if cached is not None:
+            account_id, expires = cached
+            left = expires - time.monotonic()
+            if left > 0:
+                if left < self._ttl_seconds / 4 and digest not in self._lookups:
+                    self._lookup(digest)  # in the background: this request answers from the cache
+                return account_id
         if self.is_operator(digest):
             raise Problem(403, "this route needs an account API key, not the operator key", "forbidden")
-        account_id = await api_keys.account_of_key(self._pool, digest)
+        if self._ttl_seconds > 0:
+            # Shielded: a request whose client went away must not cancel the lookup others wait on.
+            account_id = await asyncio.shield(self._lookups.get(digest) or self._lookup(digest))
+        else:  # no cache: every request asks the database itself
+            account_id = await api_keys.account_of_key(self._pool, digest)
         if account_id is None:
             raise _unauthorized("the API key is not valid")
-        if self._ttl_seconds > 0:
-            if len(self._cache) >= CACHED_KEYS_MAX:
+        return account_id
+
+    def _lookup(self, digest: bytes) -> asyncio.Task:
+        """The key's one lookup, started now; it caches what it finds and ends itself in _lookups."""
+        task = asyncio.get_running_loop().create_task(self._look_up(digest))
+        self._lookups[digest] = task
+        task.add_done_callback(functools.partial(self._lookup_done, digest))
+        return task
+
+    def _lookup_done(self, digest: bytes, task: asyncio.Task) -> None:
+        if self._lookups.get(digest) is task:
+            del self._lookups[digest]
+        if not task.cancelled() and task.exception() is not None:
+            # Its waiters, if any, have it; a background refresh that failed (the database away)
+            # leaves the entry to expire, and the next request then looks the key up itself.
+            logger.debug("a key lookup failed: %r", task.exception())
+
+    async def _look_up(self, digest: bytes) -> uuid.UUID | None:
+        forgotten = self._forgotten
+        account_id = await api_keys.account_of_key(self._pool, digest)
+        if account_id is None:
+            self._cache.pop(digest, None)  # revoked or unknown: a background refresh drops its entry
+        elif forgotten == self._forgotten:
+            if len(self._cache) >= CACHED_KEYS_MAX and digest not in self._cache:
                 self._cache.clear()
-            self._cache[digest] = (account_id, now + self._ttl_seconds)
+            self._cache[digest] = (account_id, time.monotonic() + self._ttl_seconds)
         return account_id
 
     async def operator(self, request: web.Request) -> None:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import time
 import uuid
 
@@ -11,6 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from billing.database import create_pool
+from delivery.api import api_keys
 from delivery.api.app import create_app
 from delivery.api.openapi import ACCOUNT, OPERATIONS, OPERATOR
 
@@ -122,12 +125,12 @@ async def test_a_pool_too_small_to_spare_a_connection_does_not_listen(settings, 
         await small.close()
 
 
-async def _until_listening(pool) -> None:
-    """Both apps hold their LISTEN (it starts with the app, on a connection of their own)."""
+async def _until_listening(pool, apps: int = 2) -> None:
+    """The apps (both, by default) hold their LISTEN (it starts with the app, on a connection of their own)."""
     for _ in range(200):
         listeners = await pool.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'")
-        if listeners >= 2:
+        if listeners >= apps:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the revocation listeners did not start")
@@ -138,3 +141,109 @@ async def _until_refused(client, headers) -> None:
     while (await client.get("/v1/balance", headers=headers)).status != 401:
         assert time.monotonic() - started < 5, "the other process still accepts a revoked key after 5 s"
         await asyncio.sleep(0.02)
+
+
+class _Lookups:
+    """api_keys.account_of_key as the app calls it, counted per key; the real query runs. Lookups
+    of `held` wait for `release` after their query answered, with `answered` set meanwhile."""
+
+    def __init__(self, monkeypatch, held: str | None = None, delay: float = 0.0) -> None:
+        self.count = 0
+        self.held = None if held is None else api_keys.key_hash(held)
+        self.delay = delay
+        self.answered, self.release = asyncio.Event(), asyncio.Event()
+        self._real = api_keys.account_of_key
+        monkeypatch.setattr(api_keys, "account_of_key", self._look_up)
+
+    async def _look_up(self, executor, digest):
+        held = digest == self.held
+        self.count += held or self.held is None
+        await asyncio.sleep(self.delay)
+        account_id = await self._real(executor, digest)
+        if held:
+            self.answered.set()
+            await self.release.wait()
+        return account_id
+
+
+@contextlib.asynccontextmanager
+async def _app(settings, pool, queue, ttl_ms: int):
+    settings = dataclasses.replace(settings, api=dataclasses.replace(settings.api, auth_cache_ttl_ms=ttl_ms))
+    async with TestClient(TestServer(create_app(settings, pool, queue), host="127.0.0.1")) as client:
+        yield client
+
+
+async def _new_key(api) -> tuple[dict, dict]:
+    """A second key of a new account, not yet used (so in no cache), and the account's first key."""
+    _, headers = await api.account()
+    return await (await api.client.post("/v1/api-keys", headers=headers)).json(), headers
+
+
+@pytest.mark.parametrize("repeat", range(5))
+async def test_requests_that_find_a_key_expired_at_once_make_one_lookup(api, settings, pool, queue, monkeypatch,
+                                                                        repeat):
+    """A hot key's cache entry expires under load: the fifty requests that find it so together
+    make one query, not fifty on the pool the group commit writes through; all are answered."""
+    key, _ = await _new_key(api)
+    async with _app(settings, pool, queue, ttl_ms=200) as client:
+        await _until_listening(pool)
+        lookups = _Lookups(monkeypatch, delay=0.05)
+        headers = api.bearer(key["key"])
+        for _ in range(2):  # unknown to the cache, then expired in it
+            lookups.count = 0
+            responses = await asyncio.gather(*(client.get("/v1/balance", headers=headers) for _ in range(50)))
+            assert [response.status for response in responses] == [200] * 50
+            assert lookups.count == 1
+            await asyncio.sleep(0.25)
+        wrong = api.bearer("hl_live_not-a-real-key")
+        responses = await asyncio.gather(*(client.get("/v1/balance", headers=wrong) for _ in range(20)))
+        assert [response.status for response in responses] == [401] * 20
+
+
+async def test_a_key_revoked_while_it_was_being_looked_up_is_not_cached(api, pool, monkeypatch):
+    """The lookup read the key before its revocation committed, and the revocation's notice came
+    and went while it was in flight, with nothing cached to drop. The request in flight is
+    answered, and the next one is 401: the lookup's answer was not cached, to let a revoked key in
+    for the rest of the TTL. (A second key, cached, revoked in the same transaction, shows when
+    the notices were heard.)"""
+    key, headers = await _new_key(api)
+    marker = await (await api.client.post("/v1/api-keys", headers=headers)).json()
+    await _until_listening(pool, 1)
+    assert (await api.client.get("/v1/balance", headers=api.bearer(marker["key"]))).status == 200
+    lookups = _Lookups(monkeypatch, held=key["key"])
+    in_flight = asyncio.create_task(api.client.get("/v1/balance", headers=api.bearer(key["key"])))
+    await asyncio.wait_for(lookups.answered.wait(), 10)
+    await pool.execute("UPDATE api_keys SET revoked_at = now() WHERE id = ANY($1::uuid[])",
+                       [uuid.UUID(key["id"]), uuid.UUID(marker["id"])])
+    await _until_refused(api.client, api.bearer(marker["key"]))
+    lookups.release.set()
+    assert (await in_flight).status == 200
+    assert (await api.client.get("/v1/balance", headers=api.bearer(key["key"]))).status == 401
+    assert (await api.client.get("/v1/balance", headers=headers)).status == 200
+
+
+async def test_a_key_in_use_is_looked_up_again_before_it_expires_not_on_the_request(api, settings, pool, queue,
+                                                                                     monkeypatch):
+    """In the last quarter of its TTL a key in use is looked up again in the background: the
+    request that starts it answers from the cache (here while that lookup is held), and the
+    refreshed entry answers past the first one's expiry with no lookup of its own."""
+    key, _ = await _new_key(api)
+    headers = api.bearer(key["key"])
+    async with _app(settings, pool, queue, ttl_ms=2000) as client:
+        await _until_listening(pool)  # (re)starting to listen empties the cache, and a lookup across it caches nothing
+        lookups = _Lookups(monkeypatch, held=key["key"])
+        lookups.release.set()
+        assert (await client.get("/v1/balance", headers=headers)).status == 200
+        cached_at = time.monotonic()
+        assert lookups.count == 1
+        lookups.answered.clear()
+        lookups.release.clear()
+        await asyncio.sleep(1.6 - (time.monotonic() - cached_at))
+        # Held: were this request waiting on the lookup, it would not be answered.
+        response = await asyncio.wait_for(client.get("/v1/balance", headers=headers), 10)
+        assert response.status == 200 and lookups.count == 2
+        await asyncio.wait_for(lookups.answered.wait(), 10)
+        lookups.release.set()
+        await asyncio.sleep(2.2 - (time.monotonic() - cached_at))  # past the first entry's expiry
+        assert (await client.get("/v1/balance", headers=headers)).status == 200
+        assert lookups.count == 2
