@@ -13,8 +13,9 @@ key's whole concurrency, every TTL) wait on one query, not one each on the pool 
 needs. A key in use is looked up again in the background in the last quarter of its TTL, while
 its entry, still within the TTL, keeps answering; so a busy key never expires on the hot path,
 and no entry answers past its TTL, as before. A lookup during which any revocation was heard
-answers its request but caches nothing: it may have read the key before that revocation
-committed, and its notice, already handled, would not come again to drop it.
+answers the requests that were waiting on it but caches nothing, and the requests that come
+after the revocation do not join it: it may have read the key before that revocation committed,
+and its notice, already handled, would not come again to drop it.
 """
 
 from __future__ import annotations
@@ -50,17 +51,22 @@ class Authenticator:
         self._pool = pool
         self._operator_hash = api_keys.key_hash(operator_key)
         self._ttl_seconds = cache_ttl_ms / 1000
+        self._refresh_within = self._ttl_seconds / 4  # a key in use is looked up again this close to expiry
         self._cache: dict[bytes, tuple[uuid.UUID, float]] = {}
         self._lookups: dict[bytes, asyncio.Task] = {}  # digest -> its one lookup in flight
         self._forgotten = 0  # revocations heard and cache clears: a lookup across one caches nothing
 
     def forget(self, digest: bytes) -> None:
+        """Drop the key, and its lookup in flight from those that come next: that lookup may have
+        read the key before the revocation, and its answer is for the requests that came before."""
         self._forgotten += 1
         self._cache.pop(digest, None)
+        self._lookups.pop(digest, None)
 
     def _clear(self) -> None:
         self._forgotten += 1
         self._cache.clear()
+        self._lookups.clear()
 
     def _on_revoked(self, connection, pid: int, channel: str, payload: str) -> None:
         try:
@@ -116,23 +122,23 @@ class Authenticator:
             account_id, expires = cached
             left = expires - time.monotonic()
             if left > 0:
-                if left < self._ttl_seconds / 4 and digest not in self._lookups:
-                    self._lookup(digest)  # in the background: this request answers from the cache
+                if left < self._refresh_within and digest not in self._lookups:
+                    self._start_lookup(digest)  # in the background: this request answers from the cache
                 return account_id
         if self.is_operator(digest):
             raise Problem(403, "this route needs an account API key, not the operator key", "forbidden")
         if self._ttl_seconds > 0:
             # Shielded: a request whose client went away must not cancel the lookup others wait on.
-            account_id = await asyncio.shield(self._lookups.get(digest) or self._lookup(digest))
+            account_id = await asyncio.shield(self._lookups.get(digest) or self._start_lookup(digest))
         else:  # no cache: every request asks the database itself
             account_id = await api_keys.account_of_key(self._pool, digest)
         if account_id is None:
             raise _unauthorized("the API key is not valid")
         return account_id
 
-    def _lookup(self, digest: bytes) -> asyncio.Task:
-        """The key's one lookup, started now; it caches what it finds and ends itself in _lookups."""
-        task = asyncio.get_running_loop().create_task(self._look_up(digest))
+    def _start_lookup(self, digest: bytes) -> asyncio.Task:
+        """The key's one lookup, started now; it caches what it finds and leaves _lookups when done."""
+        task = asyncio.get_running_loop().create_task(self._fetch_and_cache(digest))
         self._lookups[digest] = task
         task.add_done_callback(functools.partial(self._lookup_done, digest))
         return task
@@ -145,7 +151,7 @@ class Authenticator:
             # leaves the entry to expire, and the next request then looks the key up itself.
             logger.debug("a key lookup failed: %r", task.exception())
 
-    async def _look_up(self, digest: bytes) -> uuid.UUID | None:
+    async def _fetch_and_cache(self, digest: bytes) -> uuid.UUID | None:
         forgotten = self._forgotten
         account_id = await api_keys.account_of_key(self._pool, digest)
         if account_id is None:

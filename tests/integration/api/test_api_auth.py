@@ -157,7 +157,8 @@ class _Lookups:
 
     async def _look_up(self, executor, digest):
         held = digest == self.held
-        self.count += held or self.held is None
+        if held or self.held is None:
+            self.count += 1
         await asyncio.sleep(self.delay)
         account_id = await self._real(executor, digest)
         if held:
@@ -203,7 +204,8 @@ async def test_requests_that_find_a_key_expired_at_once_make_one_lookup(api, set
 async def test_a_key_revoked_while_it_was_being_looked_up_is_not_cached(api, pool, monkeypatch):
     """The lookup read the key before its revocation committed, and the revocation's notice came
     and went while it was in flight, with nothing cached to drop. The request in flight is
-    answered, and the next one is 401: the lookup's answer was not cached, to let a revoked key in
+    answered; one that came after the notice, while that lookup was still held, and the next one
+    are 401: the lookup's answer was neither shared with them nor cached, to let a revoked key in
     for the rest of the TTL. (A second key, cached, revoked in the same transaction, shows when
     the notices were heard.)"""
     key, headers = await _new_key(api)
@@ -216,8 +218,12 @@ async def test_a_key_revoked_while_it_was_being_looked_up_is_not_cached(api, poo
     await pool.execute("UPDATE api_keys SET revoked_at = now() WHERE id = ANY($1::uuid[])",
                        [uuid.UUID(key["id"]), uuid.UUID(marker["id"])])
     await _until_refused(api.client, api.bearer(marker["key"]))
+    # After the notices, a request must not join the lookup that read the key before them.
+    after = asyncio.create_task(api.client.get("/v1/balance", headers=api.bearer(key["key"])))
+    await asyncio.sleep(0.1)
     lookups.release.set()
     assert (await in_flight).status == 200
+    assert (await after).status == 401
     assert (await api.client.get("/v1/balance", headers=api.bearer(key["key"]))).status == 401
     assert (await api.client.get("/v1/balance", headers=headers)).status == 200
 

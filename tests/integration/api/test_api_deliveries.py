@@ -330,11 +330,14 @@ async def _dead_page_read(api, log, cursor: str | None) -> tuple[int, str]:
     return read, body["next_cursor"]
 
 
-async def _list_dead_read(api, log, cursor: str | None, filters=dead_letters.DeadFilter()) -> int:
-    """Deliveries rows one page of dead_letters.list_dead (the CLI's and the dashboard's) read."""
+async def _list_dead_read(api, log, cursor: str | None, filters=dead_letters.DeadFilter(), **each) -> tuple[int, str]:
+    """Deliveries rows one page of dead_letters.list_dead (the CLI's and the dashboard's) read, and
+    its next cursor; every row of the page has the fields given as `each` (account_id=...)."""
     read, page = await log.rows_read(dead_letters.list_dead(api.pool, filters, cursor=cursor, limit=50))
     assert len(page.rows) == 50 and page.next_cursor is not None
-    return read
+    for field, value in each.items():
+        assert {row[field] for row in page.rows} == {value}, field
+    return read, page.next_cursor
 
 
 @pytest.mark.filterwarnings("ignore:.*active log listener")
@@ -362,10 +365,10 @@ async def test_a_page_of_dead_deliveries_reads_about_a_page_however_deep(api, da
             assert (await _dead_page_read(planned, log, deep))[0] < 200
         assert (await _dead_page_read(planned, log, None))[0] < 200
         for cursor in [None] * 8 + [deep] * 8:
-            assert await _list_dead_read(planned, log, cursor) < 200
+            assert (await _list_dead_read(planned, log, cursor))[0] < 200
         for filters in (dead_letters.DeadFilter(account_id=account_id), dead_letters.DeadFilter(reason="out_of_retries")):
             for cursor in [None] * 8 + [deep] * 8:
-                assert await _list_dead_read(planned, log, cursor, filters) < 200
+                assert (await _list_dead_read(planned, log, cursor, filters))[0] < 200
 
 
 @pytest.mark.filterwarnings("ignore:.*active log listener")
@@ -449,9 +452,7 @@ async def test_the_operators_dead_deliveries_of_one_account_read_about_a_page(ap
     async with _planned_app(api, database_url, queue, plan_cache_mode=plan_cache_mode) as (planned, log):
         cursor = None
         for _ in range(3):
-            read, page = await log.rows_read(dead_letters.list_dead(planned.pool, filters, cursor=cursor, limit=50))
-            assert len(page.rows) == 50 and {row["account_id"] for row in page.rows} == {account_id}
+            read, cursor = await _list_dead_read(planned, log, cursor, filters, account_id=account_id)
             assert read < 200, read
-            cursor = page.next_cursor
         for cursor in [None] * 6 + [deep] * 6:
-            assert await _list_dead_read(planned, log, cursor, filters) < 200
+            assert (await _list_dead_read(planned, log, cursor, filters, account_id=account_id))[0] < 200
