@@ -28,7 +28,6 @@ message's. The charge ids are derived from the delivery ids, as always.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 
 from billing import ids
@@ -62,35 +61,51 @@ class DirectBatch:
             [request.account_id for request in requests],
             [request.event_type for request in requests],
             [request.payload for request in requests],
-            [request.idempotency_key for request in requests],
-            [None if request.idempotency_key is None else request.request_hash() for request in requests],
+            *self._keys(),
             self.delivery_bases,
             self.attempts_max,
         )
 
+    def _keys(self) -> tuple[list | None, list | None]:
+        """The idempotency keys and request hashes, or two NULLs for a batch with no key (most):
+        unnest pads a NULL array with NULLs, and asyncpg encodes no element of it."""
+        requests = self.requests
+        if all(request.idempotency_key is None for request in requests):
+            return None, None
+        return ([request.idempotency_key for request in requests],
+                [None if request.idempotency_key is None else request.request_hash() for request in requests])
+
     def results(self, row) -> list[MessageCreated]:
-        """Each request's result from the statement's answer (ok, and the deliveries made)."""
-        made: dict[uuid.UUID, list[CreatedDelivery]] = {}
+        """Each request's result from the statement's answer (ok, and the deliveries made).
+
+        Each delivery comes with its request's position in the batch (1-based), so the answer is
+        sorted to its requests by list index; grouping by message id hashed a UUID twice a
+        message in Python (asyncpg's UUID hashes through a Python int each time)."""
+        made: list[list[CreatedDelivery]] = [[] for _ in self.requests]
         if row["delivery_ids"] is not None:
-            for message_id, delivery_id, endpoint_id, price in zip(
-                    row["message_ids"], row["delivery_ids"], row["endpoint_ids"], row["prices"], strict=True):
-                made.setdefault(message_id, []).append(CreatedDelivery(delivery_id, endpoint_id, price))
+            for position, delivery_id, endpoint_id, price in zip(
+                    row["positions"], row["delivery_ids"], row["endpoint_ids"], row["prices"], strict=True):
+                made[position - 1].append(CreatedDelivery(delivery_id, endpoint_id, price))
         results = []
-        for message_id, request in zip(self.message_ids, self.requests, strict=True):
-            deliveries = tuple(made.get(message_id, ()))
-            results.append(MessageCreated(message_id, request.account_id, request.event_type, deliveries,
-                                          sum(delivery.price for delivery in deliveries), replayed=False))
+        for message_id, request, deliveries in zip(self.message_ids, self.requests, made, strict=True):
+            total = 0
+            for delivery in deliveries:
+                total += delivery.price
+            results.append(MessageCreated(message_id, request.account_id, request.event_type, tuple(deliveries),
+                                          total, replayed=False))
         return results
 
 
-# What a batch made, as the results need it: its deliveries' message, id, endpoint and price, in id order.
-_DELIVERIES_MADE = (
-    " array_agg(message_id ORDER BY id) AS message_ids, array_agg(id ORDER BY id) AS delivery_ids,"
-    " array_agg(endpoint_id ORDER BY id) AS endpoint_ids, array_agg(price ORDER BY id) AS prices"
-)
+# What a batch made, as the results need it: its deliveries' request (its position in the batch,
+# from 1), id, endpoint and price, in id order. `position` is an expression of the query's rows.
+def _deliveries_made(position: str) -> str:
+    return (f" array_agg({position} ORDER BY d.id) AS positions, array_agg(d.id ORDER BY d.id) AS delivery_ids,"
+            " array_agg(d.endpoint_id ORDER BY d.id) AS endpoint_ids, array_agg(d.price ORDER BY d.id) AS prices")
+
 
 # $1 to $7: per request, its message id, account, event type, payload, idempotency key, request
-# hash (keyed requests only) and the base of its deliveries' ids; $8 attempts_max.
+# hash (keyed requests only; both arrays NULL when no request of the batch is keyed) and the base
+# of its deliveries' ids; $8 attempts_max.
 #
 # The endpoint probe is LATERAL with OFFSET 0, one index probe per request whatever the
 # statistics say, as in the planned read. The key check is a scalar subquery per keyed request,
@@ -100,7 +115,8 @@ _DELIVERIES_MADE = (
 DIRECT_WRITE = (
     "WITH request AS ("
     "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[], $7::uuid[])"
-    "     AS r(message_id, account_id, event_type, payload, idempotency_key, request_hash, delivery_base)),"
+    "     WITH ORDINALITY AS r(message_id, account_id, event_type, payload, idempotency_key, request_hash,"
+    "       delivery_base, position)),"
     " fan_out AS ("
     "   SELECT r.account_id, r.message_id, r.delivery_base, e.id AS endpoint_id,"
     "     row_number() OVER (PARTITION BY r.message_id ORDER BY e.id) AS number"
@@ -137,9 +153,11 @@ DIRECT_WRITE = (
     " charge_rows AS ("
     "   INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
     "   SELECT 'charge:' || id, account_id, id, 'charge', -price FROM delivery_rows)"
-    " SELECT (SELECT ok FROM ok) AS ok," + _DELIVERIES_MADE + " FROM delivery_rows"
+    " SELECT (SELECT ok FROM ok) AS ok," + _deliveries_made("r.position")
+    + " FROM delivery_rows d JOIN request r ON r.message_id = d.message_id"
 )
 
 # What a direct write made, in its answer's shape, read back when that answer was lost ($1 the
-# batch's message ids; through the deliveries' message_id index).
-DIRECT_READ_BACK = "SELECT true AS ok," + _DELIVERIES_MADE + " FROM deliveries WHERE message_id = ANY ($1::uuid[])"
+# batch's message ids, in the batch's order; through the deliveries' message_id index).
+DIRECT_READ_BACK = ("SELECT true AS ok," + _deliveries_made("array_position($1::uuid[], d.message_id)")
+                    + " FROM deliveries d WHERE d.message_id = ANY ($1::uuid[])")
