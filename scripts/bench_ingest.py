@@ -16,7 +16,8 @@ path costs and what the database writes cost.
 The load generator (this process) is an aiohttp client with C concurrent requests (each C of
 `--concurrency`, the trivial handler beside the API at the same C). It prints
 messages/s and each rate as a share of the trivial handler's, the CPU each process spent per
-1,000 messages, and the share that the CPU PostgreSQL and Redis spent leaves room for.
+1,000 messages and the time each waited for a core (ready to run, not running), and the share
+that the CPU PostgreSQL and Redis spent leaves room for.
 
 Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest.py [--seconds 5] [--concurrency 96[,192...]] [--accounts 1000]
        [--event-loop auto|uvloop|asyncio] [--fan-outs 1,4] [--no-bare-sql] [--without-writes]
@@ -226,6 +227,24 @@ async def _load_unwritten(unwritten: tuple[str, int], keys: list[str], fan_out: 
             "cpu_shares": cpu_shares.per_thousand(before, cpu_shares.snapshot({"api": [pid]}), statuses.get(202, 0))}
 
 
+# Time a process was ready to run and waited for a core: beside the API, three processes hand
+# requests to each other on two cores, and each waits there even while a core is idle.
+_WAITED = "waited for a core, ms per 1,000 messages"
+
+
+def _snapshots(roles: dict[str, list[int]]) -> tuple[cpu_shares.Snapshot, cpu_shares.Snapshot]:
+    """The roles' CPU and their waits for a core so far."""
+    return cpu_shares.snapshot(roles), cpu_shares.snapshot(roles, waits=True)
+
+
+def _per_thousand(before: tuple[cpu_shares.Snapshot, cpu_shares.Snapshot], roles: dict[str, list[int]],
+                  operations: int) -> tuple[dict[str, float], dict[str, float]]:
+    """CPU and waits for a core per 1,000 operations since `before` (from _snapshots)."""
+    cpu, waits = _snapshots(roles)
+    return (cpu_shares.per_thousand(before[0], cpu, operations),
+            cpu_shares.per_thousand(before[1], waits, operations))
+
+
 async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: str, trivial_url: str, servers: list,
                       unwritten: tuple[str, int] | None, many_keys: list[str], hot_key: list[str],
                       report: dict) -> list[float]:
@@ -234,22 +253,22 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
     seconds = arguments.seconds
     # The machine is shared and its speed drifts, so the trivial handler is measured before and
     # after every API run, and each run is compared with the mean of the two beside it.
-    before = cpu_shares.snapshot({"trivial": [servers[1].pid]})
+    before = _snapshots({"trivial": [servers[1].pid]})
     ceiling_rate, ceiling_statuses = await load(trivial_url, hot_key, BODIES[1], seconds, concurrency)
-    trivial_shares = cpu_shares.per_thousand(before, cpu_shares.snapshot({"trivial": [servers[1].pid]}),
-                                             ceiling_statuses.get(202, 0))
+    trivial_shares, trivial_waits = _per_thousand(before, {"trivial": [servers[1].pid]}, ceiling_statuses.get(202, 0))
     ceilings = [ceiling_rate]
     print(f"concurrency {concurrency}")
     print(f"trivial aiohttp handler                {ceilings[0]:9.0f} msg/s")
     print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(trivial_shares)} (bench: the load generator);"
           f" {cpu_shares.cores_busy(trivial_shares, ceiling_rate)}")
+    print(f"     {_WAITED}: {cpu_shares.describe(trivial_waits)}")
     for fan_out in arguments.fan_outs:
         for label, these_keys in (("1,000 accounts" if arguments.accounts == 1000 else f"{arguments.accounts} accounts", many_keys),
                                   ("one hot account", hot_key)):
             roles = {"api": [servers[0].pid]}
-            before, batches_before = cpu_shares.snapshot(roles), await group_commit_totals(api_url)
+            before, batches_before = _snapshots(roles), await group_commit_totals(api_url)
             rate, statuses = await load(api_url, these_keys, BODIES[fan_out], seconds, concurrency)
-            shares = cpu_shares.per_thousand(before, cpu_shares.snapshot(roles), statuses.get(202, 0))
+            shares, waits = _per_thousand(before, roles, statuses.get(202, 0))
             batches_after = await group_commit_totals(api_url)
             transactions = batches_after[1] - batches_before[1]
             batch_mean = (batches_after[0] - batches_before[0]) / transactions if transactions else float("nan")
@@ -264,6 +283,7 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
                   f" {cpu_shares.cores_busy(shares, rate)};"
                   f" {batch_mean:.1f} requests per group-commit transaction, {transaction_ms:.1f} ms each"
                   f" ({(batches_after[2] - batches_before[2]) / seconds:.0%} of the run in one)")
+            print(f"     {_WAITED}: {cpu_shares.describe(waits)}")
             bound = cpu_shares.database_bound(trivial_shares, shares)
             if bound:
                 print(f"     what the database alone allows: {bound} of the trivial handler, if the API and the"
@@ -279,12 +299,13 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
                     "statuses": {str(k): v for k, v in unwritten_run["statuses"].items()}})
             report["api"].append({"concurrency": concurrency, "fan_out": fan_out, "accounts": label,
                                   "messages_per_second": rate, "trivial_beside": beside, "share_of_trivial": rate / beside,
-                                  "cpu_shares": shares, "requests_per_transaction": batch_mean,
+                                  "cpu_shares": shares, "cpu_waits": waits, "requests_per_transaction": batch_mean,
                                   "transaction_ms": transaction_ms,
                                   "statuses": {str(k): v for k, v in dict(statuses).items()}})
     print(f"trivial aiohttp handler at concurrency {concurrency}, each run: {', '.join(f'{c:.0f}' for c in ceilings)} msg/s"
           f" (mean {sum(ceilings) / len(ceilings):.0f})")
-    report["trivial"].append({"concurrency": concurrency, "each": ceilings, "cpu_shares": trivial_shares})
+    report["trivial"].append({"concurrency": concurrency, "each": ceilings, "cpu_shares": trivial_shares,
+                              "cpu_waits": trivial_waits})
     return ceilings
 
 

@@ -1,8 +1,10 @@
 """CPU seconds by role (our processes, PostgreSQL, Redis, the benchmark itself), read from /proc.
 
 The benchmarks share two cores between the load, our processes and the servers, so a rate alone
-does not say what limits it; CPU per 1,000 operations for each role does. Linux only: elsewhere
-there are no figures (nan).
+does not say what limits it; CPU per 1,000 operations for each role does. So does the time each
+role was ready to run but waited for a core (`snapshot(..., waits=True)`, from
+/proc/PID/schedstat): three processes handing work to each other on two cores wait there even
+while a core is idle. Linux only: elsewhere there are no figures (nan).
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 def _cpu(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _waited(pid: int) -> float:
+    """Seconds the process was runnable but waited for a core (the run queue), so far."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
 
 
 def _named(prefix: str) -> list[int]:
@@ -34,9 +41,10 @@ def _named(prefix: str) -> list[int]:
 Snapshot = dict[str, dict[int, float]]  # role -> pid -> CPU seconds so far
 
 
-def snapshot(roles: dict[str, list[int]]) -> Snapshot:
+def snapshot(roles: dict[str, list[int]], *, waits: bool = False) -> Snapshot:
     """CPU seconds so far of each process of each role, plus 'postgres' and 'redis' found by name
-    and 'bench' (this process). Empty off Linux (no /proc)."""
+    and 'bench' (this process); with `waits`, the seconds each waited for a core instead. Empty
+    off Linux (no /proc)."""
     if not Path("/proc/self/stat").exists():
         return {}
     result: Snapshot = {}
@@ -45,7 +53,7 @@ def snapshot(roles: dict[str, list[int]]) -> Snapshot:
         seconds = {}
         for pid in pids:
             try:
-                seconds[pid] = _cpu(pid)
+                seconds[pid] = (_waited if waits else _cpu)(pid)
             except (OSError, ValueError, IndexError):
                 continue
         result[role] = seconds
