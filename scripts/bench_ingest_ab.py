@@ -17,6 +17,7 @@ whose code that API runs (`git worktree add /tmp/before HEAD~1`, say); `NAME@DIR
 settings works too.
 
 Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest_ab.py [--rounds 5] [--seconds 5] [--fan-out 1]
+       [--load-generator aiohttp|wrk]
        default 'threshold-1:HOOKLEDGER_GROUP_COMMIT_PARALLEL_WAITING_MIN=1' ...
 """
 
@@ -129,7 +130,8 @@ async def _run(arguments: argparse.Namespace, configurations: list[Configuration
                     line.append(f"{each.name} {case}: {rate:.0f} ({rate / ceiling:.0%} of {ceiling:.0f})")
             print(f"round {number + 1}: " + "; ".join(line), flush=True)
         print(f"medians over {arguments.rounds} rounds of {arguments.seconds:g} s, fan-out {arguments.fan_out},"
-              f" {CONCURRENCY} in flight (share: of the mean of the trivial handler's runs just before and after):")
+              f" {CONCURRENCY} in flight, the load from {bench_ingest.load_generator()} (share: of the mean of the"
+              f" trivial handler's runs just before and after):")
         for each in configurations:
             for case in CASES:
                 runs = each.runs[case]
@@ -150,7 +152,9 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--fan-out", type=int, choices=sorted(bench_ingest.BODIES), default=1)
     add_redis_db_argument(parser)
+    bench_ingest.add_load_generator_argument(parser)
     parsed = parser.parse_args()
+    bench_ingest.apply_load_generator_argument(parser, parsed)
     if parsed.rounds < 1 or parsed.seconds <= 0:
         parser.error("--rounds must be at least 1 and --seconds above 0")
     asyncio.run(main(parsed))

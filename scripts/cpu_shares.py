@@ -21,6 +21,13 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def _cpu_with_children(pid: int) -> float:
+    """The process's CPU and that of its children it has waited for (a load generator it ran,
+    such as wrk; servers it started count only once reaped, after the runs)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / _TICKS
+
+
 def _waited(pid: int) -> float:
     """Seconds the process was runnable but waited for a core (the run queue), so far."""
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
@@ -43,8 +50,8 @@ Snapshot = dict[str, dict[int, float]]  # role -> pid -> CPU seconds so far
 
 def snapshot(roles: dict[str, list[int]], *, waits: bool = False) -> Snapshot:
     """CPU seconds so far of each process of each role, plus 'postgres' and 'redis' found by name
-    and 'bench' (this process); with `waits`, the seconds each waited for a core instead. Empty
-    off Linux (no /proc)."""
+    and 'bench' (this process, with the children it has waited for); with `waits`, the seconds
+    each waited for a core instead (for 'bench', its own only). Empty off Linux (no /proc)."""
     if not Path("/proc/self/stat").exists():
         return {}
     result: Snapshot = {}
@@ -53,7 +60,8 @@ def snapshot(roles: dict[str, list[int]], *, waits: bool = False) -> Snapshot:
         seconds = {}
         for pid in pids:
             try:
-                seconds[pid] = (_waited if waits else _cpu)(pid)
+                read = _waited if waits else _cpu_with_children if role == "bench" else _cpu
+                seconds[pid] = read(pid)
             except (OSError, ValueError, IndexError):
                 continue
         result[role] = seconds
