@@ -88,11 +88,8 @@ class DirectBatch:
                 made[position - 1].append(CreatedDelivery(delivery_id, endpoint_id, price))
         results = []
         for message_id, request, deliveries in zip(self.message_ids, self.requests, made, strict=True):
-            total = 0
-            for delivery in deliveries:
-                total += delivery.price
             results.append(MessageCreated(message_id, request.account_id, request.event_type, tuple(deliveries),
-                                          total, replayed=False))
+                                          sum(delivery.price for delivery in deliveries), replayed=False))
         return results
 
 

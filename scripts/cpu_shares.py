@@ -16,16 +16,14 @@ from pathlib import Path
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _cpu(pid: int) -> float:
+def _cpu(pid: int, *, children: bool = False) -> float:
+    """The process's CPU seconds; with `children`, also those of the children it has waited for (a
+    load generator it ran, such as wrk; servers it started count only once reaped, after the runs)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-def _cpu_with_children(pid: int) -> float:
-    """The process's CPU and that of its children it has waited for (a load generator it ran,
-    such as wrk; servers it started count only once reaped, after the runs)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / _TICKS
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    if children:
+        ticks += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return ticks / _TICKS
 
 
 def _waited(pid: int) -> float:
@@ -60,8 +58,7 @@ def snapshot(roles: dict[str, list[int]], *, waits: bool = False) -> Snapshot:
         seconds = {}
         for pid in pids:
             try:
-                read = _waited if waits else _cpu_with_children if role == "bench" else _cpu
-                seconds[pid] = read(pid)
+                seconds[pid] = _waited(pid) if waits else _cpu(pid, children=role == "bench")
             except (OSError, ValueError, IndexError):
                 continue
         result[role] = seconds
