@@ -14,6 +14,7 @@ records what finished, and cancels the rest (their leases expire; they are tried
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import signal
 
@@ -41,6 +42,9 @@ AUDIT_NOTICES_LOGGED_MAX = 20  # one warning each, then one line with the count
 QUEUE_READ_MAX = 1000  # job ids read from the queue's head per poll: room for 50 workers' running jobs
 RUNNING_ELSEWHERE_RECHECK_SECONDS = 1.0
 EXISTS_CHUNK = 64  # in-progress keys asked about per round trip while looking for startable jobs
+# A worker process still running this long after the shutdown grace has ended is stuck: it dumps
+# every thread's stack to its log and exits (its leases expire and the deliveries are tried again).
+SHUTDOWN_OVERRUN_SECONDS = 15
 
 
 async def deliver(ctx: dict, delivery_ids: list[str]) -> int:
@@ -148,11 +152,15 @@ class DeliveryWorker(Worker):
         super().__init__(*args, **kwargs)
         self._running_elsewhere: dict[bytes, float] = {}  # job id -> when to ask Redis about it again
         self._redis_outage: RedisOutage | None = None
+        self.exit_deadline_seconds: float | None = None  # set by run(): the process's own, not an embedder's
 
     def _stop_claiming(self) -> None:
         engine = self.ctx.get("engine")
         if engine is not None:
             engine.accepting = False
+        if self.exit_deadline_seconds is not None:
+            logger.info("stopping; the process exits by force if it has not within %g s", self.exit_deadline_seconds)
+            faulthandler.dump_traceback_later(self.exit_deadline_seconds, exit=True)
 
     def handle_sig_wait_for_completion(self, signum: signal.Signals) -> None:
         self._stop_claiming()
@@ -161,6 +169,14 @@ class DeliveryWorker(Worker):
     def handle_sig(self, signum: signal.Signals) -> None:
         self._stop_claiming()
         super().handle_sig(signum)
+
+    async def _sleep_until_tasks_complete(self) -> None:
+        """The shutdown grace ends once every task is done. arq waits until its task dict is empty,
+        but done tasks leave it only in arq's poll, which a Redis outage skips (_poll_iteration):
+        a worker stopped while Redis was down, as when a killed `hookledger run` takes Redis with
+        it, waited out the whole grace with nothing running."""
+        while any(not task.done() for task in self.tasks.values()):
+            await asyncio.sleep(0.1)
 
     async def _poll_iteration(self) -> None:
         """arq's poll, except that Redis being unreachable does not end the worker (see
@@ -345,5 +361,6 @@ def run(settings: Settings, redis_url: str) -> None:
     # clear error (ServerUnreachableError). Once running, the worker rides out Redis outages.
     worker = build_worker(settings, redis_url, redis_pool=loop.run_until_complete(
         job_queue.connect(redis_url, wait_seconds=settings.redis.start_wait_seconds)))
+    worker.exit_deadline_seconds = settings.worker.shutdown_grace_seconds + SHUTDOWN_OVERRUN_SECONDS
     _tune_collector(settings)
     worker.run()

@@ -113,6 +113,12 @@ def _gone_within(pids: set[int], seconds: float) -> set[int]:
     return left
 
 
+def _log_tails(data_dir: Path, lines: int = 40) -> str:
+    """The end of each child's log, for a failure message: where a process that did not stop was."""
+    return "\n".join(f"== {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+                     for log in sorted((data_dir / "logs").glob("*.log")))
+
+
 def test_sigterm_stops_the_whole_platform(tmp_path: Path) -> None:
     """SIGTERM to `hookledger run` (what a supervisor, `timeout` or `docker stop` sends) stops it as
     Ctrl-C does: it exits 0 and leaves no API, worker, receiver, PostgreSQL or Redis behind. Before,
@@ -121,7 +127,7 @@ def test_sigterm_stops_the_whole_platform(tmp_path: Path) -> None:
         run.send_signal(signal.SIGTERM)
         assert run.wait(60) == 0, run.stdout.read()[-4000:]
         left = _gone_within(children | set(servers.values()), 30)
-        assert not left, {pid: processes[pid][1] for pid in left}
+        assert not left, ({pid: processes[pid][1] for pid in left}, _log_tails(tmp_path / "data"))
 
 
 def test_sigkill_leaves_nothing_running_for_long(tmp_path: Path) -> None:
@@ -135,7 +141,7 @@ def test_sigkill_leaves_nothing_running_for_long(tmp_path: Path) -> None:
         run.kill()
         run.wait()
         left = _gone_within(children | {servers["redis"]}, 30)
-        assert not left, {pid: processes[pid][1] for pid in left}
+        assert not left, ({pid: processes[pid][1] for pid in left}, _log_tails(data_dir))
         assert servers["postgres"] in _processes()  # left for the next run to adopt
         again = subprocess.run([sys.executable, "-m", "delivery", "run", "--demo-only", "--port", "0"], cwd=ROOT,
                                env=_serving_environment(data_dir), capture_output=True, text=True, timeout=240)

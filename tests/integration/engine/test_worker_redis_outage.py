@@ -9,6 +9,7 @@ subprocess version, with SIGTERM during a Redis outage, is in tests/acceptance.
 from __future__ import annotations
 
 import asyncio
+import signal
 import uuid
 
 import asyncpg
@@ -181,3 +182,21 @@ async def test_a_redis_turned_replica_counts_as_an_outage(private_redis):
         assert isinstance(raised.value, job_queue.REDIS_ERRORS)
     finally:
         await redis.aclose()
+
+
+async def test_a_shutdown_during_an_outage_ends_once_nothing_runs(pool, database_url, keyring, private_redis):
+    """The grace after SIGTERM lasts while jobs run. arq waits for its task dict to empty, and done
+    tasks leave it only in the poll that an outage skips: a worker told to stop while Redis was down
+    (a killed `hookledger run` takes Redis with it) waited out the whole grace with nothing running."""
+    settings = _settings(database_url, private_redis, keyring, HOOKLEDGER_SWEEP_SECONDS="1",
+                         HOOKLEDGER_SHUTDOWN_GRACE_SECONDS="60")
+    async with running_worker(settings, pool) as worker:
+        await wait_for(lambda: asyncio.sleep(0, "engine" in worker.ctx))
+        private_redis.stop()
+        await wait_for(lambda: asyncio.sleep(0, SWEEP_TASK_NAME in worker.tasks and worker.tasks[SWEEP_TASK_NAME].done()))
+        assert worker._redis_outage.down
+        worker.handle_sig_wait_for_completion(signal.SIGTERM)
+        # The grace is 60 s; the wait for the main task is a third of it.
+        await wait_for(lambda: asyncio.sleep(0, worker.main_task.done()), timeout_seconds=20)
+        assert worker.main_task.cancelled()
+        assert worker.ctx["engine"].accepting is False
