@@ -37,7 +37,7 @@ import cpu_shares  # scripts/, beside this file
 from scratch_database import add_redis_db_argument, scratch_database, scratch_redis  # scripts/, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
-CONCURRENCY = 96
+CONCURRENCY = 96  # the aim's; --concurrency 1 measures a lone request's latency (1 / its rate)
 CASES = ("1,000 accounts", "one hot account")
 
 
@@ -105,12 +105,13 @@ async def _run(arguments: argparse.Namespace, configurations: list[Configuration
         body = bench_ingest.BODIES[arguments.fan_out]
         await bench_ingest.admin_database(database_url, "ANALYZE")
         for url in urls:  # each API's key cache, and both servers' first requests
-            await bench_ingest.load(url, keys_by_case[CASES[0]], body, 1.5, CONCURRENCY)
-        await bench_ingest.load(trivial_url, keys[-1:], bench_ingest.BODIES[1], 1.5, CONCURRENCY)
+            await bench_ingest.load(url, keys_by_case[CASES[0]], body, 1.5, arguments.concurrency)
+        await bench_ingest.load(trivial_url, keys[-1:], bench_ingest.BODIES[1], 1.5, arguments.concurrency)
         indexed = list(zip(configurations, urls, processes[1:]))
 
         async def trivial() -> float:
-            rate, _ = await bench_ingest.load(trivial_url, keys[-1:], bench_ingest.BODIES[1], arguments.seconds, CONCURRENCY)
+            rate, _ = await bench_ingest.load(trivial_url, keys[-1:], bench_ingest.BODIES[1], arguments.seconds,
+                                              arguments.concurrency)
             return rate
 
         ceilings = [await trivial()]  # one before every API run, and one after the last
@@ -119,7 +120,8 @@ async def _run(arguments: argparse.Namespace, configurations: list[Configuration
             for case in CASES:
                 for each, url, process in indexed if number % 2 == 0 else indexed[::-1]:
                     before = cpu_shares.snapshot({"api": [process.pid]})
-                    rate, statuses = await bench_ingest.load(url, keys_by_case[case], body, arguments.seconds, CONCURRENCY)
+                    rate, statuses = await bench_ingest.load(url, keys_by_case[case], body, arguments.seconds,
+                                                              arguments.concurrency)
                     shares = cpu_shares.per_thousand(before, cpu_shares.snapshot({"api": [process.pid]}),
                                                      statuses.get(202, 0))
                     if set(statuses) != {202}:
@@ -130,7 +132,7 @@ async def _run(arguments: argparse.Namespace, configurations: list[Configuration
                     line.append(f"{each.name} {case}: {rate:.0f} ({rate / ceiling:.0%} of {ceiling:.0f})")
             print(f"round {number + 1}: " + "; ".join(line), flush=True)
         print(f"medians over {arguments.rounds} rounds of {arguments.seconds:g} s, fan-out {arguments.fan_out},"
-              f" {CONCURRENCY} in flight, the load from {bench_ingest.load_generator()} (share: of the mean of the"
+              f" {arguments.concurrency} in flight, the load from {bench_ingest.load_generator()} (share: of the mean of the"
               f" trivial handler's runs just before and after):")
         for each in configurations:
             for case in CASES:
@@ -150,11 +152,12 @@ if __name__ == "__main__":
     parser.add_argument("configurations", nargs="+", type=configuration, metavar="NAME[:ENV=VALUE,...][@DIR]")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help="requests in flight (default: %(default)s)")
     parser.add_argument("--fan-out", type=int, choices=sorted(bench_ingest.BODIES), default=1)
     add_redis_db_argument(parser)
     bench_ingest.add_load_generator_argument(parser)
     parsed = parser.parse_args()
     bench_ingest.apply_load_generator_argument(parser, parsed)
-    if parsed.rounds < 1 or parsed.seconds <= 0:
-        parser.error("--rounds must be at least 1 and --seconds above 0")
+    if parsed.rounds < 1 or parsed.seconds <= 0 or not 1 <= parsed.concurrency <= 1024:
+        parser.error("--rounds must be at least 1, --seconds above 0 and --concurrency 1 to 1024")
     asyncio.run(main(parsed))

@@ -66,6 +66,14 @@ CONCURRENCY_LIMIT = 32
 QUEUE_MAX = 10_000  # requests waiting at most; past this, Overloaded (503)
 PARALLEL_WAITING_MIN = 80  # deliveries' worth of requests waiting before a batch starts beside a running one...
 STALL_SECONDS = 0.05  # ...or how long the youngest running batch has run (0: at once, as before)
+# The group commit's statements run on their generic plans. PostgreSQL plans a prepared statement
+# anew at each execution while its custom plans look cheaper than the generic one, and a batch of
+# one always does (its arrays hold one element where the generic plan assumes ten): the direct
+# create of a lone request, what every create is at low load, spent 0.3 ms of PostgreSQL's CPU
+# planning (795 µs a batch against 496, its answer 1.0 ms after it was sent against 0.7). From
+# four requests on PostgreSQL chose the generic plan anyway. Set on each connection the group
+# commit takes from the pool; the pool's reset (RESET ALL) takes it off when one goes back.
+GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 
 
 class Overloaded(Exception):
@@ -203,7 +211,7 @@ class Coalescer:
     async def _run_batch(self, batch: list[_Item]) -> None:
         connection = None
         try:
-            connection = await self._kept_connection() or await self._pool.acquire()
+            connection = await self._kept_connection() or await self._acquire()
             requests = [request for request, _, _ in batch]
             try:
                 results = await create_messages(connection, requests, attempts_max=self._attempts_max)
@@ -277,6 +285,16 @@ class Coalescer:
                 return connection
             await self._release(connection)
         return None
+
+    async def _acquire(self) -> asyncpg.Connection:
+        """A connection from the pool, set to plan the group commit's statements generically."""
+        connection = await self._pool.acquire()
+        try:
+            await connection.execute(GENERIC_PLANS)
+        except BaseException:
+            await self._release(connection)
+            raise
+        return connection
 
     def _release_keys(self, batch: list[_Item]) -> None:
         for _, _, key in batch:
