@@ -153,21 +153,25 @@ class DeliveryWorker(Worker):
         self._running_elsewhere: dict[bytes, float] = {}  # job id -> when to ask Redis about it again
         self._redis_outage: RedisOutage | None = None
         self.exit_deadline_seconds: float | None = None  # set by run(): the process's own, not an embedder's
+        self._exit_deadline_armed = False
 
-    def _stop_claiming(self) -> None:
+    def _stopping(self) -> None:
+        """A stop signal: claim nothing more, and (in the worker process) arm the exit deadline, once:
+        a second signal does not push it back."""
         engine = self.ctx.get("engine")
         if engine is not None:
             engine.accepting = False
-        if self.exit_deadline_seconds is not None:
+        if self.exit_deadline_seconds is not None and not self._exit_deadline_armed:
+            self._exit_deadline_armed = True
             logger.info("stopping; the process exits by force if it has not within %g s", self.exit_deadline_seconds)
             faulthandler.dump_traceback_later(self.exit_deadline_seconds, exit=True)
 
     def handle_sig_wait_for_completion(self, signum: signal.Signals) -> None:
-        self._stop_claiming()
+        self._stopping()
         super().handle_sig_wait_for_completion(signum)
 
     def handle_sig(self, signum: signal.Signals) -> None:
-        self._stop_claiming()
+        self._stopping()
         super().handle_sig(signum)
 
     async def _sleep_until_tasks_complete(self) -> None:

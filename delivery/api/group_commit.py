@@ -68,10 +68,11 @@ PARALLEL_WAITING_MIN = 80  # deliveries' worth of requests waiting before a batc
 STALL_SECONDS = 0.05  # ...or how long the youngest running batch has run (0: at once, as before)
 # The group commit's statements run on their generic plans. PostgreSQL plans a prepared statement
 # anew at each execution while its custom plans look cheaper than the generic one, and a batch of
-# one always does (its arrays hold one element where the generic plan assumes ten): the direct
-# create of a lone request, what every create is at low load, spent 0.3 ms of PostgreSQL's CPU
-# planning (795 µs a batch against 496, its answer 1.0 ms after it was sent against 0.7). From
-# four requests on PostgreSQL chose the generic plan anyway. Set on each connection the group
+# one always does (its arrays hold one element where the generic plan assumes ten); from four
+# requests on it chose the generic plan anyway. With one request in flight (what every create is
+# at low load) that planning was half of PostgreSQL's CPU a message: 974 against 516 µs at 1,000
+# accounts, and the API made 517 against 785 messages/s (`scripts/bench_ingest_ab.py --concurrency 1
+# --rounds 4 --seconds 4 before@DIR after`; README, Performance). Set on each connection the group
 # commit takes from the pool; the pool's reset (RESET ALL) takes it off when one goes back.
 GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 

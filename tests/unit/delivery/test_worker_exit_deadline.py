@@ -43,3 +43,26 @@ def test_an_embedded_worker_is_never_forced_out():
     assert completed.returncode == 0, completed
     assert "ran to the end" in completed.stdout
     assert "by force" not in completed.stderr and "Timeout" not in completed.stderr
+
+
+def test_a_second_signal_does_not_push_the_deadline_back():
+    """Armed at the first signal: a second one 0.8 s later (Ctrl-C after a SIGTERM) leaves it at 1 s,
+    so the process is gone before the 1.5 s mark; re-armed, it would have lived to 1.8 s."""
+    program = textwrap.dedent("""
+        import signal, time
+        from delivery import config, worker
+        stuck = worker.build_worker(config.load({}), "redis://127.0.0.1:9/0", handle_signals=False, redis_pool=object())
+        stuck.exit_deadline_seconds = 1.0
+        stuck.handle_sig(signal.SIGTERM)
+        time.sleep(0.8)
+        stuck.handle_sig(signal.SIGINT)
+        print("second signal", flush=True)
+        time.sleep(0.7)
+        print("1.5 s", flush=True)
+        time.sleep(3)
+    """)
+    completed = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env={"PATH": "/usr/bin:/bin"},
+                               capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 1, completed
+    assert "second signal" in completed.stdout and "1.5 s" not in completed.stdout, completed
+    assert completed.stderr.count("Timeout (0:00:01)!") == 1, completed.stderr
