@@ -64,7 +64,8 @@ def arguments_of(name: str, options: argparse.Namespace) -> list[str]:
         "signing": ["--seconds", str(options.signing_seconds)],
         "sender": ["--sends", str(options.sender_sends), "--rounds", "1"],
         "ledger": ["--messages", str(options.ledger_messages), "--accounts", str(options.ledger_accounts)],
-        "ingest": ["--seconds", str(options.ingest_seconds), "--accounts", str(options.ingest_accounts)],
+        "ingest": ["--seconds", str(options.ingest_seconds), "--accounts", str(options.ingest_accounts),
+                   "--concurrency", "96"],  # one concurrency: its rows are keyed by fan-out and accounts
         "delivery": ["--deliveries", str(options.delivery_deliveries), "--naive-deliveries", str(options.naive_deliveries),
                      "--rate", str(options.latency_rate), "--seconds", str(options.latency_seconds)],
         "ops": ["--live", str(options.ops_live), "--ledger", str(options.ops_ledger)],

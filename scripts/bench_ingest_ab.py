@@ -37,7 +37,7 @@ import cpu_shares  # scripts/, beside this file
 from scratch_database import add_redis_db_argument, scratch_database, scratch_redis  # scripts/, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
-CONCURRENCY = 96  # the aim's; --concurrency 1 measures a lone request's latency (1 / its rate)
+CONCURRENCY = 96  # bench_ingest.py's first; --concurrency 1 measures a lone request's latency (1 / its rate)
 CASES = ("1,000 accounts", "one hot account")
 
 
