@@ -321,8 +321,7 @@ async def test_waiting_requests_weigh_as_many_deliveries_as_the_last_batch_made_
 async def _release_and_close(pool, holder, held, coalescer) -> None:
     """Let the stuck batch go and close the coalescer, which returns its connections (a failed
     assertion must not leave them held: the pool's teardown would wait for them)."""
-    await held.rollback()
-    await pool.release(holder)
+    await _let_go(pool, holder, held)
     await asyncio.wait_for(coalescer.close(), 10)
 
 
@@ -345,3 +344,83 @@ async def test_the_group_commit_plans_generically_and_leaves_the_pool_as_it_was(
         await coalescer.close()
     async with pool.acquire() as connection:
         assert await connection.fetchval("SHOW plan_cache_mode") == "auto"
+
+
+
+async def test_the_next_batch_is_on_its_way_before_the_last_one_is_answered(pool):
+    """Early send: when the only batch in flight answers, the requests that waited for it are taken
+    into the next batch before its own callers resume, so PostgreSQL writes them while this process
+    answers those callers. Here the first batch is stuck on a locked account while three requests
+    wait behind it (far below the threshold for a second batch, with a stall longer than the test);
+    the moment its caller resumes, nothing waits any more. Without the early send the three were
+    still waiting then, taken only after the last batch's callers had run."""
+    stuck, free = await _account_with_endpoint(pool, 100), await _account_with_endpoint(pool, 100)
+    holder, held = await _hold_account_lock(pool, stuck)
+    coalescer = Coalescer(pool, attempts_max=3, concurrency=2, parallel_waiting_min=100, stall_seconds=60)
+    try:
+        first = asyncio.create_task(_submit_and_look(coalescer, messages.MessageRequest(stuck, "t", b"first")))
+        await asyncio.sleep(0.05)  # the first batch is running, waiting for the lock
+        behind = [asyncio.create_task(coalescer.submit(messages.MessageRequest(free, "t", b"%d" % n)))
+                  for n in range(3)]
+        await asyncio.sleep(0.1)
+        assert coalescer.waiting == 3 and not first.done()
+        await held.rollback()  # the first batch commits
+        result, waiting_when_answered = await asyncio.wait_for(first, 10)
+        assert isinstance(result, messages.MessageCreated)
+        assert waiting_when_answered == 0
+        made = await asyncio.wait_for(asyncio.gather(*behind), 10)
+        assert all(isinstance(one, messages.MessageCreated) for one in made)
+    finally:
+        await _release_and_close(pool, holder, held, coalescer)
+
+
+async def test_beside_another_running_batch_an_answered_one_sends_nothing_early(pool):
+    """The early send is for a batch alone in flight: one that answers while another is still stuck
+    leaves the requests behind it to the threshold or the stall, as before. The second batch (stuck
+    on a second locked account) answers beside the stuck first; when its caller resumes, the third
+    request still waits, and goes on its own afterwards."""
+    stuck, slow = await _account_with_endpoint(pool, 100), await _account_with_endpoint(pool, 100)
+    free = await _account_with_endpoint(pool, 100)
+    holder, held = await _hold_account_lock(pool, stuck)
+    slow_holder, slow_held = await _hold_account_lock(pool, slow)
+    coalescer = Coalescer(pool, attempts_max=3, concurrency=2, parallel_waiting_min=100, stall_seconds=0.2)
+    try:
+        first = asyncio.create_task(coalescer.submit(messages.MessageRequest(stuck, "t", b"1")))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(_submit_and_look(coalescer, messages.MessageRequest(slow, "t", b"2")))
+        await asyncio.sleep(0.05)
+        assert coalescer.waiting == 1  # below the threshold, before the stall
+        await _until(_no_request_waits(coalescer))  # the second batch started at the stall, stuck too
+        third = asyncio.create_task(coalescer.submit(messages.MessageRequest(free, "t", b"3")))
+        await asyncio.sleep(0.05)
+        assert coalescer.waiting == 1
+        await slow_held.rollback()
+        result, waiting_when_answered = await asyncio.wait_for(second, 10)
+        assert isinstance(result, messages.MessageCreated)
+        assert waiting_when_answered == 1  # not taken early beside the stuck first batch
+        assert isinstance(await asyncio.wait_for(third, 10), messages.MessageCreated)
+        assert not first.done()
+    finally:
+        await _let_go(pool, slow_holder, slow_held)
+        await _release_and_close(pool, holder, held, coalescer)
+    assert isinstance(await asyncio.wait_for(first, 10), messages.MessageCreated)
+
+
+async def _submit_and_look(coalescer: Coalescer, request: messages.MessageRequest):
+    """The request's result, and how many requests waited at the moment its caller resumed (read in
+    the same step of the loop)."""
+    result = await coalescer.submit(request)
+    return result, coalescer.waiting
+
+
+def _no_request_waits(coalescer: Coalescer):
+    async def predicate() -> bool:
+        return coalescer.waiting == 0
+    return predicate
+
+
+async def _let_go(pool, holder, held) -> None:
+    """End a lock holder's transaction unless the test already did, and give its connection back."""
+    if holder.is_in_transaction():
+        await held.rollback()
+    await pool.release(holder)
