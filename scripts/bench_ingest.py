@@ -15,10 +15,11 @@ share alone, so that the gap between the API and the trivial handler splits into
 path costs and what the database writes cost.
 The load is C requests in flight for each C of `--concurrency` (96 and 256 by default), the
 trivial handler beside the API at the same C, from wrk with C connections where wrk is installed
-(wrk_load.py), and otherwise from this process's aiohttp client (`--load-generator` picks one).
-The aiohttp client spends more CPU per request than either server (77 to 117 µs against the
-trivial handler's 42 to 71), so on two cores it, not the server, is what saturates beside the
-trivial handler, and beside the API it takes the cores the API and PostgreSQL would use.
+(wrk_load.py), otherwise from raw_load.py (a lean Python client in a process of its own), or with
+`--load-generator aiohttp` from this process's aiohttp client, as the sessions before the
+thirtieth measured. That client spends more CPU per request than either server (77 to 119 µs
+against the trivial handler's 42 to 71), so on two cores it, not the server, is what saturates
+beside the trivial handler, and beside the API it takes the cores the API and PostgreSQL need.
 
 It prints messages/s and each rate as a share of the trivial handler's at the same C, the CPU
 each process spent per 1,000 messages and the time each waited for a core (ready to run, not
@@ -28,7 +29,7 @@ and, with more than one C, each case at its best C against the trivial handler a
 
 Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest.py [--seconds 5] [--concurrency 96,256] [--accounts 1000]
        [--event-loop auto|uvloop|asyncio] [--fan-outs 1,4] [--no-bare-sql] [--without-writes]
-       [--load-generator aiohttp|wrk]
+       [--load-generator wrk|raw|aiohttp]
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from billing import messages
 from billing.database import create_pool
 from delivery import config, event_loop
 import cpu_shares  # scripts/, beside this file
+import raw_load  # scripts/, beside this file
 import wrk_load  # scripts/, beside this file
 from scratch_database import add_redis_db_argument, scratch_database, scratch_redis  # scripts/, beside this file
 
@@ -136,11 +138,10 @@ def stop_servers(processes: list[subprocess.Popen]) -> None:
             process.wait(10)
 
 
-LOAD_GENERATORS = ("aiohttp", "wrk")
+LOAD_GENERATORS = ("wrk", "raw", "aiohttp")
 _load_generator = "aiohttp"
-AIOHTTP_NOTE = ("wrk is not installed (Debian: apt-get install wrk), so the load comes from the aiohttp client, which"
-                " spends more CPU per request than either server it measures and shares their two cores:"
-                " its shares are the load generator's as much as the servers'")
+RAW_NOTE = ("wrk is not installed (Debian: apt-get install wrk), so the load comes from raw_load.py, a lean Python"
+            " client of its own process")
 
 
 def load_generator() -> str:
@@ -162,6 +163,8 @@ async def load(base_url: str, keys: list[str], body: bytes, seconds: float, conc
     """POST body round-robin over the keys for `seconds`; messages accepted per second and status counts."""
     if _load_generator == "wrk":
         return await wrk_load.load(base_url, keys, body, seconds, concurrency)
+    if _load_generator == "raw":
+        return await raw_load.load(base_url, keys, body, seconds, concurrency)
     return await _load_aiohttp(base_url, keys, body, seconds, concurrency)
 
 
@@ -187,18 +190,18 @@ async def _load_aiohttp(base_url: str, keys: list[str], body: bytes, seconds: fl
 
 def add_load_generator_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-generator", choices=LOAD_GENERATORS, default=None,
-                        help="the load: wrk (Debian's package wrk; the default where it is installed), or this"
-                             " process's aiohttp client (the default without wrk)")
+                        help="the load: wrk (Debian's package wrk; the default where it is installed), raw_load.py"
+                             " (a lean Python client; the default without wrk), or this process's aiohttp client")
 
 
 def apply_load_generator_argument(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> None:
-    """The load generator named, or by default wrk where installed (wrk_load.py says why) and the
-    aiohttp client, with a note on stderr, where not."""
+    """The load generator named, or by default wrk where installed (wrk_load.py says why) and
+    raw_load.py, with a note on stderr, where not."""
     name = parsed.load_generator
     if name is None:
-        name = "wrk" if wrk_load.available() else "aiohttp"
-        if name == "aiohttp":
-            print(AIOHTTP_NOTE, file=sys.stderr)
+        name = "wrk" if wrk_load.available() else "raw"
+        if name == "raw":
+            print(RAW_NOTE, file=sys.stderr)
     try:
         use_load_generator(name)
     except wrk_load.WrkUnavailable as error:
@@ -342,8 +345,8 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
                   f" {batch_mean:.1f} requests per group-commit transaction, {transaction_ms:.1f} ms each"
                   f" ({(batches_after[2] - batches_before[2]) / seconds:.0%} of the run in one)")
             print(f"     {_WAITED}: {cpu_shares.describe(waits)}")
-            # The bound assumes the two cores limit the ceiling; beside wrk the trivial handler's
-            # own core does (it runs at 1.00 of one), and the figure would mean nothing.
+            # The bound assumes the two cores limit the ceiling; beside wrk or raw_load the trivial
+            # handler's own core does (it runs at 1.00 of one), and the figure would mean nothing.
             bound = cpu_shares.database_bound(trivial_shares, shares) if _load_generator == "aiohttp" else None
             if bound:
                 print(f"     what the database alone allows: {bound} of the trivial handler, if the API and the"

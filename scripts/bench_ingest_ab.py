@@ -17,7 +17,7 @@ whose code that API runs (`git worktree add /tmp/before HEAD~1`, say); `NAME@DIR
 settings works too.
 
 Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest_ab.py [--rounds 5] [--seconds 5] [--fan-out 1]
-       [--load-generator aiohttp|wrk] [--concurrency 96]
+       [--load-generator wrk|raw|aiohttp] [--concurrency 96]
        default 'threshold-1:HOOKLEDGER_GROUP_COMMIT_PARALLEL_WAITING_MIN=1' ...
 """
 

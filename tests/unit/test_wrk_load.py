@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from aiohttp import web
+
+from loopback_messages_server import BODY, KEYS, assert_each_key_in_turn, counting_handler, serving
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import wrk_load  # noqa: E402  (scripts/ is not a package)
@@ -53,29 +54,9 @@ def test_the_script_refuses_what_it_cannot_quote(keys, body, message):
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get install wrk)")
 async def test_a_real_run_sends_the_body_with_each_key_in_turn(unused_tcp_port):
     seen: list[tuple[str, bytes, str]] = []
-
-    async def handler(request: web.Request) -> web.Response:
-        seen.append((request.headers["Authorization"], await request.read(), request.content_type))
-        # Every seventh answer fails, to be counted apart.
-        return web.json_response({}, status=500 if len(seen) % 7 == 0 else 202)
-
-    app = web.Application()
-    app.router.add_post("/v1/messages", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", unused_tcp_port)
-    await site.start()
-    try:
-        rate, statuses = await wrk_load.load(f"http://127.0.0.1:{unused_tcp_port}", ["k1", "k2", "k3"],
-                                             b'{"event_type":"t","payload":{}}', 1, 4)
-    finally:
-        await runner.cleanup()
-    assert len(seen) > 30
-    assert {body for _, body, _ in seen} == {b'{"event_type":"t","payload":{}}'}
-    assert {content_type for _, _, content_type in seen} == {"application/json"}
-    keys = [authorization for authorization, _, _ in seen]
-    assert set(keys) == {"Bearer k1", "Bearer k2", "Bearer k3"}
-    assert max(keys.count(key) for key in set(keys)) - min(keys.count(key) for key in set(keys)) <= len(keys) // 3
+    async with serving(unused_tcp_port, counting_handler(seen)) as url:
+        rate, statuses = await wrk_load.load(url, KEYS, BODY, 1, 4)
+    assert_each_key_in_turn(seen, spread=len(seen) // 3)
     failed = len(seen) // 7
     # wrk counts what it finished in its time; the server may have seen a request or two more.
     assert abs(statuses.get("non-2xx", 0) - failed) <= 4
