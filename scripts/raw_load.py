@@ -12,20 +12,20 @@ counts the answers finished within the run's seconds (the ones still in flight t
 It reads only what a server that answers every request with a Content-Length sends (aiohttp's
 JSON responses, the API's and the trivial handler's); an answer without one is an error.
 
-Usage (as bench_ingest.py runs it): raw_load.py SPEC.json, where SPEC holds url, keys, body
-(text), seconds and concurrency; it prints {"answered": {status: count}, "seconds": s} as JSON.
+Usage (as bench_ingest.py runs it): raw_load.py, with a JSON object on stdin holding url, keys,
+body (text), seconds and concurrency; it prints the answers finished in time, {status: count}.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import sys
-import tempfile
 import time
 from urllib.parse import urlsplit
+
+from delivery import event_loop
 
 _HEAD_END = b"\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
@@ -129,9 +129,9 @@ class _Connection(asyncio.Protocol):
             self.lost.set_result(error)
 
 
-async def run(url: str, keys: list[str], body: bytes, seconds: float, concurrency: int) -> tuple[dict[int, int], float]:
-    """Connect `concurrency` connections, then send for `seconds`: the answers finished in that time
-    by status, and the seconds."""
+async def run(url: str, keys: list[str], body: bytes, seconds: float, concurrency: int) -> dict[int, int]:
+    """Connect `concurrency` connections, then send for `seconds`: the answers finished in that time,
+    by status."""
     parts = urlsplit(url)
     this = _Run(requests_for(url, keys, body))
     loop = asyncio.get_running_loop()
@@ -150,38 +150,27 @@ async def run(url: str, keys: list[str], body: bytes, seconds: float, concurrenc
     await asyncio.gather(*(connection.lost for connection in connections))
     if this.failure is not None:
         raise this.failure
-    return this.answered, seconds
+    return this.answered
 
 
 async def load(base_url: str, keys: list[str], body: bytes, seconds: float, concurrency: int) -> tuple[float, dict]:
     """POST body to base_url/v1/messages round-robin over the keys for `seconds` from `concurrency`
     connections, from a process of its own: 202 answers per second, and the counts by status."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as spec:
-        json.dump({"url": f"{base_url}/v1/messages", "keys": keys, "body": body.decode(), "seconds": seconds,
-                   "concurrency": concurrency}, spec)
-    try:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, spec.name, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        output, errors = await process.communicate()
-    finally:
-        os.unlink(spec.name)
+    spec = json.dumps({"url": f"{base_url}/v1/messages", "keys": keys, "body": body.decode(), "seconds": seconds,
+                       "concurrency": concurrency}).encode()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    output, errors = await process.communicate(spec)
     if process.returncode != 0:
         raise RuntimeError(f"raw_load.py exited with {process.returncode}: {errors.decode()[-500:]}")
-    report = json.loads(output)
-    statuses = {int(status): count for status, count in report["answered"].items()}
-    return statuses.get(202, 0) / report["seconds"], statuses
-
-
-def _main(spec_path: str) -> None:
-    with open(spec_path) as spec_file:
-        spec = json.load(spec_file)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from delivery import event_loop  # the platform's loop (uvloop where installed), as the servers run
-
-    answered, seconds = event_loop.run(run(spec["url"], spec["keys"], spec["body"].encode(), spec["seconds"],
-                                           spec["concurrency"]))
-    print(json.dumps({"answered": answered, "seconds": seconds}))
+    statuses = {int(status): count for status, count in json.loads(output).items()}
+    return statuses.get(202, 0) / seconds, statuses
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1])
+    spec = json.load(sys.stdin)
+    # The platform's loop (uvloop where installed), as the servers run.
+    answered = event_loop.run(run(spec["url"], spec["keys"], spec["body"].encode(), spec["seconds"],
+                                  spec["concurrency"]))
+    print(json.dumps(answered))

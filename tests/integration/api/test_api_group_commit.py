@@ -424,3 +424,46 @@ async def _let_go(pool, holder, held) -> None:
     if holder.is_in_transaction():
         await held.rollback()
     await pool.release(holder)
+
+
+@pytest.mark.parametrize("round_number", range(5))
+async def test_closed_loops_of_callers_each_get_their_own_result_and_the_ledger_agrees(pool, round_number):
+    """24 callers each submit 15 creates one after another (as a benchmark's connections do), over a
+    hot account, two others and one that can pay for 20: while a batch runs the next callers queue,
+    so batches are sent early, before the last one's callers resume. Every caller gets its own
+    result, the poor account exactly 20 messages and then refusals, each balance equals its ledger,
+    and the audit is clean."""
+    hot = await _account_with_endpoint(pool, 1000)
+    others = [await _account_with_endpoint(pool, 1000) for _ in range(2)]
+    poor = await _account_with_endpoint(pool, 20)
+    coalescer = Coalescer(pool, attempts_max=3)
+    targets = [hot, hot, *others, poor]
+
+    async def caller(number: int) -> list:
+        results = []
+        for turn in range(15):
+            account = targets[(number + turn) % len(targets)]
+            results.append((account, await coalescer.submit(messages.MessageRequest(account, "t", b"%d" % turn))))
+        return results
+
+    try:
+        outcomes = [each for results in await asyncio.wait_for(
+            asyncio.gather(*(caller(number) for number in range(24))), 60) for each in results]
+    finally:
+        await asyncio.wait_for(coalescer.close(), 10)
+    assert len(outcomes) == 24 * 15
+    created = [result for _, result in outcomes if isinstance(result, messages.MessageCreated)]
+    assert len({result.message_id for result in created}) == len(created)
+    assert all(isinstance(result, InsufficientBalance) for account, result in outcomes
+               if not isinstance(result, messages.MessageCreated) and account == poor)
+    assert sum(1 for account, result in outcomes if account != poor and not isinstance(result, messages.MessageCreated)) == 0
+    assert sum(1 for result in created if result.account_id == poor) == 20
+    for account in (hot, *others, poor):
+        made = sum(1 for result in created if result.account_id == account)
+        stored = await pool.fetchrow(
+            "SELECT a.balance, (SELECT sum(amount) FROM ledger_entries l WHERE l.account_id = a.id) AS ledger,"
+            " (SELECT count(*) FROM messages m WHERE m.account_id = a.id) AS messages FROM accounts a WHERE a.id = $1",
+            account)
+        assert stored["balance"] == stored["ledger"]
+        assert stored["messages"] == made
+    assert (await audit(pool)).clean
