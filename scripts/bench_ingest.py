@@ -372,6 +372,17 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
     return ceilings
 
 
+def concurrencies(text: str) -> list[int]:
+    """--concurrency: one or more whole numbers of 1 to 1024, comma-separated."""
+    try:
+        values = [int(n) for n in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(1 <= value <= 1024 for value in values):
+        raise argparse.ArgumentTypeError(f"a comma-separated list of whole numbers 1 to 1024, got {text!r}")
+    return values
+
+
 def peaks(report: dict) -> list[dict]:
     """Each (fan-out, accounts) case at the concurrency where the API made the most, set against the
     trivial handler at the concurrency where it made the most (the mean of its runs there).
@@ -480,7 +491,7 @@ async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str)
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--concurrency", type=lambda text: [int(n) for n in text.split(",")], default=[96, 256],
+    parser.add_argument("--concurrency", type=concurrencies, default=[96, 256],
                         help="concurrent requests, or a comma-separated list to measure each (default: 96,256); the"
                              " bare-SQL runs use the first")
     parser.add_argument("--accounts", type=int, default=1000)

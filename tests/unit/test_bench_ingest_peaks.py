@@ -1,8 +1,10 @@
 """scripts/bench_ingest.py's peaks: each case at the concurrency where the API made the most,
-against the trivial handler at the concurrency where the mean of its runs was the highest."""
+against the trivial handler at the concurrency where the mean of its runs was the highest; and
+its --concurrency list, refused with a clear error where it is not one."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -43,3 +45,10 @@ def test_one_concurrency_sets_each_case_beside_that_concurrency_s_mean():
     (peak,) = bench_ingest.peaks(report)
     assert (peak["concurrency"], peak["trivial_concurrency"]) == (96, 96)
     assert peak["share_of_trivial"] == pytest.approx(0.6)
+
+
+def test_the_concurrency_list_is_whole_numbers_of_1_to_1024():
+    assert bench_ingest.concurrencies("96,256") == [96, 256]
+    for bad in ("", "96,", "a", "0", "96,2000", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="whole numbers 1 to 1024"):
+            bench_ingest.concurrencies(bad)
