@@ -333,7 +333,7 @@ WHERE d.state = 'dead' AND a.status <> 'active' AND ($1::uuid IS NULL OR d.accou
 """
 
 # A late 2xx on an active account is reclaimed when it is recorded, or by the next sweep when
-# that step was lost (delivery.results.reclaim_late_successes): one still dead minutes later
+# that step was lost (delivery.engine.results.reclaim_late_successes): one still dead minutes later
 # kept a refund for a delivery that arrived.
 UNRECLAIMED_AFTER = "5 minutes"
 _UNRECLAIMED_LATE_SUCCESS = """

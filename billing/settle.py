@@ -2,11 +2,11 @@
 
 Every path that gives up on a single delivery calls `settle` with its reason:
 
-    out_of_retries      the last attempt failed                      (delivery.results)
-    endpoint_deleted    the endpoint is gone when a retry comes      (delivery.presend)
-    account_closed      the pre-send check finds the account closed  (delivery.presend)
-    endpoint_disabled   the pre-send check finds the endpoint off    (delivery.presend)
-    attempts_exhausted  a claim finds the attempt limit reached      (delivery.claims)
+    out_of_retries      the last attempt failed                      (delivery.engine.results)
+    endpoint_deleted    the endpoint is gone when a retry comes      (delivery.engine.presend)
+    account_closed      the pre-send check finds the account closed  (delivery.engine.presend)
+    endpoint_disabled   the pre-send check finds the endpoint off    (delivery.engine.presend)
+    attempts_exhausted  a claim finds the attempt limit reached      (delivery.engine.claims)
     (run twice)         the same path again finds the refund and adds nothing
 
 Account deletion settles in bulk (billing.closeout) with the same checks, set-based.

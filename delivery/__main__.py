@@ -1,3 +1,3 @@
-from delivery.cli import main
+from delivery.cli.main import main
 
 main()

@@ -68,3 +68,14 @@ class AddressRefusedError(DeliveryError, OSError):
 
 class ServerUnreachableError(DeliveryError):
     """A server the platform needs did not answer at start; is it running, and is its URL right?"""
+
+
+def server_address(url: str) -> str:
+    """Where a URL points, without its user or password: host:port, or the socket path."""
+    from urllib.parse import parse_qs, urlsplit
+
+    parts = urlsplit(url)
+    if parts.hostname:
+        return f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname
+    socket_path = parts.path if parts.scheme == "unix" else (parse_qs(parts.query).get("host") or [""])[0]
+    return socket_path or url.split("://", 1)[0] + " (default address)"

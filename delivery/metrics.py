@@ -3,7 +3,7 @@
 One registry of our own (not the client library's global one), so a process that imports this
 module twice under test, or embeds us, never collides on metric names. Every process counts in
 it what happens there. The API serves /metrics: its own series from here, and the worker-side ones
-(WORKER_SUMMED, WORKER_GAUGES) from the workers' snapshots in Redis (delivery.metrics_share), never
+(WORKER_SUMMED, WORKER_GAUGES) from the workers' snapshots in Redis (delivery.engine.metrics_share), never
 its own never-moved copies. A worker serves its whole registry on HOOKLEDGER_WORKER_METRICS_PORT.
 """
 
@@ -128,7 +128,7 @@ def status_class(status_code: int | None) -> str:
     return _STATUS_CLASSES[status_code // 100 - 1]
 
 
-# The audit cron (delivery.worker.audit_cron) sets these after each run.
+# The audit cron (delivery.platform.worker.audit_cron) sets these after each run.
 AUDIT_VIOLATIONS = Gauge(
     "hookledger_audit_violations",
     "Invariant violations (I1-I8) found by the last periodic audit.",
@@ -145,7 +145,7 @@ AUDIT_LAST_RUN = Gauge(
     "Unix time at which the last periodic audit finished.",
     registry=REGISTRY,
 )
-# The worker (delivery.redis_outage) sets this as its polls reach Redis or fail to.
+# The worker (delivery.engine.redis_outage) sets this as its polls reach Redis or fail to.
 REDIS_REACHABLE = Gauge(
     "hookledger_worker_redis_reachable",
     "1 while the worker's last poll reached Redis; 0 while it delivers from PostgreSQL alone.",
@@ -154,7 +154,7 @@ REDIS_REACHABLE = Gauge(
 
 
 # Counted in the worker processes only. The API publishes them as the workers share them through
-# Redis (delivery.metrics_share): the counters and the histogram summed over the live workers, the
+# Redis (delivery.engine.metrics_share): the counters and the histogram summed over the live workers, the
 # gauges summarized; never its own copies, which would be zeros.
 WORKER_SUMMED = (DELIVERIES, ATTEMPTS, DELIVERY_LATENCY, REFUNDS)
 WORKER_GAUGES = (REDIS_REACHABLE, AUDIT_VIOLATIONS, AUDIT_NOTICES, AUDIT_LAST_RUN)

@@ -1,6 +1,6 @@
 """Alembic environment: runs migrations over asyncpg, the only PostgreSQL driver we ship.
 
-The URL comes from `config.attributes["database_url"]` (set by delivery.migrate) or the
+The URL comes from `config.attributes["database_url"]` (set by delivery.platform.migrate) or the
 DATABASE_URL environment variable when alembic is run by hand.
 """
 

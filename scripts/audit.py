@@ -3,7 +3,7 @@
 
 import sys
 
-from delivery.cli import app
+from delivery.cli.main import app
 
 if __name__ == "__main__":
     sys.exit(app(["audit", *sys.argv[1:]]))

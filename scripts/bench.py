@@ -191,7 +191,7 @@ def run_benchmark(name: str, options: argparse.Namespace, environment: dict[str,
 
 def servers_environment() -> tuple[dict[str, str], str]:
     """The environment for the benchmarks: DATABASE_URL and REDIS_URL set (embedded ones started here if unset)."""
-    from delivery import config, services
+    from delivery.platform import config, services
 
     settings = config.load()
     database_url = services.database_url(settings.database)

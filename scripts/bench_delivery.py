@@ -51,11 +51,15 @@ from aiohttp import web
 from billing import accounts, ids
 from billing.database import create_pool
 from billing.messages import MessageRequest, create_messages
-from delivery import claims, config, event_loop, presend, queue as job_queue, services
+from delivery import event_loop
+from delivery.engine import claims
+from delivery.platform import config
+from delivery.engine import presend, queue as job_queue
+from delivery.platform import services
 from delivery.api import api_keys
-from delivery.results import AttemptResult, record_results
-from delivery.sender import SESSION_HEADERS, Sender, SendRequest
-from delivery.signer_cache import SignerCache, endpoint_secret_context
+from delivery.engine.results import AttemptResult, record_results
+from delivery.engine.sender import SESSION_HEADERS, Sender, SendRequest
+from delivery.store.signer_cache import SignerCache, endpoint_secret_context
 import cpu_shares  # scripts/, beside this file
 from bench_ingest import free_port, stop_servers, wait_ready  # scripts/, beside this file
 from scratch_database import add_redis_db_argument, scratch_database, scratch_redis  # scripts/, beside this file

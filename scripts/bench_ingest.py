@@ -52,7 +52,8 @@ from aiohttp import web
 
 from billing import messages
 from billing.database import create_pool
-from delivery import config, event_loop
+from delivery import event_loop
+from delivery.platform import config
 import cpu_shares  # scripts/, beside this file
 import raw_load  # scripts/, beside this file
 import wrk_load  # scripts/, beside this file
@@ -92,7 +93,7 @@ def serve_api_without_writes() -> None:
     subscribe to its event type: authentication, validation, the coalescer, the response and the
     wake-ups all run; the write statement and its round trip do not."""
     from billing.message_plan import CreatedDelivery
-    from delivery import cli_api
+    from delivery.platform import api_server as cli_api
     from delivery.api import group_commit
 
     fan_outs = {f"fanout{fan_out}": fan_out for fan_out in BODIES}

@@ -20,7 +20,7 @@ from pathlib import Path
 from billing import accounts, ids, messages
 from billing.database import create_pool
 from billing.settle import DeadReason, settle
-from delivery import config, services
+from delivery.platform import config, services
 from scratch_database import scratch_database  # scripts/, beside this file
 
 SETTLE_SHARE = 0.5

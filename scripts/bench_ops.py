@@ -2,7 +2,7 @@
 """Operator benchmark: account deletion and the audit, each beside bare SQL doing the same row work.
 
 Deletion: two accounts with N live deliveries each (default 100,000). One is deleted by
-`delivery.deletion.run_deletion` (every step: closing, pre-check + bulk settle with the count
+`delivery.operations.deletion.run_deletion` (every step: closing, pre-check + bulk settle with the count
 check, closeout); the other by bare SQL in one transaction: one UPDATE marking dead, one INSERT
 of the refunds, one balance UPDATE, without the pre-check. The bulk-settle step alone is shown
 too (read from the deletion report's step times).
@@ -28,7 +28,9 @@ from pathlib import Path
 
 from billing.audit import audit
 from billing.database import create_pool
-from delivery import config, deletion, services
+from delivery.platform import config
+from delivery.operations import deletion
+from delivery.platform import services
 from scratch_database import scratch_database  # scripts/, beside this file
 
 ACCOUNTS_FOR_AUDIT = 1000

@@ -29,7 +29,7 @@ from pathlib import Path
 import aiohttp
 
 from delivery import event_loop
-from delivery.sender import SESSION_HEADERS, Sender, SenderSettings, SendRequest
+from delivery.engine.sender import SESSION_HEADERS, Sender, SenderSettings, SendRequest
 from signing import Signer, generate_secret
 
 CONNECTIONS = 64

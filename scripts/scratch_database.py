@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
-from delivery import migrate, services
+from delivery.platform import migrate, services
 
 
 def server_url_from_environment() -> str:

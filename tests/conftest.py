@@ -21,7 +21,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from delivery import migrate, services
+from delivery.platform import migrate, services
 
 
 @pytest.fixture(scope="session")

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import asyncpg
 from aiohttp import web
 
 from delivery.api.auth import Authenticator
 from delivery.api.group_commit import Coalescer
-from delivery.config import Settings
-from delivery.queue import Queue
-from delivery.ssrf import AddressPolicy
+from delivery.engine.queue import Queue
+from delivery.engine.ssrf import AddressPolicy
 from signing import Keyring
+
+if TYPE_CHECKING:  # built by delivery.platform.web_app, which sits above the API
+    from delivery.platform.config import Settings
 
 
 @dataclass
 class ApiContext:
-    settings: Settings
+    settings: "Settings"
     pool: asyncpg.Pool
     queue: Queue | None
     keyring: Keyring

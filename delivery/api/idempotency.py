@@ -21,7 +21,7 @@ refusal), so its corrected retry with the same key goes ahead: the key names an 
 refusal made nothing to name (Stripe does not keep a request that failed validation either).
 
 Answers are kept at least 24 h and purged after 25 by the worker's sweep
-(delivery.idempotent_responses). So a shown-once key or secret (a new API key, an endpoint's
+(delivery.store.idempotent_responses). So a shown-once key or secret (a new API key, an endpoint's
 signing secret) is kept that long too: sealed with the at-rest keyring, bound to its (principal,
 key), never in plain text.
 
@@ -41,7 +41,7 @@ from aiohttp import web
 from billing.database import Executor, OutcomeUnknown, resolved_transaction
 from billing.errors import IdempotencyConflict
 from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX
-from delivery import idempotent_responses as stored
+from delivery.store import idempotent_responses as stored
 from delivery.api import problems
 from delivery.api.context import context
 from delivery.api.problems import FieldError, validation

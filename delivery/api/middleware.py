@@ -12,7 +12,8 @@ from aiohttp import hdrs, web
 
 from billing.errors import BillingError
 from billing.database import NotWritten, OutcomeUnknown
-from delivery import database, metrics
+from delivery import metrics
+from delivery.store import connection_loss
 from delivery.api import logs, problems
 from delivery.api.problems import Problem
 
@@ -108,8 +109,8 @@ async def errors_as_problems(request: web.Request, handler) -> web.StreamRespons
         log.warning("write not committed", method=request.method, path=request.path, error=repr(error))
         return problems.response(problems.write_failed())
     except Exception as error:
-        if database.lost_database(error):
-            # The database went away (one of database.UNAVAILABLE, or asyncpg's InterfaceError on
+        if connection_loss.lost_database(error):
+            # The database went away (one of connection_loss.UNAVAILABLE, or asyncpg's InterfaceError on
             # the way out of a transaction or savepoint on the closed connection, the loss as its
             # context): a 503 to retry, not a 500.
             return _database_unavailable(request, error)

@@ -6,12 +6,12 @@ from aiohttp import web
 
 from billing import accounts as billing_accounts
 from billing.database import Executor, OutcomeUnknown, resolved_transaction
-from delivery import deletion
+from delivery.operations import deletion
 from delivery.api import api_keys, idempotency, reads, responses
 from delivery.api.context import ApiContext, context
 from delivery.api.problems import not_found
 from delivery.api.validation import AccountCreate, Query, TopupCreate, decode, path_id
-from delivery.idempotent_responses import OPERATOR_PRINCIPAL
+from delivery.store.idempotent_responses import OPERATOR_PRINCIPAL
 
 routes = web.RouteTableDef()
 
@@ -69,7 +69,7 @@ def _deletion(state) -> responses.AccountDeletion:
 
 @routes.delete("/v1/accounts/{id}")
 async def delete_account(request: web.Request) -> web.Response:
-    """Start the account-deletion job (delivery.deletion): 202 with the job; its status is readable."""
+    """Start the account-deletion job (delivery.operations.deletion): 202 with the job; its status is readable."""
     ctx = context(request)
     await ctx.operator(request)
     account_id = _account_id(request)

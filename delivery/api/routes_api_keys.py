@@ -12,7 +12,7 @@ from delivery.api import api_keys, idempotency, responses
 from delivery.api.context import ApiContext, context
 from delivery.api.problems import Problem, not_found
 from delivery.api.validation import Empty, decode, path_id
-from delivery.idempotent_responses import OPERATOR_PRINCIPAL
+from delivery.store.idempotent_responses import OPERATOR_PRINCIPAL
 
 routes = web.RouteTableDef()
 

@@ -9,13 +9,13 @@ import msgspec
 from aiohttp import web
 
 from billing.database import Executor
-from delivery import endpoints as store
+from delivery.store import endpoints as store
 from delivery.api import idempotency, responses
 from delivery.api.context import ApiContext, context
 from delivery.api.problems import FieldError, Problem, not_found, validation
 from delivery.api.validation import EndpointCreate, EndpointPatch, SecretRotate, decode, path_id
 from delivery.errors import InvalidEndpointUrlError
-from delivery.ssrf import validate_endpoint_url
+from delivery.engine.ssrf import validate_endpoint_url
 from signing import SigningError, generate_secret, parse_signing_key
 
 routes = web.RouteTableDef()

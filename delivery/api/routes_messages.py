@@ -15,7 +15,7 @@ from aiohttp import web
 from billing.errors import BillingError
 from billing.messages import MessageCreated, MessageRequest
 from delivery.api import group_commit, problems, responses
-from delivery.dead_letters import REPLAY_KEY_PREFIX
+from delivery.operations.dead_letters import REPLAY_KEY_PREFIX
 from delivery.api.context import ApiContext, context
 from delivery.api.idempotency import idempotency_key
 from delivery.api.problems import FieldError, Problem, validation

@@ -9,7 +9,8 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from delivery import metrics, metrics_share
+from delivery import metrics
+from delivery.engine import metrics_share
 from delivery.api import openapi, reads, responses
 from delivery.api.context import ApiContext, context
 
@@ -45,7 +46,7 @@ async def readyz(request: web.Request) -> web.Response:
 @routes.get("/metrics")
 async def prometheus_metrics(request: web.Request) -> web.Response:
     """The API's own series, the queue depth read now, and the workers' series from their snapshots
-    in Redis (delivery.metrics_share). Either read may fail or time out: the scrape still answers."""
+    in Redis (delivery.engine.metrics_share). Either read may fail or time out: the scrape still answers."""
     ctx = context(request)
     _, workers = await asyncio.gather(_read_queue_depth(ctx), _read_workers(ctx))
     response = web.Response(body=metrics_share.exposition(workers))

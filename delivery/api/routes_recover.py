@@ -5,7 +5,7 @@ nothing; `POST /v1/endpoints/{id}/recover {since, until?, confirm_total}` does i
 delivery of the endpoint that died in [since, until) and was not replayed before (by any replay:
 this, the operator's, or POST /v1/deliveries/{id}/replay; each names what it replays in
 deliveries.replay_of) becomes a NEW delivery with a new charge (the old stays dead and keeps its
-refund), through delivery.dead_letters (planned, then `replay_plan`), so each replay carries the
+refund), through delivery.operations.dead_letters (planned, then `replay_plan`), so each replay carries the
 key `replay:<dead delivery id>` and a dead delivery is replayed at most once by recoveries and
 bulk replays, whoever asks and however often.
 
@@ -42,7 +42,7 @@ from aiohttp import web
 from billing.database import Executor, OutcomeUnknown, resolved_transaction
 from billing import accounts
 from billing.errors import InsufficientBalance
-from delivery import dead_letters
+from delivery.operations import dead_letters
 from delivery.api import idempotency, responses
 from delivery.api.context import ApiContext
 from delivery.api.problems import FieldError, Problem, not_found, validation

@@ -18,14 +18,14 @@ import msgspec
 from billing import accounts as billing_accounts
 from billing.messages import EVENT_TYPE_LENGTH_MAX
 from delivery.api.problems import FieldError, Problem, validation
-from delivery.endpoints import (
+from delivery.store.endpoints import (
     DESCRIPTION_LENGTH_MAX,
     ENDPOINT_TIMEOUT_MS_MAX,
     ENDPOINT_TIMEOUT_MS_MIN,
     EVENT_TYPES_PER_ENDPOINT_MAX,
     SECRET_TEXT_LENGTH_MAX,
 )
-from delivery.ssrf import URL_CHARS_MAX
+from delivery.engine.ssrf import URL_CHARS_MAX
 
 PAGE_LIMIT_MAX = 100
 PAGE_LIMIT_DEFAULT = 50

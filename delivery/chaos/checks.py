@@ -23,7 +23,7 @@ from delivery.chaos.receivers import ReceiverFarm
 from delivery.chaos.workload import Workload
 
 DRAIN_POLL_SECONDS = 0.5
-# A deletion whose job was lost is resumed by the platform's sweep after 60 s (delivery.deletion
+# A deletion whose job was lost is resumed by the platform's sweep after 60 s (delivery.operations.deletion
 # STALE_AFTER_SECONDS); only past this is it requested again by hand, and the summary says so.
 DELETION_RETRY_SECONDS = 120.0
 DETAILS_MAX = 5  # ids named in a failed check's detail

@@ -28,8 +28,8 @@ import asyncpg
 import httpx
 import redis.asyncio as redis_asyncio
 
-from delivery import migrate, services
-from delivery.platform import free_port
+from delivery.platform import migrate, services
+from delivery.platform.run import free_port
 from signing import Keyring, format_keyring, generate_at_rest_key
 
 READY_SECONDS_MAX = 60

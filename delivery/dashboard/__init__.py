@@ -7,7 +7,7 @@ charts are inline SVG drawn on the server (charts.py); the one small script and 
 are static files, so nothing comes from a CDN and the dashboard works offline.
 
 It is one more client of the platform's code: reads from delivery.api.reads and queries.py,
-writes through delivery.endpoints, delivery.dead_letters, the API's group commit and
+writes through delivery.store.endpoints, delivery.operations.dead_letters, the API's group commit and
 billing.audit; no business rule is restated here.
 """
 

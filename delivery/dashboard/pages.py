@@ -20,12 +20,11 @@ from aiohttp import web
 
 from billing.errors import BillingError
 from billing.database import NotWritten, OutcomeUnknown
-from delivery import database
+from delivery.store import connection_loss
 from delivery.api import problems
 from delivery.api.context import CONTEXT, ApiContext
 from delivery.api.problems import Problem
-from delivery.dashboard import csrf
-from delivery.dashboard import session as sessions
+from delivery.dashboard import csrf, session as sessions
 from delivery.dashboard.session import Session
 
 log = structlog.get_logger("hookledger.dashboard")
@@ -131,7 +130,7 @@ async def errors_as_pages(request: web.Request, handler) -> web.StreamResponse:
     except NotWritten as error:  # a COMMIT answer lost, and the database says it did not take effect
         log.warning("write not committed", method=request.method, path=request.path, error=repr(error))
         return _error_page(request, problems.write_failed())
-    except database.UNAVAILABLE as error:
+    except connection_loss.UNAVAILABLE as error:
         log.warning("database unavailable", method=request.method, path=request.path, error=repr(error))
         return _error_page(request, Problem(503, "the database is unavailable; try again in a moment",
                                             "database-unavailable", headers={"Retry-After": "1"}))

@@ -1,8 +1,8 @@
 """The dashboard's own read queries: each statement named, described in one line, set-based.
 
 Reads the API already has (one delivery, its attempts and ledger entries) come from
-`delivery.api.reads`; endpoints from `delivery.endpoints`; dead letters from
-`delivery.dead_letters`; balances from `billing.accounts`. What is here is what a page needs
+`delivery.api.reads`; endpoints from `delivery.store.endpoints`; dead letters from
+`delivery.operations.dead_letters`; balances from `billing.accounts`. What is here is what a page needs
 besides those: a filter the API lacks, a chart's buckets, a running balance, operator lists.
 No page issues a query per row.
 """

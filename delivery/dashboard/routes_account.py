@@ -9,7 +9,7 @@ from aiohttp import web
 
 from billing import accounts as billing_accounts
 from billing.tables import LEDGER_KINDS
-from delivery import endpoints as store
+from delivery.store import endpoints as store
 from delivery.api.validation import Query
 from delivery.dashboard import charts, filters, pages, queries
 from delivery.dashboard.routes_endpoints import endpoint_health

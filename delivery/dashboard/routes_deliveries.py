@@ -2,7 +2,7 @@
 
 Reads come from delivery.api.reads (account-scoped, so another account's delivery is a 404
 like a missing one). A replay is a new delivery with its own charge: a dead one goes through
-delivery.dead_letters.replay (keyed `replay:<id>`, so a double submit replays once, and a
+delivery.operations.dead_letters.replay (keyed `replay:<id>`, so a double submit replays once, and a
 bulk replay later knows it was done); a delivered one through the API's group commit, keyed by
 the confirmation page it came from. The confirmation names the price; if the price changed
 before the click, nothing is replayed and the page asks again.
@@ -19,8 +19,8 @@ from aiohttp import web
 from billing import accounts as billing_accounts
 from billing.messages import MessageRequest
 from billing.tables import DELIVERY_STATES
-from delivery import dead_letters
-from delivery import endpoints as store
+from delivery.operations import dead_letters
+from delivery.store import endpoints as store
 from delivery.api import reads
 from delivery.api.problems import FieldError, Problem, not_found
 from delivery.api.routes_deliveries import REPLAYABLE_STATES

@@ -1,8 +1,8 @@
 """Endpoints: list with health, create, edit event types, disable/enable, rotate and reveal the secret.
 
 Input goes through the API's own checks: the body Structs of delivery.api.validation (lengths,
-event type syntax, timeouts) and the SSRF policy of delivery.ssrf; writes go through
-delivery.endpoints. Revealing or rotating a secret is a POST behind a confirmation page, so a
+event type syntax, timeouts) and the SSRF policy of delivery.engine.ssrf; writes go through
+delivery.store.endpoints. Revealing or rotating a secret is a POST behind a confirmation page, so a
 secret never sits in a URL or the history, and no link or prefetch can show or change one.
 """
 
@@ -16,12 +16,12 @@ import msgspec
 from aiohttp import web
 
 from billing.errors import AccountNotActive
-from delivery import endpoints as store
+from delivery.store import endpoints as store
 from delivery.api.problems import Problem, not_found
 from delivery.api.validation import EndpointCreate, EndpointPatch, decode, path_id
 from delivery.dashboard import pages, queries
 from delivery.errors import InvalidEndpointUrlError
-from delivery.ssrf import validate_endpoint_url
+from delivery.engine.ssrf import validate_endpoint_url
 from signing import generate_secret
 
 routes = web.RouteTableDef()

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from billing.audit import INVARIANTS, audit
 from billing.tables import DEAD_REASONS, DELETION_STEPS
-from delivery import dead_letters
+from delivery.operations import dead_letters
 from delivery.api.problems import FieldError, not_found
 from delivery.api.validation import Query, path_id
 from delivery.dashboard import filters, pages, queries

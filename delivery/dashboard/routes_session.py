@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from delivery.dashboard import csrf, pages
-from delivery.dashboard import session as sessions
+from delivery.dashboard import csrf, pages, session as sessions
 
 routes = web.RouteTableDef()
 

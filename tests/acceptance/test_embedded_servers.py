@@ -14,7 +14,7 @@ def test_embedded_redis_answers_and_is_gone_after_exit() -> None:
     socket; when the process exits, the server stops and its directory is removed."""
     code = (
         "import asyncio, redis.asyncio as r\n"
-        "from delivery import services\n"
+        "from delivery.platform import services\n"
         "url = services.start_embedded_redis()\n"
         "print(url)\n"
         "async def main():\n"

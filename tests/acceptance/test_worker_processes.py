@@ -21,7 +21,7 @@ import redis.asyncio as redis_asyncio
 from billing.audit import audit
 from billing.database import create_pool
 from billing.messages import MessageRequest, create_messages
-from delivery import migrate, services
+from delivery.platform import migrate, services
 from engine_helpers import (PRICE, add_account, add_endpoint, all_finished, fast_environment, ledger_of, states,
                             wait_for)
 
@@ -143,7 +143,7 @@ async def test_flushall_loses_no_delivery(pool, database_url, redis_url, keyring
     environment = fast_environment(database_url, redis_url, keyring, HOOKLEDGER_RETRY_SCHEDULE="0,1,1")
     client = redis_asyncio.Redis.from_url(redis_url)
     delivery_ids = await _create(pool, account_id, 60)
-    from delivery import queue as job_queue
+    from delivery.engine import queue as job_queue
 
     arq_redis = await job_queue.connect(redis_url)
     await job_queue.Queue(arq_redis).wake(delivery_ids)

@@ -9,9 +9,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from dashboard_helpers import OPERATOR_KEY, Dashboard
-from delivery import config
-from delivery import queue as job_queue
-from delivery.api.app import create_app
+from delivery.platform import config
+from delivery.engine import queue as job_queue
+from delivery.platform.web_app import create_app
 from engine_helpers import fast_environment
 
 CHROMIUM = "/usr/bin/chromium"

@@ -8,7 +8,7 @@ from browser_helpers import screenshot, sign_in, wait_for_state
 from dashboard_helpers import OPERATOR_KEY
 from billing.messages import MessageRequest, create_message
 from billing.settle import DeadReason, settle
-from delivery import deletion
+from delivery.operations import deletion
 from engine_helpers import running_worker
 
 

@@ -11,7 +11,7 @@ from sqlalchemy import pool as sa_pool
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from billing.tables import metadata
-from delivery import migrate
+from delivery.platform import migrate
 
 
 async def _differences(database_url: str) -> list:

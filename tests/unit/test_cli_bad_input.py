@@ -12,7 +12,7 @@ import socket
 import pytest
 from typer.testing import CliRunner
 
-from delivery.cli import app
+from delivery.cli.main import app
 
 ID = "0193a7e8-0000-7000-8000-000000000001"
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from delivery import config
+from delivery.platform import config
 from delivery.api import group_commit
 from delivery.errors import DeliveryError
 

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from delivery import config, event_loop
+from delivery import event_loop
+from delivery.platform import config
 
 
 def test_auto_and_uvloop_give_uvloop_where_it_is_installed():

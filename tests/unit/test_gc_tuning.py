@@ -6,7 +6,8 @@ import gc
 
 import pytest
 
-from delivery import cli_api, config, gc_tuning
+from delivery import gc_tuning
+from delivery.platform import api_server as cli_api, config
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from billing.database import create_pool
 from billing.message_direct import DIRECT_WRITE
 from billing.message_plan import GATED_WRITE, GATED_WRITE_REPLAYS
-from delivery import config
-from delivery import queue as job_queue
-from delivery.api.app import create_app
+from delivery.platform import config
+from delivery.engine import queue as job_queue
+from delivery.platform.web_app import create_app
 from signing import format_keyring, generate_at_rest_key
 from signing.at_rest import Keyring
 

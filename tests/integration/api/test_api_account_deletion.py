@@ -8,7 +8,7 @@ import time
 import uuid
 
 from billing.audit import audit
-from delivery.worker import build_worker
+from delivery.platform.worker import build_worker
 
 
 @contextlib.asynccontextmanager

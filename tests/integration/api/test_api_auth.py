@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from billing.database import create_pool
 from delivery.api import api_keys
-from delivery.api.app import create_app
+from delivery.platform.web_app import create_app
 from delivery.api.openapi import ACCOUNT, OPERATIONS, OPERATOR
 
 GUARDED = [op for op in OPERATIONS if op.auth is not None]

@@ -26,7 +26,7 @@ from billing.audit import audit
 from billing.database import create_pool
 from billing.messages import WRITES, CreateOutcomeUnknown, MessageCreated, MessageRequest, create_messages, resolve_outcome
 from delivery import metrics
-from delivery.api.app import create_app
+from delivery.platform.web_app import create_app
 from delivery.api.group_commit import BatchFailed, BatchOutcomeUnknown, Coalescer
 
 from commit_cutter import CommitCutter

@@ -10,8 +10,8 @@ import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from delivery.api.app import create_app
-from delivery.platform import free_port  # nothing listens there once it is returned
+from delivery.platform.web_app import create_app
+from delivery.platform.run import free_port  # nothing listens there once it is returned
 
 
 @pytest.mark.parametrize("where", ["tcp", "unix"])

@@ -14,8 +14,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from billing.audit import audit
 from billing.ids import new_ids
 from billing.settle import settle
-from delivery import dead_letters
-from delivery.api.app import create_app
+from delivery.operations import dead_letters
+from delivery.platform.web_app import create_app
 
 
 async def _dead(api, delivery_id: str) -> None:

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from billing import closeout
 from billing.audit import audit
-from delivery.api.app import create_app
+from delivery.platform.web_app import create_app
 from signing import generate_secret, parse_keyring
 from signing.at_rest import decrypt_secret
 

@@ -142,7 +142,7 @@ async def test_overload_is_503_with_retry_after(api, pool, queue):
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from delivery.api.app import create_app
+    from delivery.platform.web_app import create_app
 
     tight = dataclasses.replace(api.settings.api, group_commit_concurrency=1, group_commit_queue_max=1)
     app = create_app(dataclasses.replace(api.settings, api=tight), pool, queue)

@@ -12,8 +12,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from billing.audit import audit
-from delivery import queue as job_queue
-from delivery.api.app import create_app
+from delivery.engine import queue as job_queue
+from delivery.platform.web_app import create_app
 
 JSON = {"Content-Type": "application/json"}  # what aiohttp's client does not send for data=
 

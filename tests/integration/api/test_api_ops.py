@@ -10,9 +10,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from billing import messages
 
-from delivery import queue as job_queue
+from delivery.engine import queue as job_queue
 from delivery.api import logs
-from delivery.api.app import create_app
+from delivery.platform.web_app import create_app
 
 
 async def test_health_and_readiness(api):

@@ -22,8 +22,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from billing.audit import audit
 from billing.messages import MessageRequest, create_messages
 from billing.settle import settle
-from delivery import dead_letters
-from delivery.api.app import create_app
+from delivery.operations import dead_letters
+from delivery.platform.web_app import create_app
 
 SINCE = "2000-01-01T00:00:00Z"
 CONCURRENT_CALLS = 8

@@ -10,8 +10,8 @@ import re
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from delivery import queue as job_queue
-from delivery.api.app import create_app
+from delivery.engine import queue as job_queue
+from delivery.platform.web_app import create_app
 
 
 async def test_messages_and_deletions_are_accepted_while_redis_is_down(api, pool, private_redis, caplog):

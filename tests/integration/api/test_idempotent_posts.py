@@ -22,12 +22,12 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from billing import closeout
-from delivery import idempotent_responses
-from delivery.api.app import create_app
-from delivery.endpoints import ENDPOINTS_PER_ACCOUNT_MAX, open_secret
-from delivery.engine import Engine, EngineSettings
-from delivery.sender import Sender
-from delivery.signer_cache import SignerCache
+from delivery.store import idempotent_responses
+from delivery.platform.web_app import create_app
+from delivery.store.endpoints import ENDPOINTS_PER_ACCOUNT_MAX, open_secret
+from delivery.engine.pipeline import Engine, EngineSettings
+from delivery.engine.sender import Sender
+from delivery.store.signer_cache import SignerCache
 from signing import (Keyring, TamperedCiphertextError, decrypt_secret, format_keyring, generate_at_rest_key,
                      generate_secret, parse_keyring)
 

@@ -16,7 +16,7 @@ import asyncpg
 
 from billing import accounts, ids, messages
 from billing.audit import audit
-from delivery import claims
+from delivery.engine import claims
 
 LEASE_MS_LONG = 3_600_000  # no lease in these tests expires by itself; tests expire them on purpose
 _order_numbers = iter(range(1, 10**9))

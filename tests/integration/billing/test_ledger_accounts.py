@@ -6,7 +6,7 @@ import pytest
 
 from billing import accounts, ids
 from billing.errors import InsufficientBalance, TopupConflict, TopupUnknown
-from delivery import results
+from delivery.engine import results
 from ledger_helpers import (
     add_endpoint,
     assert_audit_clean,

@@ -16,8 +16,8 @@ import pytest
 from billing import accounts, closeout, ids, references, tables
 from billing.audit import audit
 from billing.settle import DeadReason, settle
-from delivery import claims, presend, results
-from delivery.config import ApiSettings
+from delivery.engine import claims, presend, results
+from delivery.platform.config import ApiSettings
 from ledger_helpers import (
     add_endpoint,
     assert_audit_clean,

@@ -13,7 +13,7 @@ import pytest
 from billing import accounts, closeout, ids, messages
 from billing.errors import AccountNotActive, InsufficientBalance
 from billing.settle import DeadReason, Outcome, settle
-from delivery import claims, results
+from delivery.engine import claims, results
 from ledger_helpers import (
     LEASE_MS_LONG,
     add_endpoint,

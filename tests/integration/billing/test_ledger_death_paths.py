@@ -7,7 +7,9 @@ import pytest
 from billing import closeout, ids
 from billing.errors import AccountNotClosable
 from billing.settle import DeadReason, Outcome, settle
-from delivery import claims, endpoints, presend, results
+from delivery.engine import claims
+from delivery.store import endpoints
+from delivery.engine import presend, results
 from ledger_helpers import (
     add_endpoint,
     assert_audit_clean,

@@ -8,7 +8,7 @@ from billing import closeout, ids
 from billing.errors import BulkSettleMismatch, DeliveryNotFound, InvalidInput, LedgerMismatch
 from billing.settle import DeadReason, Outcome, settle
 from billing.audit import audit
-from delivery import claims, presend, results
+from delivery.engine import claims, presend, results
 from ledger_helpers import (
     add_endpoint,
     assert_audit_clean,

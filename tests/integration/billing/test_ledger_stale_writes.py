@@ -9,7 +9,7 @@ import pytest
 from billing import accounts, closeout, ids
 from billing.audit import audit
 from billing.settle import DeadReason, Outcome, reclaim, settle
-from delivery import claims, presend, results
+from delivery.engine import claims, presend, results
 from ledger_helpers import (
     add_endpoint,
     assert_audit_clean,

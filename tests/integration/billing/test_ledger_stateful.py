@@ -29,7 +29,7 @@ from billing.errors import (
     TopupUnknown,
 )
 from billing.settle import DeadReason, Outcome, settle
-from delivery import claims, presend, results
+from delivery.engine import claims, presend, results
 from ledger_helpers import LEASE_MS_LONG
 
 EVENT_TYPES = ("a", "b", "c")

@@ -9,7 +9,7 @@ import uuid
 
 from typer.testing import CliRunner
 
-from delivery.cli import app
+from delivery.cli.main import app
 
 OPERATOR_KEY = "op_cli_test_" + "c" * 32
 

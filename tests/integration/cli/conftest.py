@@ -18,7 +18,7 @@ import httpx
 import pytest
 from cli_test_helpers import OPERATOR_KEY, Cli
 
-from delivery.platform import free_port
+from delivery.platform.run import free_port
 from signing import Keyring, format_keyring, generate_at_rest_key
 
 STARTUP_SECONDS_MAX = 30.0

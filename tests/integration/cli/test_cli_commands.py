@@ -7,7 +7,7 @@ import uuid
 
 from cli_test_helpers import OPERATOR_KEY
 
-from delivery.platform import free_port
+from delivery.platform.run import free_port
 
 
 def _json(result) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from delivery import config, platform
+from delivery.platform import config, run as platform
 from signing import Keyring, format_keyring, generate_at_rest_key, generate_secret
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -15,7 +15,7 @@ import uuid
 import httpx
 import pytest
 
-from delivery.platform import free_port
+from delivery.platform.run import free_port
 from signing import generate_secret, webhook_headers
 
 LINE_WAIT_SECONDS = 15.0

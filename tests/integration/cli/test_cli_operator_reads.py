@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from delivery.cli import app
+from delivery.cli.main import app
 
 
 @pytest.fixture

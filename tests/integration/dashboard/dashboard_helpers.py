@@ -15,9 +15,9 @@ import pytest
 from aiohttp import ClientSession, CookieJar
 from aiohttp.test_utils import TestServer
 
-from delivery import config
-from delivery import queue as job_queue
-from delivery.api.app import create_app
+from delivery.platform import config
+from delivery.engine import queue as job_queue
+from delivery.platform.web_app import create_app
 from signing import Keyring, format_keyring, generate_at_rest_key
 
 OPERATOR_KEY = "op_dashboard_test_" + "d" * 32

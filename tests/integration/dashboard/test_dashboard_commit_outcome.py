@@ -11,9 +11,9 @@ from aiohttp.test_utils import TestServer
 from billing.database import create_pool
 from commit_cutter import CommitCutter
 from dashboard_helpers import Dashboard, dashboard_environment
-from delivery import config
-from delivery import queue as job_queue
-from delivery.api.app import create_app
+from delivery.platform import config
+from delivery.engine import queue as job_queue
+from delivery.platform.web_app import create_app
 
 _FORM = {"url": "https://example.com/x", "event_types": ""}
 

@@ -11,7 +11,7 @@ from billing import accounts as billing_accounts
 from billing.messages import MessageRequest, create_message
 from billing.settle import DeadReason, settle
 from dashboard_helpers import OPERATOR_KEY
-from delivery import deletion
+from delivery.operations import deletion
 
 
 async def _dead_delivery(pool, account_id) -> uuid.UUID:
@@ -48,7 +48,7 @@ async def test_overview_of_a_new_account_says_what_to_do(dash):
 
 
 async def test_endpoint_create_edit_disable_reveal_and_rotate(dash, pool):
-    """Every endpoint form writes through delivery.endpoints with the API's checks."""
+    """Every endpoint form writes through delivery.store.endpoints with the API's checks."""
     account_id, key = await dash.account()
     await dash.sign_in(key)
     await dash.page("/dashboard/endpoints")

@@ -7,8 +7,7 @@ import uuid
 
 from billing.messages import MessageRequest, create_message
 from dashboard_helpers import OPERATOR_KEY, Dashboard, session_hash
-from delivery.dashboard import csrf, pages
-from delivery.dashboard import session as sessions
+from delivery.dashboard import csrf, pages, session as sessions
 
 
 async def _sessions(pool) -> int:

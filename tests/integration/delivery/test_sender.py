@@ -18,7 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from delivery.errors import SenderOverloadedError, SenderSettingsError
-from delivery.sender import EXCERPT_BYTES_MAX_LIMIT, USER_AGENT, Sender, SenderSettings, SendRequest
+from delivery.engine.sender import EXCERPT_BYTES_MAX_LIMIT, USER_AGENT, Sender, SenderSettings, SendRequest
 
 LOOPBACK_ALLOWED = SenderSettings(allowed_networks=("127.0.0.0/8",))
 BODY = b'{"type":"invoice.paid","data":{"id":"in_1","amount":1200}}'

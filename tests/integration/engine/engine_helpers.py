@@ -13,9 +13,10 @@ import pytest
 from aiohttp import web
 
 from billing import accounts, ids
-from delivery import config, queue as job_queue
-from delivery.signer_cache import endpoint_secret_context
-from delivery.worker import build_worker
+from delivery.platform import config
+from delivery.engine import queue as job_queue
+from delivery.store.signer_cache import endpoint_secret_context
+from delivery.platform.worker import build_worker
 from signing import encrypt_secret, generate_at_rest_key, generate_secret, Keyring, format_keyring, verify
 
 PRICE = 5

@@ -15,7 +15,7 @@ import pytest
 
 from billing import accounts
 from billing.messages import MessageRequest, create_messages
-from delivery import claims
+from delivery.engine import claims
 
 LEASE_MS = 60_000
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from billing.messages import MessageRequest, create_messages
-from delivery.endpoint_health import EndpointHealth
-from delivery.retry import AutoDisablePolicy
+from delivery.engine.endpoint_health import EndpointHealth
+from delivery.engine.retry import AutoDisablePolicy
 from engine_helpers import add_account, add_endpoint
 
 

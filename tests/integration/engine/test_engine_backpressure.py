@@ -14,9 +14,9 @@ import random
 import pytest
 
 from billing.messages import MessageRequest, create_messages
-from delivery import engine as engine_module
-from delivery.sender import Sender, SenderSettings
-from delivery.signer_cache import SignerCache
+from delivery.engine import pipeline as engine_module
+from delivery.engine.sender import Sender, SenderSettings
+from delivery.store.signer_cache import SignerCache
 from engine_helpers import add_account, add_endpoint, states
 
 CAPACITY = 500  # the sender's sends_pending_max: the least the engine accepts (one deliver job)

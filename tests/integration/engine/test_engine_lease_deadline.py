@@ -19,12 +19,12 @@ import pytest
 
 from billing.audit import audit
 from billing.messages import MessageRequest, create_message
-from delivery import claims
-from delivery.engine import Engine, EngineSettings
-from delivery.results import AttemptResult, expire_leases, record_results
-from delivery.retry import RetrySchedule, RetrySettings
-from delivery.sender import Sender, SenderSettings
-from delivery.signer_cache import SignerCache
+from delivery.engine import claims
+from delivery.engine.pipeline import Engine, EngineSettings
+from delivery.engine.results import AttemptResult, expire_leases, record_results
+from delivery.engine.retry import RetrySchedule, RetrySettings
+from delivery.engine.sender import Sender, SenderSettings
+from delivery.store.signer_cache import SignerCache
 from engine_helpers import add_account, add_endpoint, ledger_of, states
 
 DELIVERIES = 12

@@ -1,4 +1,4 @@
-"""The workers' metrics reach the API's /metrics through Redis (delivery.metrics_share): a real worker
+"""The workers' metrics reach the API's /metrics through Redis (delivery.engine.metrics_share): a real worker
 delivers, dies and refunds; the real API app publishes what the worker's snapshot in Redis says.
 
 The worker and the API share this process's metrics registry here, so every check that the numbers
@@ -18,8 +18,10 @@ from arq.connections import ArqRedis
 from prometheus_client.parser import text_string_to_metric_families
 
 from billing.messages import MessageRequest, create_message
-from delivery import config, metrics, metrics_share, queue as job_queue
-from delivery.api.app import create_app
+from delivery import metrics
+from delivery.platform import config
+from delivery.engine import metrics_share, queue as job_queue
+from delivery.platform.web_app import create_app
 from delivery.api.routes_ops import READY_TIMEOUT_SECONDS
 from engine_helpers import add_account, add_endpoint, all_finished, fast_environment, running_worker, wait_for
 

@@ -1,4 +1,4 @@
-"""delivery.queue writes jobs arq reads: the ids, the function, and the time each job is due."""
+"""delivery.engine.queue writes jobs arq reads: the ids, the function, and the time each job is due."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from arq.jobs import Job
 
-from delivery import queue as job_queue
+from delivery.engine import queue as job_queue
 
 
 async def _jobs(arq_queue):

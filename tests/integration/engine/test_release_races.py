@@ -35,8 +35,8 @@ import pytest
 from billing.audit import audit
 from billing.database import create_pool
 from billing.messages import MessageRequest, create_message
-from delivery import claims
-from delivery.results import LEASE_EXPIRED_ERROR, AttemptResult, expire_leases, record_results
+from delivery.engine import claims
+from delivery.engine.results import LEASE_EXPIRED_ERROR, AttemptResult, expire_leases, record_results
 from engine_helpers import PRICE, add_account, add_endpoint, ledger_of
 
 ROUNDS = 40

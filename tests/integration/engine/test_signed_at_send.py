@@ -12,7 +12,7 @@ import asyncio
 import time
 
 from billing.messages import MessageRequest, create_message
-from delivery import config
+from delivery.platform import config
 from engine_helpers import add_account, add_endpoint, all_finished, fast_environment, running_worker, wait_for
 
 SENDS = 6

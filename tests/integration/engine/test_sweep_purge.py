@@ -5,9 +5,9 @@ before migration 0008, which only the API applies, failed every sweep before exp
 from __future__ import annotations
 
 from billing.messages import MessageRequest, create_message
-from delivery.engine import Engine, EngineSettings
-from delivery.sender import Sender
-from delivery.signer_cache import SignerCache
+from delivery.engine.pipeline import Engine, EngineSettings
+from delivery.engine.sender import Sender
+from delivery.store.signer_cache import SignerCache
 from engine_helpers import add_account, add_endpoint
 
 

@@ -18,10 +18,10 @@ import pytest
 from billing import ids
 from billing.audit import audit
 from billing.messages import MessageRequest, create_message
-from delivery.engine import Engine, EngineSettings
-from delivery.retry import RetrySchedule, RetrySettings
-from delivery.sender import Sender, SenderSettings
-from delivery.signer_cache import SignerCache, endpoint_secret_context
+from delivery.engine.pipeline import Engine, EngineSettings
+from delivery.engine.retry import RetrySchedule, RetrySettings
+from delivery.engine.sender import Sender, SenderSettings
+from delivery.store.signer_cache import SignerCache, endpoint_secret_context
 from engine_helpers import add_account, add_endpoint, ledger_of, states
 from signing import Keyring, encrypt_secret, generate_at_rest_key
 

@@ -7,10 +7,11 @@ import random
 
 from billing.audit import audit
 from billing.messages import MessageRequest, create_message
-from delivery import config, engine as engine_module
-from delivery.results import AttemptResult, record_results
-from delivery.sender import Sender, SenderSettings
-from delivery.signer_cache import SignerCache
+from delivery.platform import config
+from delivery.engine import pipeline as engine_module
+from delivery.engine.results import AttemptResult, record_results
+from delivery.engine.sender import Sender, SenderSettings
+from delivery.store.signer_cache import SignerCache
 from engine_helpers import (PRICE, add_account, add_endpoint, all_finished, fast_environment, ledger_of,
                             running_worker, states, wait_for)
 

@@ -12,15 +12,15 @@ from arq.constants import in_progress_key_prefix, job_key_prefix
 from arq.jobs import serialize_job
 from arq.utils import timestamp_ms
 
-from delivery import queue as job_queue
-from delivery.worker import EXISTS_CHUNK, build_worker
+from delivery.engine import queue as job_queue
+from delivery.platform.worker import EXISTS_CHUNK, build_worker
 from engine_helpers import running_worker, wait_for
 
 RUNNING_ELSEWHERE = 300  # 15 workers' worth of running jobs at the default of 20 each
 
 
 async def _enqueue_with_id(redis, job_id: str, function: str = "deliver") -> None:
-    """A job under a chosen id, written as delivery.queue writes one."""
+    """A job under a chosen id, written as delivery.engine.queue writes one."""
     now_ms = timestamp_ms()
     job = serialize_job(function, ([str(uuid.uuid4())],), {}, None, now_ms, serializer=job_queue.serialize)
     await redis.psetex(job_key_prefix + job_id, 60_000, job)

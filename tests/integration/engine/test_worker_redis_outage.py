@@ -17,13 +17,15 @@ import pytest
 from redis.exceptions import ReadOnlyError, WatchError
 
 from billing.messages import MessageRequest, create_messages
-from delivery import config, metrics, queue as job_queue
-from delivery import worker as worker_module
-from delivery.engine import Engine
-from delivery.platform import free_port  # nothing listens there once it is returned
-from delivery.sender import Sender
-from delivery.signer_cache import SignerCache
-from delivery.worker import SWEEP_TASK_NAME
+from delivery import metrics
+from delivery.platform import config
+from delivery.engine import queue as job_queue
+from delivery.platform import worker as worker_module
+from delivery.engine.pipeline import Engine
+from delivery.platform.run import free_port  # nothing listens there once it is returned
+from delivery.engine.sender import Sender
+from delivery.store.signer_cache import SignerCache
+from delivery.platform.worker import SWEEP_TASK_NAME
 from engine_helpers import add_account, add_endpoint, all_finished, fast_environment, running_worker, states, wait_for
 
 
@@ -128,7 +130,7 @@ async def test_jobs_log_one_line_while_postgresql_is_unreachable(settings, caplo
     finally:
         await sender.close()
         await dead.close()
-    lines = [record.getMessage() for record in caplog.records if record.name == "delivery.worker"]
+    lines = [record.getMessage() for record in caplog.records if record.name == "delivery.platform.worker"]
     assert len(lines) == 2 and all("PostgreSQL is unavailable" in line for line in lines), lines
 
 

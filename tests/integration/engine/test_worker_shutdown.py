@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from delivery.worker import build_worker
+from delivery.platform.worker import build_worker
 
 
 async def test_close_survives_a_job_cancelled_while_arq_finished_it(settings, pool):

@@ -10,7 +10,7 @@ import asyncpg
 from billing import accounts, ids
 from billing.audit import audit
 from billing.messages import MessageRequest, create_messages
-from delivery import claims
+from delivery.engine import claims
 
 LEASE_MS_LONG = 3_600_000
 

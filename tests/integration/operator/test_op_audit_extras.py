@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 
 from billing.audit import audit
 from billing.settle import settle
-from delivery import metrics, worker
-from delivery.cli import app
+from delivery import metrics
+from delivery.platform import worker
+from delivery.cli.main import app
 from operator_helpers import add_endpoint, create_many, make_account, raw_delivery
 
 
@@ -115,10 +116,10 @@ async def test_broken_guards_are_notices_and_the_audit_still_exits_clean(pool, d
     assert table.exit_code == 0 and "audit clean" in table.output and "2 notices (no invariant broken)" in table.output
     assert "api_keys_revoked" in table.output and "ledger_entries_check_references()" in table.output
     assert "None" not in table.output  # a schema notice's account and delivery show as "-"
-    with caplog.at_level(logging.WARNING, logger="delivery.worker"):
+    with caplog.at_level(logging.WARNING, logger="delivery.platform.worker"):
         assert await worker.audit_cron({"pool": pool}) == 0
     assert metrics.REGISTRY.get_sample_value("hookledger_audit_violations") == 0
     assert metrics.REGISTRY.get_sample_value("hookledger_audit_notices") == 2
-    logged = sorted(record.getMessage() for record in caplog.records if record.name == "delivery.worker")
+    logged = sorted(record.getMessage() for record in caplog.records if record.name == "delivery.platform.worker")
     assert len(logged) == 2 and all(line.startswith("audit notice: ") for line in logged), logged
     assert "api_keys_revoked" in logged[0] + logged[1] and "ledger_entries_check_references()" in logged[0] + logged[1]

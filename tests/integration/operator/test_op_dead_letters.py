@@ -9,7 +9,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from billing.messages import MessageRequest, create_messages
-from delivery import claims, config, dead_letters, results
+from delivery.engine import claims
+from delivery.platform import config
+from delivery.operations import dead_letters
+from delivery.engine import results
 from engine_helpers import add_account, add_endpoint, fast_environment, running_worker, wait_for
 from operator_helpers import assert_audit_clean
 
@@ -116,7 +119,7 @@ async def test_cli_dead_show_and_bulk_replay(pool, database_url, redis_url, keyr
 
     from typer.testing import CliRunner
 
-    from delivery.cli import app
+    from delivery.cli.main import app
 
     account_id, endpoint_id, _ = await _dead_deliveries(pool, database_url, redis_url, keyring, receiver_factory)
     monkeypatch.setenv("DATABASE_URL", database_url)
@@ -198,7 +201,7 @@ async def _cli_through_cutter(pool, database_url, redis_url, keyring, receiver_f
 
     from billing.message_plan import GATED_WRITE_REPLAYS
     from commit_cutter import CommitCutter
-    from delivery.cli import app
+    from delivery.cli.main import app
 
     account_id, endpoint_id, _ = await _dead_deliveries(pool, database_url, redis_url, keyring, receiver_factory)
     old_id = (await dead_letters.list_dead(pool, dead_letters.DeadFilter(endpoint_id=endpoint_id))).rows[0]["id"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from delivery import deletion, queue as job_queue
+from delivery.operations import deletion
+from delivery.engine import queue as job_queue
 from engine_helpers import running_worker, wait_for
 from operator_helpers import (add_endpoint, assert_audit_clean, balance_and_ledger, claim, create_many, make_account,
                               refunds_per_delivery)

@@ -10,7 +10,7 @@ import pytest
 
 from billing.errors import AccountNotActive
 from billing.messages import MessageRequest, create_message
-from delivery import deletion
+from delivery.operations import deletion
 from operator_helpers import (add_endpoint, assert_audit_clean, balance_and_ledger, claim, create_many, make_account,
                               refunds_per_delivery)
 

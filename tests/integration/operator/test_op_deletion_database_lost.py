@@ -12,7 +12,8 @@ import asyncio
 import asyncpg
 import pytest
 
-from delivery import database, deletion
+from delivery.store import connection_loss
+from delivery.operations import deletion
 from engine_helpers import wait_for
 from operator_helpers import add_endpoint, assert_audit_clean, balance_and_ledger, create_many, make_account
 
@@ -35,7 +36,7 @@ async def test_a_deletion_whose_connection_was_terminated_stays_running_and_fini
         await pool.execute(f"SELECT pg_terminate_backend(pid) FROM ({waiting}) w")
         with pytest.raises(Exception) as raised:
             await job
-        assert database.lost_database(raised.value)
+        assert connection_loss.lost_database(raised.value)
         await transaction.rollback()
     finally:
         await blocker.close()

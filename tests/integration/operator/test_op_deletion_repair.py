@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from billing import adjustments
 from billing.audit import audit
 from billing.errors import BalanceLimitExceeded
-from delivery import deletion, repair
-from delivery.cli import app
+from delivery.operations import deletion, repair
+from delivery.cli.main import app
 from ledger_helpers import execute_unchecked
 from operator_helpers import (add_endpoint, assert_audit_clean, balance_and_ledger, create_many, make_account,
                               raw_delivery, refunds_per_delivery)

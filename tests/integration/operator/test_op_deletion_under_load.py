@@ -9,7 +9,8 @@ import pytest
 from billing.audit import audit
 from billing.errors import AccountNotActive
 from billing.messages import MessageRequest, create_message, create_messages
-from delivery import config, deletion
+from delivery.platform import config
+from delivery.operations import deletion
 from engine_helpers import add_account, add_endpoint, fast_environment, running_worker, wait_for
 from operator_helpers import balance_and_ledger, refunds_per_delivery
 

@@ -12,9 +12,9 @@ import dataclasses
 import pytest
 from aiohttp.test_utils import TestServer
 
-from delivery import config
-from delivery import queue as job_queue
-from delivery.api.app import create_app
+from delivery.platform import config
+from delivery.engine import queue as job_queue
+from delivery.platform.web_app import create_app
 from delivery.client import AsyncClient
 from signing import Keyring, format_keyring, generate_at_rest_key
 

@@ -1,7 +1,7 @@
 """A keyed create whose first attempt is still running on the server when the SDK's retry count is
-spent: the SDK asks again with the key until the first attempt's own answer comes (found in review:
-it raised 409 idempotency-key-in-use without the key it had generated, the create then happened, and
-the caller's only move, calling again, made a second endpoint). Served as `hookledger api` serves
+spent: the SDK asks again with the key until that attempt's own answer comes (raising 409
+idempotency-key-in-use without the key it had generated would leave the caller's only move, calling
+again, to make a second endpoint once the create happened). Served as `hookledger api` serves
 (web.AppRunner: a handler is not cancelled when its client times out), unlike the TestServer."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import asyncio
 
 from aiohttp import web
 
-from delivery import queue as job_queue
-from delivery.api.app import create_app
+from delivery.engine import queue as job_queue
+from delivery.platform.web_app import create_app
 from delivery.client import AsyncClient
-from delivery.platform import free_port
+from delivery.platform.run import free_port
 
 
 async def test_a_create_held_past_the_retries_returns_the_one_endpoint_made(api_settings, redis_url, pool, account):

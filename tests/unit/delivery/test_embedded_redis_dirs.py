@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from delivery import services
+from delivery.platform import services
 
 
 def _dead_pid() -> int:
@@ -41,7 +41,7 @@ def test_a_killed_owners_dir_goes_at_the_next_start(tmp_path) -> None:
     server's own directory goes at that process's normal exit."""
     import signal
 
-    child_script = ("import os, time; from delivery import services; url = services.start_embedded_redis();"
+    child_script = ("import os, time; from delivery.platform import services; url = services.start_embedded_redis();"
                     "print(os.getpid(), url, flush=True); time.sleep(60)")
     environment = {**os.environ, "TMPDIR": str(tmp_path)}
     child = subprocess.Popen([sys.executable, "-c", child_script], stdout=subprocess.PIPE, text=True, env=environment)
@@ -53,7 +53,7 @@ def test_a_killed_owners_dir_goes_at_the_next_start(tmp_path) -> None:
     left = os.path.dirname(url.removeprefix("unix://"))
     assert os.path.basename(left).startswith(f"{services.REDIS_DIR_PREFIX}{pid}-") and os.path.isdir(left)
 
-    next_script = "from delivery import services; print(services.start_embedded_redis(), flush=True)"
+    next_script = "from delivery.platform import services; print(services.start_embedded_redis(), flush=True)"
     done = subprocess.run([sys.executable, "-c", next_script], capture_output=True, text=True, timeout=60,
                           env=environment)
     assert done.returncode == 0, done.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from delivery import parent_death
+from delivery.platform import parent_death
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -32,7 +32,7 @@ def test_a_tied_child_ends_with_its_killed_parent(tied: bool) -> None:
     seconds; the untied one is still there (so the check can fail), and the test ends it."""
     code = (
         "import os, signal, subprocess, sys\n"
-        "from delivery import parent_death\n"
+        "from delivery.platform import parent_death\n"
         f"preexec = parent_death.preexec() if {tied} else None\n"
         "child = subprocess.Popen(['sleep', '60'], preexec_fn=preexec, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
         "print(child.pid, flush=True)\n"

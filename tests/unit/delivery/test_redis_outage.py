@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from delivery import metrics
-from delivery.redis_outage import RedisOutage
+from delivery.engine.redis_outage import RedisOutage
 
 ERROR = ConnectionError("refused")
 

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from delivery import retry
+from delivery.engine import retry
 from delivery.errors import RetryScheduleError, RetrySettingsError
 
 NOW = datetime(2024, 3, 1, 12, 0, 0, tzinfo=timezone.utc)

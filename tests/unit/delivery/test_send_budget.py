@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from delivery.send_budget import SendBudget
+from delivery.engine.send_budget import SendBudget
 
 
 async def _settle() -> None:

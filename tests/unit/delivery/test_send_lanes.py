@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from delivery.send_lanes import Lanes
+from delivery.engine.send_lanes import Lanes
 
 
 def _run_all(lanes: Lanes, running: list[tuple]) -> list[object]:

@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from delivery import ssrf
+from delivery.engine import ssrf
 from delivery.errors import AddressRefusedError, InvalidEndpointUrlError
-from delivery.sender import Sender, SenderSettings, SendRequest
+from delivery.engine.sender import Sender, SenderSettings, SendRequest
 
 STRICT = ssrf.AddressPolicy()
 DEV = ssrf.AddressPolicy(allow_loopback=True)

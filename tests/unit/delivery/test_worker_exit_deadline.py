@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 PROGRAM = textwrap.dedent("""
     import logging, signal, sys, time
-    from delivery import config, worker
+    from delivery.platform import config, worker
     logging.basicConfig(level=logging.INFO)
     stuck = worker.build_worker(config.load({{}}), "redis://127.0.0.1:9/0", handle_signals=False, redis_pool=object())
     stuck.exit_deadline_seconds = {deadline}
@@ -50,7 +50,7 @@ def test_a_second_signal_does_not_push_the_deadline_back():
     so the process is gone before the 1.5 s mark; re-armed, it would have lived to 1.8 s."""
     program = textwrap.dedent("""
         import signal, time
-        from delivery import config, worker
+        from delivery.platform import config, worker
         stuck = worker.build_worker(config.load({}), "redis://127.0.0.1:9/0", handle_signals=False, redis_pool=object())
         stuck.exit_deadline_seconds = 1.0
         stuck.handle_sig(signal.SIGTERM)

@@ -22,9 +22,9 @@ from delivery.api.auth import Authenticator
 from delivery.api.context import CONTEXT, ApiContext
 from delivery.api.group_commit import Coalescer
 from delivery import dashboard
-from delivery.config import ConfigError, Settings
-from delivery.queue import Queue
-from delivery.ssrf import AddressPolicy
+from delivery.platform.config import ConfigError, Settings
+from delivery.engine.queue import Queue
+from delivery.engine.ssrf import AddressPolicy
 from signing import SigningError, parse_keyring
 
 logger = logging.getLogger(__name__)

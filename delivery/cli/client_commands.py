@@ -30,10 +30,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from delivery.cli_operator import accounts_app, deliveries_app, parse_id, parse_time
+from delivery.cli.operator_commands import accounts_app, deliveries_app, parse_id, parse_time
 
 if TYPE_CHECKING:
-    # The SDK (httpx) is imported by the commands that call the API, when they run: see delivery.cli.
+    # The SDK (httpx) is imported by the commands that call the API, when they run: see delivery.cli.main.
     from delivery.client import Client, HookledgerError, models
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
@@ -426,7 +426,7 @@ def listen(
     api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None,
 ) -> None:
     """Receive webhooks locally: verify each, print it (or why it was refused). Ctrl-C stops."""
-    from delivery import listen as listener
+    from delivery.cli import listen as listener
     from signing import SigningError, Verifier
 
     # NaN or a negative tolerance would refuse every webhook, and infinity would accept replays.
@@ -450,7 +450,7 @@ def listen(
         # configuration error, said in one line with exit 2 as `hookledger api` does, not a traceback.
         if not (isinstance(error, socket.gaierror) or error.errno in _BIND_ERRNOS):
             raise
-        from delivery.config import ConfigError  # only here: the settings cost more to import than listen
+        from delivery.platform.config import ConfigError  # only here: the settings cost more to import than listen
 
         raise ConfigError(
             f"cannot listen on {host}:{port} ({error.strerror or error}); pass a free --port (0: any) or another --host"

@@ -24,14 +24,17 @@ from datetime import timedelta
 
 import asyncpg
 
-from delivery import claims, idempotent_responses, metrics, presend, retry
-from delivery.endpoint_health import EndpointHealth
-from delivery.presend import Outgoing
-from delivery.queue import IDS_PER_JOB_MAX, Queue
-from delivery.results import AttemptResult, RecordSummary, expire_leases, reclaim_late_successes, record_results
-from delivery.send_budget import SendBudget
-from delivery.sender import NOT_SENT_LATE, Sender, SendRequest, SendResult
-from delivery.signer_cache import SignerCache
+from delivery import metrics
+from delivery.engine import claims
+from delivery.store import idempotent_responses
+from delivery.engine import presend, retry
+from delivery.engine.endpoint_health import EndpointHealth
+from delivery.engine.presend import Outgoing
+from delivery.engine.queue import IDS_PER_JOB_MAX, Queue
+from delivery.engine.results import AttemptResult, RecordSummary, expire_leases, reclaim_late_successes, record_results
+from delivery.engine.send_budget import SendBudget
+from delivery.engine.sender import NOT_SENT_LATE, Sender, SendRequest, SendResult
+from delivery.store.signer_cache import SignerCache
 from signing import Signer
 
 logger = logging.getLogger(__name__)
@@ -100,7 +103,7 @@ class Engine:
         self.rng = rng or random.Random()
         self.health = EndpointHealth(pool, settings.retry.auto_disable)
         self.accepting = True  # cleared on shutdown: claim nothing new
-        # Every claim first reserves room in the sender for its whole batch (delivery.send_budget).
+        # Every claim first reserves room in the sender for its whole batch (delivery.engine.send_budget).
         self.budget = SendBudget(sender.sends_pending_max)
         largest_claim = max(IDS_PER_JOB_MAX, settings.batch_size)
         if self.budget.total < largest_claim:

@@ -2,8 +2,8 @@
 
 Every statement is scoped by account id, so another account's endpoint is as invisible as a
 missing one. Secrets are stored encrypted (signing.at_rest), bound to their endpoint by the
-associated data `delivery.signer_cache.endpoint_secret_context`, which is what the worker
-decrypts with. Callers validate the URL (delivery.ssrf) before anything is written.
+associated data `delivery.store.signer_cache.endpoint_secret_context`, which is what the worker
+decrypts with. Callers validate the URL (delivery.engine.ssrf) before anything is written.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from billing import accounts, ids
 from billing.database import OUTCOME_WAIT_SECONDS, Executor, OutcomeUnknown, resolved_transaction, transaction
 from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, settle
-from delivery.signer_cache import endpoint_secret_context
+from delivery.store.signer_cache import endpoint_secret_context
 from signing import Keyring, decrypt_secret, encrypt_secret
 
 logger = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ import platformdirs
 
 from delivery import event_loop, gc_tuning
 from delivery.api import group_commit
-from delivery.engine import EngineSettings
-from delivery.retry import RetrySchedule, RetrySettings
-from delivery.sender import SenderSettings
+from delivery.engine.pipeline import EngineSettings
+from delivery.engine.retry import RetrySchedule, RetrySettings
+from delivery.engine.sender import SenderSettings
 
 
 class ConfigError(Exception):

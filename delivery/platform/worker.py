@@ -1,11 +1,11 @@
-"""The worker process (`hookledger worker`): arq jobs that drive delivery.engine.
+"""The worker process (`hookledger worker`): arq jobs that drive delivery.engine.pipeline.
 
 Two kinds of work:
 - `deliver` jobs carry delivery ids: enqueued right after a create commits, and deferred to a
   retry's time. They only ever claim what PostgreSQL says is due.
 - the `sweep` cron: expired leases, exhausted deliveries, and every due delivery whose job
   Redis lost. Redis is never the source of truth; this is what guarantees liveness.
-- `delete_account` jobs (delivery.deletion) and the `audit_cron` (metrics from billing.audit).
+- `delete_account` jobs (delivery.operations.deletion) and the `audit_cron` (metrics from billing.audit).
 
 On SIGTERM the worker stops claiming, lets in-flight sends finish within the grace period,
 records what finished, and cancels the rest (their leases expire; they are tried again).
@@ -25,14 +25,17 @@ from redis.exceptions import ResponseError, WatchError
 
 from billing.audit import audit
 from billing.ids import parse_id
-from delivery import database, deletion, event_loop, gc_tuning, metrics, metrics_share, queue as job_queue
-from delivery.config import Settings
-from delivery.database import open_pool
-from delivery.engine import Engine
-from delivery.queue import REDIS_ERRORS
-from delivery.redis_outage import RETRY_SECONDS, SWEEP_TASK_NAME, RedisOutage
-from delivery.sender import Sender
-from delivery.signer_cache import SignerCache
+from delivery import event_loop, gc_tuning, metrics
+from delivery.store import connection_loss
+from delivery.operations import deletion
+from delivery.engine import metrics_share, queue as job_queue
+from delivery.platform.config import Settings
+from delivery.platform.database import open_pool
+from delivery.engine.pipeline import Engine
+from delivery.engine.queue import REDIS_ERRORS
+from delivery.engine.redis_outage import RETRY_SECONDS, SWEEP_TASK_NAME, RedisOutage
+from delivery.engine.sender import Sender
+from delivery.store.signer_cache import SignerCache
 
 logger = logging.getLogger(__name__)
 SWEEP_TIMEOUT_SECONDS = 600
@@ -52,7 +55,7 @@ async def deliver(ctx: dict, delivery_ids: list[str]) -> int:
     ids = [parse_id(value) for value in delivery_ids[: job_queue.IDS_PER_JOB_MAX]]
     try:
         report = await ctx["engine"].deliver_ids(ids)
-    except database.UNAVAILABLE as error:
+    except connection_loss.UNAVAILABLE as error:
         _database_unavailable("a deliver job", error)
         return 0
     return report.claimed
@@ -68,7 +71,7 @@ async def sweep(ctx: dict) -> int:
     """Deliveries whose jobs were lost (and leases that expired), then deletions whose jobs were lost."""
     try:
         processed = await ctx["engine"].sweep()
-    except database.UNAVAILABLE as error:
+    except connection_loss.UNAVAILABLE as error:
         _database_unavailable("the sweep", error)
         return 0
     resumed = await deletion.resume_stale(ctx["pool"], ctx["redis"])
@@ -117,7 +120,7 @@ async def _startup(ctx: dict) -> None:
         keyring = parse_keyring(settings.secret_keyring)
     if settings.worker.metrics_port:
         metrics.serve(settings.worker.metrics_port)
-    if settings.worker.metrics_share_seconds:  # for the API's /metrics (delivery.metrics_share)
+    if settings.worker.metrics_share_seconds:  # for the API's /metrics (delivery.engine.metrics_share)
         ctx["metrics_share"] = metrics_share.Publisher(ctx["redis"], settings.worker.metrics_share_seconds)
         ctx["metrics_share"].start()
     ctx["engine"] = Engine(pool, sender, job_queue.Queue(ctx["redis"]), SignerCache(keyring), settings.worker.engine)
@@ -184,7 +187,7 @@ class DeliveryWorker(Worker):
 
     async def _poll_iteration(self) -> None:
         """arq's poll, except that Redis being unreachable does not end the worker (see
-        delivery.redis_outage): the poll is retried every RETRY_SECONDS, and meanwhile the worker
+        delivery.engine.redis_outage): the poll is retried every RETRY_SECONDS, and meanwhile the worker
         sweeps from PostgreSQL. Jobs that ended on a Redis error (arq could not record their end)
         are reaped here, so that arq's own reaping does not raise them out of the loop."""
         for job_id, task in list(self.tasks.items()):

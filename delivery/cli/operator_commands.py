@@ -1,6 +1,6 @@
 """Operator commands: `hookledger accounts delete|repair` and `hookledger deliveries dead|show|replay`.
 
-`accounts_app` and `deliveries_app` are typer sub-apps that delivery.cli registers; other
+`accounts_app` and `deliveries_app` are typer sub-apps that delivery.cli.main registers; other
 modules may add commands to them. Exit codes of `accounts delete`: 0 deleted, 1 failed,
 3 waiting for a repair (`accounts repair ID`), 4 still running when --timeout ran out,
 2 bad input. Other commands: 0 done, 1 refused, 2 bad input, 3 PostgreSQL went away during the
@@ -58,8 +58,8 @@ def parse_time(value: str | None, what: str) -> datetime | None:
 
 async def _with_pool(work):
     from billing.database import ask_within
-    from delivery import config
-    from delivery.database import open_pool
+    from delivery.platform import config
+    from delivery.platform.database import open_pool
 
     pool = await open_pool(config.load())
     try:
@@ -76,7 +76,8 @@ async def _with_pool(work):
 def _run(work):
     """Run `work(pool)`; a refused operation prints its reason and exits 1 (2 for bad input);
     PostgreSQL going away meanwhile, one line and exit 3, not a traceback. Reasons go to stderr."""
-    from delivery import database, dead_letters
+    from delivery.store import connection_loss
+    from delivery.operations import dead_letters
 
     try:
         return asyncio.run(_with_pool(work))
@@ -89,7 +90,7 @@ def _run(work):
     except BillingError as error:
         errors.print(f"[red]refused[/red]: {error.detail}")
         raise typer.Exit(EXIT_FAILED) from None
-    except database.UNAVAILABLE as error:
+    except connection_loss.UNAVAILABLE as error:
         errors.print(f"[red]error[/red]: PostgreSQL went away during the command ({error!r}); run it again"
                       " once it is back", highlight=False)
         raise typer.Exit(EXIT_UNAVAILABLE) from None
@@ -125,7 +126,7 @@ def delete_account(
     timeout: float = typer.Option(3600, help="Seconds to wait before giving up watching (exit 4)."),
 ) -> None:
     """Delete an account: close it, refund every live delivery once, close out its balance."""
-    from delivery import deletion
+    from delivery.operations import deletion
 
     account_id = parse_id(account, "account")
     if not timeout >= 0:  # NaN too: it would never run out, so the command would watch forever
@@ -136,7 +137,9 @@ def delete_account(
         if inline:
             await deletion.start_account_deletion(pool, None, account_id)
             return await deletion.run_deletion(pool, account_id)
-        from delivery import config, queue as job_queue, services
+        from delivery.platform import config
+        from delivery.engine import queue as job_queue
+        from delivery.platform import services
 
         redis = await job_queue.connect(services.redis_url(config.load().redis))
         try:
@@ -159,7 +162,7 @@ async def _watch(pool, account_id: uuid.UUID, timeout_seconds: float):
     """Poll the deletion row and show its step until it stops running or the timeout passes."""
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from delivery import deletion
+    from delivery.operations import deletion
 
     deadline = time.monotonic() + timeout_seconds
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
@@ -203,7 +206,7 @@ def repair_account(
     yes: bool = typer.Option(False, "--yes", help="With --apply: do not ask for confirmation."),
 ) -> None:
     """Show the live deliveries that disagree with the ledger and the adjustments that fix them."""
-    from delivery import repair
+    from delivery.operations import repair
 
     account_id = parse_id(account, "account")
     shown = _run(lambda pool: repair.plan(pool, account_id))
@@ -235,7 +238,7 @@ def dead(
 ) -> None:
     """List dead deliveries, newest first, one page at a time."""
     from billing.tables import DEAD_REASONS
-    from delivery import dead_letters
+    from delivery.operations import dead_letters
 
     if reason is not None and reason not in DEAD_REASONS:
         errors.print(f"[red]error[/red]: --reason must be one of {', '.join(DEAD_REASONS)}; got {reason!r}")
@@ -265,7 +268,7 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
 ) -> None:
     """One delivery: its attempts (status, latency, errors, response excerpt) and ledger entries."""
-    from delivery import dead_letters
+    from delivery.operations import dead_letters
 
     delivery_id = parse_id(delivery, "delivery")
     found = _run(lambda pool: dead_letters.inspect(pool, delivery_id))
@@ -303,7 +306,8 @@ def replay(
     yes: bool = typer.Option(False, "--yes", help="Bulk: accept the total shown without asking."),
 ) -> None:
     """Replay dead deliveries as new deliveries with new charges; the old refunds stay."""
-    from delivery import config, dead_letters
+    from delivery.platform import config
+    from delivery.operations import dead_letters
 
     settings = config.load()
     attempts_max = settings.ledger.attempts_max

@@ -15,8 +15,8 @@ import asyncpg
 
 from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, Settled, settle
-from delivery import claims
-from delivery.claims import Claimed
+from delivery.engine import claims
+from delivery.engine.claims import Claimed
 
 logger = logging.getLogger(__name__)
 

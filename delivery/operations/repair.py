@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from billing import adjustments
-from delivery import deletion
+from delivery.operations import deletion
 
 
 @dataclass(frozen=True)

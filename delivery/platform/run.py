@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from delivery import config, migrate, parent_death, services
+from delivery.platform import config, migrate, parent_death, services
 from signing import Keyring, format_keyring, generate_at_rest_key
 
 STARTUP_SECONDS_MAX = 60

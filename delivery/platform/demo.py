@@ -18,7 +18,7 @@ import httpx
 from rich.console import Console
 
 from delivery.client import Client
-from delivery.platform import Platform, free_port
+from delivery.platform.run import Platform, free_port
 
 DEMO_SECONDS_MAX = 60
 

@@ -66,7 +66,7 @@ _TAKE_DUE = (
 )
 _CLAIM_DUE = _DUE + _TAKE_DUE
 _CLAIM_IDS = _DUE_IDS + _TAKE_DUE
-# What the pre-send check and the sender need, joined to a delivery `d` (delivery.presend reads
+# What the pre-send check and the sender need, joined to a delivery `d` (delivery.engine.presend reads
 # these columns by name). Here, so that a claim can return them in the same round trip.
 SEND_COLUMNS = (
     "a.status AS account_status, e.url, e.timeout_ms, e.enabled, e.deleted_at IS NOT NULL AS endpoint_deleted,"
@@ -108,14 +108,14 @@ async def claim_ids(executor: Executor, delivery_ids: list[uuid.UUID], *, lease_
 
 
 async def claim_due_for_send(executor: Executor, *, batch_size: int, lease_ms: int) -> list[tuple[Claimed, asyncpg.Record]]:
-    """claim_due, each claimed delivery with its SEND_COLUMNS row (for delivery.presend)."""
+    """claim_due, each claimed delivery with its SEND_COLUMNS row (for delivery.engine.presend)."""
     return await _claim(executor, _CLAIM_DUE_FOR_SEND, batch_size, lease_ms)
 
 
 async def claim_ids_for_send(
     executor: Executor, delivery_ids: list[uuid.UUID], *, lease_ms: int
 ) -> list[tuple[Claimed, asyncpg.Record]]:
-    """claim_ids, each claimed delivery with its SEND_COLUMNS row (for delivery.presend)."""
+    """claim_ids, each claimed delivery with its SEND_COLUMNS row (for delivery.engine.presend)."""
     return await _claim_ids(executor, _CLAIM_IDS_FOR_SEND, delivery_ids, lease_ms)
 
 

@@ -1,7 +1,7 @@
 """What a worker does while Redis cannot be reached: it stays up, and delivers from PostgreSQL alone.
 
 arq's worker loop ends at the first Redis error, so one Redis restart used to stop every worker
-at once. Redis only holds hints (see delivery.queue): the deliveries themselves are all in
+at once. Redis only holds hints (see delivery.engine.queue): the deliveries themselves are all in
 PostgreSQL. While Redis is down the worker runs the engine's sweep in-process: again at once
 while sweeps find work, else once per sweep interval (the same fenced claims as the sweep cron,
 so workers doing it at once are safe); and it keeps asking Redis every RETRY_SECONDS. When Redis
@@ -15,7 +15,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from delivery import database, metrics
+from delivery import metrics
+from delivery.store import connection_loss
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class RedisOutage:
     async def _sweep_logged(self) -> int:
         try:
             processed = await self._sweep()
-        except database.UNAVAILABLE as error:  # PostgreSQL is down too; the next interval tries again
+        except connection_loss.UNAVAILABLE as error:  # PostgreSQL is down too; the next interval tries again
             logger.warning("a sweep while Redis is down stopped: PostgreSQL is unavailable (%r)", error)
             return 0
         except Exception:  # noqa: BLE001 - logged; the next interval tries again

@@ -2,7 +2,7 @@
 
 Each command imports what it needs when it runs, not here: every `hookledger ...` builds the
 whole command tree (for --help, and to find the command), and the API server's modules,
-alembic and the settings (delivery.config pulls in the engine, arq and aiohttp) took about 1.4 s
+alembic and the settings (delivery.platform.config pulls in the engine, arq and aiohttp) took about 1.4 s
 to import before `send` or `--help` did anything. tests/unit/test_cli_imports.py keeps it so.
 """
 
@@ -13,7 +13,7 @@ import sys
 import typer
 from rich.console import Console
 
-from delivery import cli_client, cli_operator
+from delivery.cli import client_commands as cli_client, operator_commands as cli_operator
 from delivery.errors import ServerUnreachableError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="hookledger: webhooks billed per delivery.")
@@ -25,7 +25,7 @@ EXIT_UNAVAILABLE = 3  # PostgreSQL or Redis did not answer at start (as the clie
 @app.command()
 def migrate() -> None:
     """Apply the database migrations (alembic upgrade head)."""
-    from delivery import config, migrate as migrations, services
+    from delivery.platform import config, migrate as migrations, services
 
     settings = config.load()
     migrations.upgrade(services.database_url(settings.database))
@@ -48,8 +48,9 @@ def audit(
 
     import asyncio
 
-    from delivery import audit_report, config
-    from delivery.database import open_pool
+    from delivery.operations import audit_report
+    from delivery.platform import config
+    from delivery.platform.database import open_pool
     from billing.audit import audit as run_audit
 
     async def main():
@@ -72,7 +73,7 @@ def worker() -> None:
     """Run a delivery worker (arq) until SIGTERM: claims, sends, records, retries, sweeps."""
     import logging
 
-    from delivery import config, services, worker as worker_module
+    from delivery.platform import config, services, worker as worker_module
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = config.load()
@@ -87,7 +88,7 @@ def run(
     """The whole platform on this machine (embedded PostgreSQL and Redis unless configured), with a demo."""
     import signal as signals
 
-    from delivery import config, platform, platform_demo
+    from delivery.platform import config, demo as platform_demo, run as platform
 
     # SIGTERM (a supervisor, `timeout`, `docker stop`) and SIGHUP (the terminal closed) stop the
     # platform as Ctrl-C does. Their default would end this process at once, leaving the API,
@@ -123,7 +124,7 @@ def _interrupt(signal_number: int, frame: object) -> None:
 @app.command(name="api")
 def api() -> None:
     """Serve the HTTP API (/v1, /openapi.json, /docs, /metrics) until SIGTERM."""
-    from delivery import cli_api
+    from delivery.platform import api_server as cli_api
 
     cli_api.api()
 
@@ -149,8 +150,8 @@ def main() -> None:
 
 
 def _startup_errors() -> tuple[type[Exception], ...]:
-    """The errors main() reports in one line. A ConfigError can only come from delivery.config,
+    """The errors main() reports in one line. A ConfigError can only come from delivery.platform.config,
     so when no command loaded it there is none to catch, and it is not imported just for that
     (this runs on every exit: typer ends each command with SystemExit)."""
-    config = sys.modules.get("delivery.config")
+    config = sys.modules.get("delivery.platform.config")
     return (ServerUnreachableError, config.ConfigError) if config else (ServerUnreachableError,)

@@ -23,7 +23,7 @@ from arq.utils import timestamp_ms
 from redis.exceptions import (ConnectionError as RedisConnectionError, ReadOnlyError, TimeoutError as RedisTimeoutError,
                               WatchError)
 
-from delivery.errors import ServerUnreachableError
+from delivery.errors import ServerUnreachableError, server_address
 
 QUEUE_NAME = "hookledger:deliveries"
 IDS_PER_JOB_MAX = 500
@@ -60,7 +60,7 @@ async def connect(redis_url: str, *, wait_seconds: int = 5) -> ArqRedis:
     A process that starts while Redis restarts waits for it (HOOKLEDGER_REDIS_START_WAIT_SECONDS);
     one whose REDIS_URL is wrong stops with ServerUnreachableError. Unlike arq's create_pool, every
     command has a timeout: a Redis that stops answering (paused, or cut off without a reset) is
-    then an error the worker rides out (delivery.redis_outage), not a poll that waits forever.
+    then an error the worker rides out (delivery.engine.redis_outage), not a poll that waits forever.
     """
     redis = ArqRedis.from_url(redis_url, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
                               socket_timeout=COMMAND_TIMEOUT_SECONDS)
@@ -71,8 +71,6 @@ async def connect(redis_url: str, *, wait_seconds: int = 5) -> ArqRedis:
             await redis.ping()
             return redis
         except REDIS_ERRORS as error:
-            from delivery.services import server_address  # services imports config, which imports us
-
             left = deadline - time.monotonic()
             if left <= 0:
                 await redis.aclose()

@@ -16,8 +16,8 @@ import time
 import warnings
 from pathlib import Path
 
-from delivery import parent_death
-from delivery.config import DatabaseSettings, RedisSettings
+from delivery.platform import parent_death
+from delivery.platform.config import DatabaseSettings, RedisSettings
 
 logger = logging.getLogger(__name__)
 STOP_WAIT_SECONDS = 10  # how long a stop waits for the postmaster to exit after pg_ctl returns
@@ -202,16 +202,6 @@ def with_database(url: str, database: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path="/" + database))
 
-
-def server_address(url: str) -> str:
-    """Where a URL points, without its user or password: host:port, or the socket path."""
-    from urllib.parse import parse_qs, urlsplit
-
-    parts = urlsplit(url)
-    if parts.hostname:
-        return f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname
-    socket_path = parts.path if parts.scheme == "unix" else (parse_qs(parts.query).get("host") or [""])[0]
-    return socket_path or url.split("://", 1)[0] + " (default address)"
 
 
 def restart_embedded_postgres(data_dir: Path) -> None:

@@ -34,7 +34,7 @@ from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 
 from delivery import metrics
-from delivery.queue import REDIS_ERRORS
+from delivery.engine.queue import REDIS_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def take() -> Snapshot:
 class Publisher:
     """Writes this process's snapshot every period_seconds in a task of its own, and once at stop().
 
-    Started and stopped by the worker (delivery.worker), which may stop it while Redis is down:
+    Started and stopped by the worker (delivery.platform.worker), which may stop it while Redis is down:
     a write that fails is logged at debug level only (the worker's poll reports the outage).
     """
 

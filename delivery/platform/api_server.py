@@ -15,11 +15,12 @@ import signal
 import structlog
 from aiohttp import web
 
-from delivery import config, event_loop, gc_tuning, services
-from delivery import queue as job_queue
+from delivery import event_loop, gc_tuning
+from delivery.platform import config, services
+from delivery.engine import queue as job_queue
 from delivery.api import logs
-from delivery.api.app import create_app
-from delivery.database import open_pool
+from delivery.platform.web_app import create_app
+from delivery.platform.database import open_pool
 from signing import Keyring, format_keyring, generate_at_rest_key
 
 log = structlog.get_logger("hookledger.api")

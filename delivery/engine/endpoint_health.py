@@ -1,4 +1,4 @@
-"""Disable endpoints that answered 410 Gone or keep failing (the policy is delivery.retry's).
+"""Disable endpoints that answered 410 Gone or keep failing (the policy is delivery.engine.retry's).
 
 Their pending deliveries then die at the pre-send check and are refunded (endpoint_disabled).
 The failure streak is read from the database at most once per endpoint per check interval.
@@ -11,7 +11,7 @@ import uuid
 
 import asyncpg
 
-from delivery.retry import AutoDisablePolicy, FailureStreak, disable_reason
+from delivery.engine.retry import AutoDisablePolicy, FailureStreak, disable_reason
 
 CHECK_INTERVAL_SECONDS = 600
 CHECKED_ENDPOINTS_MAX = 10_000

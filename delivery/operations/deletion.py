@@ -18,7 +18,7 @@ lets one work; the other returns at once saying the deletion is running.
 A step stopped by the database going away leaves the row running, so the sweep resumes it like a
 lost job; any other error marks it failed for an operator. If the pre-check or the counts
 disagree, nothing is settled: the status becomes waiting_repair
-and the report names every delivery that differs and why (delivery.repair shows and applies
+and the report names every delivery that differs and why (delivery.operations.repair shows and applies
 the corrections; then start the deletion again).
 
 Test hook: HOOKLEDGER_TEST_CRASH_AFTER_STEP=<step> makes the process exit at once (os._exit,
@@ -39,8 +39,8 @@ import asyncpg
 
 from billing import closeout
 from delivery import metrics
-from delivery.database import lost_database
-from delivery.queue import REDIS_ERRORS
+from delivery.store.connection_loss import lost_database
+from delivery.engine.queue import REDIS_ERRORS
 from billing.errors import AccountNotFound, BulkSettleMismatch
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ _FINISH = (
 async def start_account_deletion(pool: asyncpg.Pool, queue_redis, account_id: uuid.UUID) -> uuid.UUID:
     """Record the deletion (or reopen it after a repair) and enqueue its job. Returns the deletion id.
 
-    A finished deletion is not run again. `queue_redis` is the arq pool (delivery.queue.connect);
+    A finished deletion is not run again. `queue_redis` is the arq pool (delivery.engine.queue.connect);
     None records the deletion without enqueuing (the caller runs `run_deletion` itself).
     """
     state = await open_deletion(pool, account_id)

@@ -23,7 +23,7 @@ RETENTION_HOURS = 25  # kept at least 24 h, as promised; the hour more is the pu
 PURGE_CHUNK_ROWS = 1000  # rows one purge statement deletes at the most
 PURGE_CHUNKS_MAX = 10  # statements one purge runs at the most; the next sweep goes on
 # The advisory lock's 64-bit key is a hash of (principal, key), personalised so that it collides
-# with no other advisory lock of ours (delivery.deletion uses the two-key form, another space).
+# with no other advisory lock of ours (delivery.operations.deletion uses the two-key form, another space).
 _LOCK_PERSON = b"hl-idem-response"
 
 # The lock is a statement of its own: a lookup in the same statement would read a snapshot taken

@@ -22,14 +22,15 @@ from typing import NamedTuple
 import aiohttp
 from yarl import URL
 
-from delivery import event_loop, retry, ssrf
+from delivery import event_loop
+from delivery.engine import retry, ssrf
 from delivery.errors import (
     AddressRefusedError,
     InvalidEndpointUrlError,
     SenderOverloadedError,
     SenderSettingsError,
 )
-from delivery.send_lanes import Lanes
+from delivery.engine.send_lanes import Lanes
 
 try:
     VERSION = importlib.metadata.version("hookledger")
@@ -58,7 +59,7 @@ class SenderSettings:
     """Everything the sender needs to know; one frozen value built from the environment.
 
     sends_pending_max bounds the sends queued or in flight at once (and so the sender's per-endpoint
-    bookkeeping); the engine reserves room under it before each claim (delivery.send_budget).
+    bookkeeping); the engine reserves room under it before each claim (delivery.engine.send_budget).
     """
 
     timeout_ms_default: int = 15_000
