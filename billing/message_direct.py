@@ -3,7 +3,7 @@
 The planned create (`billing.message_plan`) reads the batch's accounts and endpoints, decides
 every request in Python, and writes what it decided: two round trips, and on the API's one core
 about 40 µs of client CPU per message (encoding six delivery columns it made itself, ids, result
-objects; `scripts/bench_create_batch.py` splits it). Most batches need none of that deciding:
+objects). Most batches need none of that deciding:
 every account active, with a balance that covers everything the batch charges it, no
 idempotency key seen before. For those, one autocommit statement does the fan-out itself:
 

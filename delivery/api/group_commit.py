@@ -19,10 +19,10 @@ message of the last batch that made any), or when the youngest running batch has
 `stall_seconds` (stuck on a row lock, a slow disk). One transaction at a time carries bigger
 batches, and every statement has a fixed cost (about 370 µs of PostgreSQL's CPU: for one hot
 account its CPU per message fell from 40 µs at batches of 35 to 32 at 140,
-`scripts/bench_batch_size.py`); two transactions on one hot account only wait on each other's row lock. Starting
-the second at once, as before, made batches half the size and ingest up to 7 points slower; at
+measured by batch size); two transactions on one hot account only wait on each other's row lock. Starting
+the second at once makes batches half the size and ingest up to 7 points slower; at
 fan-out 1 a threshold of 80 gained 3 to 6 points over 48, while fan-out 4, whose messages weigh
-4 each, still starts its second batch at 20 waiting requests (README, Performance).
+4 each, starts its second batch at 20 waiting requests (README, Performance).
 
 A batch whose connection broke while its write or COMMIT was in flight may have been written. The batch
 then asks the database (`billing.messages.resolve_outcome`): written, its requests get their
@@ -75,8 +75,8 @@ STALL_SECONDS = 0.05  # ...or how long the youngest running batch has run (0: at
 # one always does (its arrays hold one element where the generic plan assumes ten); from four
 # requests on it chose the generic plan anyway. With one request in flight (what every create is
 # at low load) that planning was half of PostgreSQL's CPU a message: 974 against 516 µs at 1,000
-# accounts, and the API made 517 against 785 messages/s (`scripts/bench_ingest_ab.py --concurrency 1
-# --rounds 4 --seconds 4 before@DIR after`; README, Performance). Set on each connection the group
+# accounts, and the API made 517 against 785 messages/s (`scripts/bench_ingest.py --concurrency 1`
+# with and without it). Set on each connection the group
 # commit takes from the pool; the pool's reset (RESET ALL) takes it off when one goes back.
 GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 
@@ -176,7 +176,7 @@ class Coalescer:
         self._start_batches()
         # A handler cancelled here (its client gone) cancels only this future: the request stays
         # in its batch, and its key stays in flight until the batch is done (_run releases it), so
-        # a client that disconnects and retries at once still gets a 409 until the first commit.
+        # a client that disconnects and retries at once gets a 409 while that batch commits.
         return await future
 
     def _start_batches(self) -> None:
@@ -266,8 +266,8 @@ class Coalescer:
 
         Only when alone: beside another running batch, the next one waits for its threshold or
         the stall as ever (an early second batch beside a running one on one hot account made
-        10 points less at 256 in flight). Measured with `scripts/bench_ingest_ab.py` (README,
-        Performance): beside wrk at 96 in flight, 49.5% → 66.8% of the trivial handler at 1,000
+        10 points less at 256 in flight). Measured with `scripts/bench_ingest.py` with and without
+        it: beside wrk at 96 in flight, 49.5% → 66.8% of the trivial handler at 1,000
         accounts and 69.5% → 76.4% for one hot account, PostgreSQL's CPU a message unchanged; at
         256 within noise or better; beside the aiohttp load generator, which spends a core of the
         two on the load, 5 to 6 points less at 96 and 2 to 6 more at 256."""
