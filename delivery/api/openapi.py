@@ -7,20 +7,27 @@ says a body looks like is exactly what the decoder accepts and the encoder write
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 
 import msgspec
 
 from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX
 from billing.tables import DELIVERY_STATES
-from delivery.api import responses as r
-from delivery.api import routes_recover as recover
-from delivery.api import validation as v
+from delivery.api import openapi_examples as examples, responses as r, routes_recover as recover, validation as v
 from delivery.api.problems import ProblemBody
 
 ACCOUNT = "account"
 OPERATOR = "operator"
+
+TAGS = {
+    "Messages": "Send an event: one charged delivery per subscribed endpoint, in one transaction.",
+    "Deliveries": "Each delivery of a message to an endpoint: its state, attempts, ledger entries and replays.",
+    "Endpoints": "Where messages go: URL, event types, timeout, signing secret, and recovery after an outage.",
+    "Billing": "The balance, the append-only ledger that proves it, and top-ups.",
+    "API keys": "An account's keys; only hashes are stored, a key is shown once.",
+    "Accounts": "Accounts and their deletion (the operator's).",
+    "Health": "Liveness, readiness and metrics, for load balancers and Prometheus.",
+}
 
 _UUID = {"type": "string", "format": "uuid"}
 _LIMIT = {"name": "limit", "in": "query", "required": False,
@@ -47,7 +54,10 @@ def _query(name: str, schema: dict, description: str = "") -> dict:
 class Operation:
     method: str
     path: str
+    operation_id: str  # a verb and a noun, camelCase: what client generators name the call
+    tag: str  # the resource, one of TAGS
     summary: str
+    description: str
     auth: str | None
     ok: dict[int, type | None]  # success statuses and their bodies (None: no body)
     errors: tuple[int, ...] = ()
@@ -72,77 +82,100 @@ _RECOVER_SINCE = {"name": "since", "in": "query", "required": True, "schema": _D
                   "description": "RFC 3339 with a timezone: dead deliveries that died at or after this."}
 
 OPERATIONS: tuple[Operation, ...] = (
-    Operation("post", "/v1/accounts", "Create an account and its first API key (operator)", OPERATOR,
+    Operation("post", "/v1/accounts", "createAccount", "Accounts", "Create an account",
+              "Create an account and its first API key (operator)", OPERATOR,
               {201: r.AccountCreated}, (400, 409, 422), v.AccountCreate, parameters=(_IDEMPOTENCY_KEY,),
               headers={201: _REPLAYED}),
-    Operation("get", "/v1/accounts/{id}", "Read an account (operator)", OPERATOR, {200: r.Account}, (404,),
+    Operation("get", "/v1/accounts/{id}", "getAccount", "Accounts", "Read an account",
+              "Read an account (operator)", OPERATOR, {200: r.Account}, (404,),
               parameters=(_path_id(),)),
-    Operation("delete", "/v1/accounts/{id}", "Delete an account: starts the deletion job (operator)", OPERATOR,
+    Operation("delete", "/v1/accounts/{id}", "deleteAccount", "Accounts", "Delete an account",
+              "Delete an account: starts the deletion job (operator)", OPERATOR,
               {202: r.AccountDeletion}, (404,), parameters=(_path_id(),)),
-    Operation("get", "/v1/accounts/{id}/deletion", "The account-deletion job and its report (operator)", OPERATOR,
+    Operation("get", "/v1/accounts/{id}/deletion", "getAccountDeletion", "Accounts", "Read an account's deletion",
+              "The account-deletion job and its report (operator)", OPERATOR,
               {200: r.AccountDeletion}, (404,), parameters=(_path_id(),)),
-    Operation("post", "/v1/accounts/{id}/topups", "Top up by order id, idempotently (operator)", OPERATOR,
+    Operation("post", "/v1/accounts/{id}/topups", "createTopup", "Billing", "Top up an account",
+              "Top up by order id, idempotently (operator)", OPERATOR,
               {201: r.Topup, 200: r.Topup}, (400, 404, 409, 422), v.TopupCreate, parameters=(_path_id(),)),
-    Operation("post", "/v1/accounts/{id}/topups/{order_id}/reversal", "Reverse a top-up (operator)", OPERATOR,
+    Operation("post", "/v1/accounts/{id}/topups/{order_id}/reversal", "reverseTopup", "Billing", "Reverse a top-up",
+              "Reverse a top-up (operator)", OPERATOR,
               {201: r.Topup, 200: r.Topup}, (402, 404, 409),
               parameters=(_path_id(), {"name": "order_id", "in": "path", "required": True,
                                        "schema": {"type": "string", "minLength": 1, "maxLength": 200}})),
-    Operation("get", "/v1/dead-deliveries", "Dead deliveries across accounts (operator)", OPERATOR,
+    Operation("get", "/v1/dead-deliveries", "listDeadDeliveries", "Deliveries", "List dead deliveries of every account",
+              "Dead deliveries across accounts (operator)", OPERATOR,
               {200: r.DeliveryPage}, (422,), parameters=(_LIMIT, _ID_CURSOR)),
-    Operation("get", "/v1/balance", "The balance and the credits in flight", ACCOUNT, {200: r.Balance}),
-    Operation("get", "/v1/ledger", "The account's ledger, oldest first", ACCOUNT, {200: r.LedgerPage}, (422,),
+    Operation("get", "/v1/balance", "getBalance", "Billing", "Read the balance",
+              "The balance and the credits in flight", ACCOUNT, {200: r.Balance}),
+    Operation("get", "/v1/ledger", "listLedgerEntries", "Billing", "List ledger entries",
+              "The account's ledger, oldest first", ACCOUNT, {200: r.LedgerPage}, (422,),
               parameters=(_LIMIT, _SEQ_CURSOR, _query("delivery_id", _UUID))),
-    Operation("post", "/v1/api-keys", "Create an API key (shown once)", ACCOUNT, {201: r.ApiKeyCreated},
+    Operation("post", "/v1/api-keys", "createApiKey", "API keys", "Create an API key",
+              "Create an API key (shown once)", ACCOUNT, {201: r.ApiKeyCreated},
               (400, 409, 422), v.Empty, body_optional=True, parameters=(_IDEMPOTENCY_KEY,), headers={201: _REPLAYED}),
-    Operation("post", "/v1/accounts/{id}/api-keys", "Create an API key for an account (operator; shown once)",
+    Operation("post", "/v1/accounts/{id}/api-keys", "createAccountApiKey", "API keys", "Create an API key for an account",
+              "Create an API key for an account (operator; shown once)",
               OPERATOR, {201: r.ApiKeyCreated}, (400, 404, 409, 422), v.Empty, body_optional=True,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={201: _REPLAYED}),
-    Operation("get", "/v1/api-keys", "List API keys (prefixes only)", ACCOUNT, {200: r.ApiKeyList}),
-    Operation("delete", "/v1/api-keys/{id}", "Revoke an API key", ACCOUNT, {204: None}, (404,),
+    Operation("get", "/v1/api-keys", "listApiKeys", "API keys", "List API keys",
+              "List API keys (prefixes only)", ACCOUNT, {200: r.ApiKeyList}),
+    Operation("delete", "/v1/api-keys/{id}", "revokeApiKey", "API keys", "Revoke an API key",
+              "Revoke an API key", ACCOUNT, {204: None}, (404,),
               parameters=(_path_id(),)),
-    Operation("post", "/v1/endpoints", "Create an endpoint", ACCOUNT, {201: r.Endpoint}, (400, 409, 422),
+    Operation("post", "/v1/endpoints", "createEndpoint", "Endpoints", "Create an endpoint",
+              "Create an endpoint", ACCOUNT, {201: r.Endpoint}, (400, 409, 422),
               v.EndpointCreate, parameters=(_IDEMPOTENCY_KEY,), headers={201: _REPLAYED}),
-    Operation("get", "/v1/endpoints", "List endpoints", ACCOUNT, {200: r.EndpointList}),
-    Operation("get", "/v1/endpoints/{id}", "Read an endpoint", ACCOUNT, {200: r.Endpoint}, (404,),
+    Operation("get", "/v1/endpoints", "listEndpoints", "Endpoints", "List endpoints",
+              "List endpoints", ACCOUNT, {200: r.EndpointList}),
+    Operation("get", "/v1/endpoints/{id}", "getEndpoint", "Endpoints", "Read an endpoint",
+              "Read an endpoint", ACCOUNT, {200: r.Endpoint}, (404,),
               parameters=(_path_id(),)),
-    Operation("patch", "/v1/endpoints/{id}", "Change an endpoint", ACCOUNT, {200: r.Endpoint}, (400, 404, 422),
+    Operation("patch", "/v1/endpoints/{id}", "updateEndpoint", "Endpoints", "Change an endpoint",
+              "Change an endpoint", ACCOUNT, {200: r.Endpoint}, (400, 404, 422),
               v.EndpointPatch, parameters=(_path_id(),)),
-    Operation("delete", "/v1/endpoints/{id}",
+    Operation("delete", "/v1/endpoints/{id}", "deleteEndpoint", "Endpoints", "Delete an endpoint",
               "Delete an endpoint (its pending deliveries are refunded); again: 200, refunded_now 0", ACCOUNT,
               {200: r.EndpointDeleted}, (404,), parameters=(_path_id(),)),
-    Operation("post", "/v1/endpoints/{id}/secret/rotate",
+    Operation("post", "/v1/endpoints/{id}/secret/rotate", "rotateEndpointSecret", "Endpoints", "Rotate an endpoint's signing secret",
               "Rotate the signing secret (the old one signs 24 h more; to the current secret: no change)",
               ACCOUNT, {200: r.EndpointSecret}, (400, 404, 409, 422), v.SecretRotate, body_optional=True,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={200: _REPLAYED}),
-    Operation("get", "/v1/endpoints/{id}/secret", "Read the signing secret", ACCOUNT, {200: r.EndpointSecret}, (404,),
+    Operation("get", "/v1/endpoints/{id}/secret", "getEndpointSecret", "Endpoints", "Read an endpoint's signing secret",
+              "Read the signing secret", ACCOUNT, {200: r.EndpointSecret}, (404,),
               parameters=(_path_id(),)),
-    Operation("get", "/v1/endpoints/{id}/recover",
+    Operation("get", "/v1/endpoints/{id}/recover", "planEndpointRecovery", "Endpoints", "Plan the recovery of an endpoint's dead deliveries",
               "Plan a recovery: the endpoint's dead deliveries in [since, until) not replayed yet, by any replay (at most"
               f" {recover.REPLAYS_PER_CALL_MAX}), and the total a POST would charge now; writes nothing", ACCOUNT,
               {200: recover.RecoverPlan}, (404, 422),
               parameters=(_path_id(), _RECOVER_SINCE, _query("until", _DATE_TIME, "Default: now (PostgreSQL's clock)."))),
-    Operation("post", "/v1/endpoints/{id}/recover",
+    Operation("post", "/v1/endpoints/{id}/recover", "recoverEndpoint", "Endpoints", "Replay an endpoint's dead deliveries",
               "Recover: replay the plan's dead deliveries as new charged deliveries, if confirm_total is still"
               " the total (else 409 total-changed); all or nothing (402); more: call again", ACCOUNT,
               {202: recover.Recovered}, (402, 404, 409, 422), recover.RecoverCreate,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
-    Operation("post", "/v1/messages", "Send an event to the subscribed endpoints, charged per delivery", ACCOUNT,
+    Operation("post", "/v1/messages", "createMessage", "Messages", "Send a message",
+              "Send an event to the subscribed endpoints, charged per delivery", ACCOUNT,
               {202: r.MessageAccepted}, (400, 402, 409, 413, 422, 503), v.MessageCreate,
               parameters=(_IDEMPOTENCY_KEY,), headers={202: _REPLAYED}),
-    Operation("get", "/v1/deliveries", "List deliveries, newest first", ACCOUNT, {200: r.DeliveryPage}, (422,),
+    Operation("get", "/v1/deliveries", "listDeliveries", "Deliveries", "List deliveries",
+              "List deliveries, newest first", ACCOUNT, {200: r.DeliveryPage}, (422,),
               parameters=(_LIMIT, _ID_CURSOR, _query("state", {"enum": list(DELIVERY_STATES)}),
                           _query("endpoint_id", _UUID), _query("message_id", _UUID),
                           _query("created_after", _DATE_TIME, "Only deliveries created after this time (exclusive)."),
                           _query("created_before", _DATE_TIME, "Only deliveries created before this time (exclusive)."))),
-    Operation("get", "/v1/deliveries/{id}", "Read a delivery with its attempts and ledger entries", ACCOUNT,
+    Operation("get", "/v1/deliveries/{id}", "getDelivery", "Deliveries", "Read a delivery",
+              "Read a delivery with its attempts and ledger entries", ACCOUNT,
               {200: r.DeliveryDetail}, (404,), parameters=(_path_id(),)),
-    Operation("post", "/v1/deliveries/{id}/replay",
+    Operation("post", "/v1/deliveries/{id}/replay", "replayDelivery", "Deliveries", "Replay a delivery",
               "Send a dead or delivered delivery again (a new, charged delivery whose replay_of is this one;"
               " a recovery leaves this one out)",
               ACCOUNT, {202: r.MessageAccepted}, (400, 402, 404, 409, 422, 503), v.Empty, body_optional=True,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
-    Operation("get", "/healthz", "The process is up", None, {200: r.Health}),
-    Operation("get", "/readyz", "PostgreSQL and Redis are reachable", None, {200: r.Readiness, 503: r.Readiness}),
+    Operation("get", "/healthz", "getHealth", "Health", "Liveness",
+              "The process is up", None, {200: r.Health}),
+    Operation("get", "/readyz", "getReadiness", "Health", "Readiness",
+              "PostgreSQL and Redis are reachable", None, {200: r.Readiness, 503: r.Readiness}),
 )
 
 _UNAVAILABLE = ("Unavailable; retry after Retry-After. overloaded, shutting-down and write-failed wrote nothing;"
@@ -156,10 +189,14 @@ _DESCRIPTIONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No content", 
                  422: "Invalid request; errors lists each field", 503: _UNAVAILABLE}
 
 
+REQUEST_BODY_TYPES = (*v.REQUEST_BODIES, v.Empty, *recover.REQUEST_BODIES)
+
+
 def _schemas() -> dict:
-    kinds = (*v.REQUEST_BODIES, v.Empty, *r.RESPONSE_BODIES, *recover.REQUEST_BODIES, *recover.RESPONSE_BODIES,
-             ProblemBody)
+    kinds = (*REQUEST_BODY_TYPES, *r.RESPONSE_BODIES, *recover.RESPONSE_BODIES, ProblemBody)
     _, components = msgspec.json.schema_components(kinds, ref_template="#/components/schemas/{name}")
+    for name, schema in components.items():
+        schema["examples"] = [examples.EXAMPLES[name]]
     return components
 
 
@@ -167,19 +204,25 @@ def _ref(kind: type) -> dict:
     return {"$ref": f"#/components/schemas/{kind.__name__}"}
 
 
+def _media(kind: type) -> dict:
+    return {"schema": _ref(kind), "example": examples.EXAMPLES[kind.__name__]}
+
+
 def _operation(op: Operation) -> dict:
-    result: dict = {"summary": op.summary, "operationId": f"{op.method}_{op.path}", "responses": {}}
+    who = {ACCOUNT: " Called with an account's API key.", OPERATOR: " Called with the operator key."}.get(op.auth, "")
+    result: dict = {"operationId": op.operation_id, "tags": [op.tag], "summary": op.summary,
+                    "description": op.description + "." + who, "responses": {}}
     if op.parameters:
         result["parameters"] = list(op.parameters)
     errors = set(op.errors)
     if op.body is not None:
         result["requestBody"] = {"required": not op.body_optional,
-                                 "content": {"application/json": {"schema": _ref(op.body)}}}
+                                 "content": {"application/json": _media(op.body)}}
         errors |= {400, 413, 415}  # malformed JSON; a body over the size limit; a body declared not JSON
     for status, kind in op.ok.items():
         response: dict = {"description": _DESCRIPTIONS[status]}
         if kind is not None:
-            response["content"] = {"application/json": {"schema": _ref(kind)}}
+            response["content"] = {"application/json": _media(kind)}
         if status in op.headers:
             response["headers"] = op.headers[status]
         result["responses"][str(status)] = response
@@ -189,7 +232,8 @@ def _operation(op: Operation) -> dict:
     for status in sorted(errors):
         result["responses"][str(status)] = {
             "description": _DESCRIPTIONS[status],
-            "content": {"application/problem+json": {"schema": _ref(ProblemBody)}},
+            "content": {"application/problem+json": {"schema": _ref(ProblemBody),
+                                                     "example": examples.problem(status)}},
         }
         if status in _RETRY_AFTER_STATUSES:
             result["responses"][str(status)]["headers"] = _RETRY_AFTER
@@ -212,11 +256,13 @@ def document() -> dict:
     paths: dict = {}
     for op in OPERATIONS:
         paths.setdefault(op.path, {})[op.method] = _operation(op)
-    paths["/metrics"] = {"get": {"summary": "Prometheus metrics", "operationId": "get_/metrics",
+    paths["/metrics"] = {"get": {"operationId": "getMetrics", "tags": ["Health"], "summary": "Prometheus metrics",
+                                 "description": "The API's and the workers' series in the Prometheus text format.",
                                  "responses": {"200": {"description": "OK", "content": {"text/plain": {"schema": {"type": "string"}}}}}}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "hookledger", "version": "1", "description": _INFO},
+        "tags": [{"name": name, "description": text} for name, text in TAGS.items()],
         "paths": paths,
         "components": {
             "schemas": _schemas(),
@@ -224,24 +270,3 @@ def document() -> dict:
                                            "description": "An account key (hl_live_...) or the operator key."}},
         },
     }
-
-
-def docs_html(spec: dict) -> str:
-    """A plain page listing every operation: no scripts, no external CDN."""
-    rows = []
-    for path, methods in spec["paths"].items():
-        for method, operation in methods.items():
-            statuses = ", ".join(operation["responses"])
-            rows.append(
-                f"<tr><td><code>{method.upper()}</code></td><td><code>{html.escape(path)}</code></td>"
-                f"<td>{html.escape(operation['summary'])}</td><td>{html.escape(statuses)}</td></tr>"
-            )
-    return (
-        "<!doctype html><html><head><meta charset=utf-8><title>hookledger API</title>"
-        "<style>body{font-family:sans-serif;margin:2em}td,th{padding:.3em .8em;text-align:left}"
-        "tr:nth-child(even){background:#f4f4f4}</style></head><body>"
-        "<h1>hookledger API v1</h1><p>Bearer authentication. Errors are application/problem+json. "
-        "The full description is at <a href=/openapi.json>/openapi.json</a>.</p>"
-        "<table><tr><th>method</th><th>path</th><th>what</th><th>statuses</th></tr>"
-        + "".join(rows) + "</table></body></html>"
-    )

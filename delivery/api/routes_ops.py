@@ -1,17 +1,16 @@
-"""Operations: liveness, readiness, Prometheus metrics, the OpenAPI document and its HTML page."""
+"""Operations: liveness, readiness and Prometheus metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from delivery import metrics
 from delivery.engine import metrics_share
-from delivery.api import openapi, reads, responses
+from delivery.api import reads, responses
 from delivery.api.context import ApiContext, context
 
 logger = logging.getLogger(__name__)
@@ -69,18 +68,3 @@ async def _read_workers(ctx: ApiContext) -> list[metrics_share.Snapshot] | None:
     except Exception as error:  # a scrape still answers with the API's own series
         logger.warning("workers' metrics not read from Redis: %r", error)
         return None
-
-
-_SPEC = openapi.document()
-_SPEC_BYTES = msgspec.json.encode(_SPEC)
-_DOCS_HTML = openapi.docs_html(_SPEC)
-
-
-@routes.get("/openapi.json")
-async def openapi_json(request: web.Request) -> web.Response:
-    return web.Response(body=_SPEC_BYTES, content_type="application/json")
-
-
-@routes.get("/docs")
-async def docs(request: web.Request) -> web.Response:
-    return web.Response(text=_DOCS_HTML, content_type="text/html")

@@ -9,6 +9,7 @@ import asyncpg
 from aiohttp import web
 
 from delivery.api import (
+    docs_page,
     middleware,
     routes_accounts,
     routes_api_keys,
@@ -69,7 +70,7 @@ def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> w
         auth=Authenticator(pool, api.operator_key, api.auth_cache_ttl_ms), coalescer=coalescer,
     )
     for module in (routes_accounts, routes_api_keys, routes_endpoints, routes_messages, routes_deliveries, routes_ops,
-                   routes_recover):
+                   routes_recover, docs_page):
         app.add_routes(module.routes)
     dashboard.setup(app)  # the web dashboard under /dashboard (delivery/dashboard)
     app.cleanup_ctx.append(_revocation_listener)

@@ -56,15 +56,21 @@ async def test_metrics_expose_the_named_series_and_the_queue_depth(api):
 
 async def test_openapi_document_and_docs_page(api):
     """/openapi.json is OpenAPI 3.1 listing every JSON route the app serves (the HTML dashboard under
-    /dashboard is not part of the API); /docs lists them without external resources."""
+    /dashboard is not part of the API); /docs renders it with Redoc from our own origin, under our CSP."""
     spec = await (await api.client.get("/openapi.json")).json()
     assert spec["openapi"].startswith("3.1")
     served = {(route.method.lower(), route.resource.canonical) for route in api.client.app.router.routes()
               if route.method not in ("HEAD", "OPTIONS") and not route.resource.canonical.startswith("/dashboard")}
     documented = {(method, path) for path, methods in spec["paths"].items() for method in methods}
-    assert documented == served - {("get", "/openapi.json"), ("get", "/docs")}
-    page = await (await api.client.get("/docs")).text()
-    assert "/v1/messages" in page and "http://" not in page and "https://" not in page and "<script" not in page
+    docs = {("get", "/openapi.json"), ("get", "/docs"), ("get", "/docs/redoc.standalone.js"), ("get", "/docs/receiving")}
+    assert documented == served - docs
+    response = await api.client.get("/docs")
+    page = await response.text()
+    assert '<redoc spec-url="/openapi.json">' in page and "http://" not in page and "https://" not in page
+    assert '<script src="/docs/redoc.standalone.js"></script>' in page and page.count("<script") == 1
+    assert "script-src 'self';" in response.headers["Content-Security-Policy"]
+    script = await api.client.get("/docs/redoc.standalone.js")
+    assert script.status == 200 and len(await script.read()) > 100_000  # the real bundle, from the package
 
 
 async def test_request_ids_are_echoed_or_made(api):
