@@ -42,6 +42,19 @@ QUEUE_DEPTH = Gauge(
     "Pending deliveries whose next attempt is due now, read from PostgreSQL at scrape time.",
     registry=REGISTRY,
 )
+OLDEST_DUE_AGE = Gauge(
+    "hookledger_oldest_due_delivery_age_seconds",
+    "How long the oldest pending delivery that is due now has been due (0: none is), read from"
+    " PostgreSQL at scrape time: how late the workers run.",
+    registry=REGISTRY,
+)
+DELIVERIES_WAITING = Gauge(
+    "hookledger_deliveries_waiting",
+    "Live deliveries by state (pending: waiting for an attempt, due or not; sending: leased to a worker),"
+    " read from PostgreSQL at scrape time.",
+    ["state"],
+    registry=REGISTRY,
+)
 REFUNDS = Counter(
     "hookledger_refunds_total",
     "Refunds written by billing.settle, by dead reason.",

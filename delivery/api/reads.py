@@ -61,7 +61,17 @@ _MESSAGE_OF_DELIVERY = (
     " WHERE d.id = $1 AND d.account_id = $2"
 )
 # Pending deliveries due now: the queue depth gauge.
-_QUEUE_DEPTH = "SELECT count(*) FROM deliveries WHERE state = 'pending' AND next_attempt_at <= now()"
+# How late the queue runs, read at each scrape: the pending deliveries due now, how long the oldest
+# of them has been due (what an operator pages on), and the deliveries waiting by state. Both
+# counts walk their partial index (ix_deliveries_due, ix_deliveries_lease): O(backlog), not O(table).
+_QUEUE_LAG = """
+SELECT count(*) FILTER (WHERE next_attempt_at <= now()) AS due,
+       coalesce(extract(epoch FROM now() - min(next_attempt_at) FILTER (WHERE next_attempt_at <= now())), 0)::float8
+           AS oldest_due_seconds,
+       count(*) AS pending,
+       (SELECT count(*) FROM deliveries WHERE state = 'sending') AS sending
+FROM deliveries WHERE state = 'pending'
+"""
 
 
 async def deliveries_page(
@@ -122,5 +132,6 @@ async def message_of_delivery(executor: Executor, account_id: uuid.UUID, deliver
     return await executor.fetchrow(_MESSAGE_OF_DELIVERY, delivery_id, account_id)
 
 
-async def queue_depth(executor: Executor) -> int:
-    return await executor.fetchval(_QUEUE_DEPTH)
+async def queue_lag(executor: Executor) -> asyncpg.Record:
+    """due, oldest_due_seconds, pending, sending: see _QUEUE_LAG."""
+    return await executor.fetchrow(_QUEUE_LAG)

@@ -47,17 +47,22 @@ async def prometheus_metrics(request: web.Request) -> web.Response:
     """The API's own series, the queue depth read now, and the workers' series from their snapshots
     in Redis (delivery.engine.metrics_share). Either read may fail or time out: the scrape still answers."""
     ctx = context(request)
-    _, workers = await asyncio.gather(_read_queue_depth(ctx), _read_workers(ctx))
+    _, workers = await asyncio.gather(_read_queue_lag(ctx), _read_workers(ctx))
     response = web.Response(body=metrics_share.exposition(workers))
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response
 
 
-async def _read_queue_depth(ctx: ApiContext) -> None:
+async def _read_queue_lag(ctx: ApiContext) -> None:
     try:
-        metrics.QUEUE_DEPTH.set(await asyncio.wait_for(reads.queue_depth(ctx.pool), READY_TIMEOUT_SECONDS))
+        lag = await asyncio.wait_for(reads.queue_lag(ctx.pool), READY_TIMEOUT_SECONDS)
     except Exception as error:  # a scrape still answers with the counters
-        logger.warning("queue depth not read: %r", error)
+        logger.warning("queue lag not read: %r", error)
+        return
+    metrics.QUEUE_DEPTH.set(lag["due"])
+    metrics.OLDEST_DUE_AGE.set(lag["oldest_due_seconds"])
+    metrics.DELIVERIES_WAITING.labels("pending").set(lag["pending"])
+    metrics.DELIVERIES_WAITING.labels("sending").set(lag["sending"])
 
 
 async def _read_workers(ctx: ApiContext) -> list[metrics_share.Snapshot] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -52,6 +53,29 @@ async def test_metrics_expose_the_named_series_and_the_queue_depth(api):
     assert "hookledger_queue_depth 3.0" in text
     # The create counts are billing's own counters, read at the scrape: the three creates, one batch each.
     assert f'hookledger_create_batches_written_total{{way="direct"}} {direct_before + 3.0}' in text, text
+
+
+async def test_metrics_say_how_late_the_queue_runs(api):
+    """/metrics reads from PostgreSQL at the scrape how long the oldest due delivery has been due and
+    how many live deliveries wait in each state (no worker runs here, so nothing moves them)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples(text: str) -> dict:
+        return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                for family in text_string_to_metric_families(text) for sample in family.samples}
+
+    _, headers = await api.account(balance=10)
+    await api.endpoint(headers)
+    empty = samples(await (await api.client.get("/metrics")).text())
+    assert empty[("hookledger_oldest_due_delivery_age_seconds", ())] == 0
+    ids = [uuid.UUID((await (await api.send(headers)).json())["deliveries"][0]["id"]) for _ in range(4)]
+    await api.pool.execute("UPDATE deliveries SET next_attempt_at = now() - interval '90 seconds' WHERE id = $1", ids[0])
+    await api.pool.execute("UPDATE deliveries SET next_attempt_at = now() + interval '1 hour' WHERE id = $1", ids[1])
+    seen = samples(await (await api.client.get("/metrics")).text())
+    assert 90 <= seen[("hookledger_oldest_due_delivery_age_seconds", ())] < 90 + 600
+    assert seen[("hookledger_queue_depth", ())] == 3  # the one an hour ahead is not due
+    assert seen[("hookledger_deliveries_waiting", (("state", "pending"),))] == 4
+    assert seen[("hookledger_deliveries_waiting", (("state", "sending"),))] == 0
 
 
 async def test_openapi_document_and_docs_page(api):
