@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX
-from billing.tables import DELIVERY_STATES
+from billing.tables import DEAD_REASONS, DELIVERY_STATES
 from delivery.api import openapi_examples as examples, responses as r, routes_recover as recover, validation as v
+from delivery.api import routes_operator_reads as operator_reads
 from delivery.api.problems import ProblemBody
 
 ACCOUNT = "account"
@@ -106,6 +107,18 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/v1/dead-deliveries", "listDeadDeliveries", "Deliveries", "List dead deliveries of every account",
               "Dead deliveries across accounts (operator)", OPERATOR,
               {200: r.DeliveryPage}, (422,), parameters=(_LIMIT, _ID_CURSOR)),
+    Operation("get", "/v1/operator/dead-deliveries", "listFilteredDeadDeliveries", "Deliveries",
+              "List dead deliveries by account, endpoint, reason, time",
+              "Dead deliveries across accounts, newest first, filtered, with each endpoint's URL (operator)", OPERATOR,
+              {200: operator_reads.DeadDeliveryPage}, (422,),
+              parameters=(_LIMIT, _ID_CURSOR, _query("account_id", _UUID), _query("endpoint_id", _UUID),
+                          _query("dead_reason", {"enum": list(DEAD_REASONS)}),
+                          _query("died_after", _DATE_TIME, "Only deliveries that died at or after this time."),
+                          _query("died_before", _DATE_TIME, "Only deliveries that died before this time."))),
+    Operation("get", "/v1/operator/deliveries/{id}", "inspectDelivery", "Deliveries", "Inspect any account's delivery",
+              "Any account's delivery with its endpoint, latest attempts and every ledger entry tied to it,"
+              " adjustments too (operator)", OPERATOR, {200: operator_reads.InspectedDelivery}, (404,),
+              parameters=(_path_id(),)),
     Operation("get", "/v1/balance", "getBalance", "Billing", "Read the balance",
               "The balance and the credits in flight", ACCOUNT, {200: r.Balance}),
     Operation("get", "/v1/ledger", "listLedgerEntries", "Billing", "List ledger entries",
@@ -189,14 +202,16 @@ _DESCRIPTIONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No content", 
                  422: "Invalid request; errors lists each field", 503: _UNAVAILABLE}
 
 
+EXAMPLES = {**examples.EXAMPLES, **operator_reads.EXAMPLES}
 REQUEST_BODY_TYPES = (*v.REQUEST_BODIES, v.Empty, *recover.REQUEST_BODIES)
 
 
 def _schemas() -> dict:
-    kinds = (*REQUEST_BODY_TYPES, *r.RESPONSE_BODIES, *recover.RESPONSE_BODIES, ProblemBody)
+    kinds = (*REQUEST_BODY_TYPES, *r.RESPONSE_BODIES, *recover.RESPONSE_BODIES, *operator_reads.RESPONSE_BODIES,
+             ProblemBody)
     _, components = msgspec.json.schema_components(kinds, ref_template="#/components/schemas/{name}")
     for name, schema in components.items():
-        schema["examples"] = [examples.EXAMPLES[name]]
+        schema["examples"] = [EXAMPLES[name]]
     return components
 
 
@@ -205,7 +220,7 @@ def _ref(kind: type) -> dict:
 
 
 def _media(kind: type) -> dict:
-    return {"schema": _ref(kind), "example": examples.EXAMPLES[kind.__name__]}
+    return {"schema": _ref(kind), "example": EXAMPLES[kind.__name__]}
 
 
 def _operation(op: Operation) -> dict:

@@ -11,40 +11,61 @@ from __future__ import annotations
 import sys
 
 import typer
-from rich.console import Console
 
-from delivery.cli import client_commands as cli_client, operator_commands as cli_operator
+from delivery.cli import client_commands as cli_client, common, operator_commands as cli_operator, output
 from delivery.errors import ServerUnreachableError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="hookledger: webhooks billed per delivery.")
-console = Console()
 EXIT_CONFIG = 2  # a malformed setting or a port already taken: as for a bad argument
 EXIT_UNAVAILABLE = 3  # PostgreSQL or Redis did not answer at start (as the client commands use 3)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"hookledger {version('hookledger')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            print("hookledger (not installed)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print the version and exit."),
+) -> None:
+    """hookledger: webhooks billed per delivery."""
+
+
 @app.command()
-def migrate() -> None:
-    """Apply the database migrations (alembic upgrade head)."""
+def migrate(as_json: common.AsJson = False) -> None:
+    """Apply the database migrations (alembic upgrade head); without DATABASE_URL, to the embedded server."""
     from delivery.platform import config, migrate as migrations, services
 
     settings = config.load()
     migrations.upgrade(services.database_url(settings.database))
-    console.print("migrated to head")
+    if as_json:
+        output.print_json({"migrated": "head"})
+    else:
+        output.out().print("migrated to head")
 
 
 @app.command()
 def audit(
-    account: str = typer.Option(None, help="Audit one account (its id); default: every account."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON for machines."),
-    since: str = typer.Option(None, help="Incremental: check only the deliveries created or finished, and those"
-                              " with a ledger entry, since this ISO 8601 time (balances and triggers are always"
-                              " all checked)."),
+    account: str = typer.Option(None, metavar="ACCOUNT_ID", help="Audit one account; default: every account."),
+    as_json: common.AsJson = False,
+    since: str = typer.Option(None, "--since", metavar="TIME", help="Incremental: check only the deliveries created or finished,"
+                              " and those with a ledger entry, since this ISO 8601 time (balances and triggers are"
+                              " always all checked)."),
 ) -> None:
-    """Check invariants I1-I8 against the ledger, and list notices (among them the probe setting and the
-    key revocation trigger, against the migrations). Exit code 1 on any violation; notices leave it 0."""
+    """Check invariants I1-I8 against the ledger (PostgreSQL: DATABASE_URL), and list notices (among them the
+    probe setting and the key revocation trigger, against the migrations). Exit 1 on any violation."""
     # Bad input is refused before the audit's modules (the database layer, alembic) are loaded.
-    account_id = cli_operator.parse_id(account, "account") if account else None
-    since_time = cli_operator.parse_time(since, "--since") if since else None
+    account_id = common.parse_id(account, "account") if account else None
+    since_time = common.parse_time(since, "--since") if since else None
+    common.require_database("audit")
 
     import asyncio
 
@@ -64,7 +85,7 @@ def audit(
     if as_json:
         print(audit_report.to_json(report))
     else:
-        audit_report.render(report, console)
+        audit_report.render(report, output.out())
     raise typer.Exit(0 if report.clean else 1)
 
 
@@ -83,7 +104,7 @@ def worker() -> None:
 @app.command()
 def run(
     demo_only: bool = typer.Option(False, "--demo-only", help="Exit after the demo instead of serving."),
-    port: int = typer.Option(8000, min=0, max=65535, help="Port for the API (0: any free port)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, metavar="PORT", help="Port for the API (0: any free port)."),
 ) -> None:
     """The whole platform on this machine (embedded PostgreSQL and Redis unless configured), with a demo."""
     import signal as signals
@@ -95,26 +116,55 @@ def run(
     # the worker, the receiver and the embedded PostgreSQL and Redis running with no owner.
     for signal_number in (signals.SIGTERM, signals.SIGHUP):
         signals.signal(signal_number, _interrupt)
+    console = output.out()
     settings = config.load()
     console.print("starting PostgreSQL, Redis, the API and a worker ...")
-    running = platform.start(settings, api_port=port or None)
     try:
-        console.print(f"API      {running.api_url}  (docs {running.api_url}/docs, metrics {running.api_url}/metrics)")
-        console.print(f"worker   metrics http://127.0.0.1:{running.environment['HOOKLEDGER_WORKER_METRICS_PORT']}/metrics")
-        console.print(f"operator HOOKLEDGER_OPERATOR_KEY={running.operator_key}")
-        console.print(f"logs     {running.log_dir}")
-        clean = platform_demo.run(running, console)
-        console.print("[green]demo finished: every delivery ended and the audit is clean[/green]" if clean
-                      else "[red]demo failed: see above[/red]")
-        if demo_only:
-            raise typer.Exit(0 if clean else 1)
-        console.print("serving until Ctrl-C ...")
-        while True:
-            signals.pause()
+        running = platform.start(settings, api_port=port or None)
     except KeyboardInterrupt:
-        pass
+        console.print("interrupted while starting; stopped what had started")
+        raise typer.Exit(1) from None
+    code = 0
+    try:
+        _print_addresses(console, running)
+        demo = platform_demo.run(running, console)
+        console.print("[green]demo finished: every delivery ended and the audit is clean[/green]" if demo.clean
+                      else "[red]demo failed: see above[/red]")
+        console.print(f"demo account  {demo.account_id}  key {demo.api_key}", markup=False, soft_wrap=True)
+        console.print(f"dashboard     {running.dashboard_url}  (sign in with the demo account's key, or the operator"
+                      " key for dead letters, deletions and the audit)", markup=False, soft_wrap=True)
+        if demo_only:
+            code = 0 if demo.clean else 1
+        else:
+            console.print("serving until Ctrl-C ...")
+            _serve(console, running)
+    except KeyboardInterrupt:
+        console.print(f"stopping {running.servers()} ...", soft_wrap=True)
     finally:
         running.stop()
+        console.print(f"stopped {running.servers()}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _print_addresses(console, running) -> None:
+    """Where everything is, one whole line each (a key split in two cannot be pasted)."""
+    metrics_port = running.environment["HOOKLEDGER_WORKER_METRICS_PORT"]
+    for line in (f"API           {running.api_url}  (docs {running.api_url}/docs, metrics {running.api_url}/metrics)",
+                 f"dashboard     {running.dashboard_url}",
+                 f"worker        metrics http://127.0.0.1:{metrics_port}/metrics",
+                 f"operator key  HOOKLEDGER_OPERATOR_KEY={running.operator_key}",
+                 f"logs          {running.log_dir}"):
+        console.print(line, markup=False, soft_wrap=True)
+
+
+def _serve(console, running) -> None:
+    """Until a signal (KeyboardInterrupt): say at once when a part of the platform stops."""
+    import time
+
+    while True:
+        for line in running.health_changes():
+            output.err().print(f"[red]error[/red]: {line}", soft_wrap=True, highlight=False)
+        time.sleep(1)
 
 
 def _interrupt(signal_number: int, frame: object) -> None:
@@ -145,7 +195,7 @@ def main() -> None:
     except _startup_errors() as error:
         # A malformed setting, a port already taken, a server that does not answer: one line
         # saying what to change, not a traceback, and nothing started.
-        Console(stderr=True).print(f"[red]error[/red]: {error}", highlight=False)
+        output.error_line(str(error))
         raise SystemExit(EXIT_UNAVAILABLE if isinstance(error, ServerUnreachableError) else EXIT_CONFIG) from None
 
 

@@ -12,8 +12,8 @@ After a receiver outage, `endpoints.recover_plan(endpoint_id, since)` shows what
 endpoint's dead deliveries would charge, and `endpoints.recover(endpoint_id, since,
 confirm_total=plan.total_charge)` replays them as new charged deliveries (200 a call; `more`).
 
-An operator (holding the operator key) has `accounts.create/get/top_up/reverse_top_up` and
-`deliveries.list_dead`. Every refusal raises a `HookledgerError` subclass carrying the API's
+An operator (holding the operator key) has `accounts.create/get/top_up/reverse_top_up/delete/deletion`
+and `deliveries.list_dead/list_dead_letters/inspect`. Every refusal raises a `HookledgerError` subclass carrying the API's
 problem+json fields (`status`, `type`, `title`, `detail`, `errors`). Every create (`send`, a
 replay, a recovery, an account, an API key, an endpoint, a secret rotation) carries an Idempotency-Key
 (generated when not given) reused by its retries, so a retry never charges twice, nor makes a
@@ -42,14 +42,18 @@ from delivery.client.errors import (
 from delivery.client.models import (
     Account,
     AccountCreated,
+    AccountDeletion,
     ApiKey,
     Attempt,
     Balance,
     CreatedDelivery,
+    DeadDelivery,
     Delivery,
     DeliveryDetail,
     Endpoint,
     EndpointDeleted,
+    InspectedDelivery,
+    InspectedLedgerEntry,
     LedgerEntry,
     Message,
     NewApiKey,
@@ -67,6 +71,7 @@ __all__ = [
     "APIConnectionError",
     "Account",
     "AccountCreated",
+    "AccountDeletion",
     "ApiKey",
     "AsyncClient",
     "Attempt",
@@ -75,12 +80,15 @@ __all__ = [
     "Client",
     "ConflictError",
     "CreatedDelivery",
+    "DeadDelivery",
     "Delivery",
     "DeliveryDetail",
     "Endpoint",
     "EndpointDeleted",
     "FieldError",
     "HookledgerError",
+    "InspectedDelivery",
+    "InspectedLedgerEntry",
     "LedgerEntry",
     "Message",
     "NewApiKey",

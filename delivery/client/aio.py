@@ -184,6 +184,19 @@ class AsyncDeliveries(_AsyncResource):
         """Operator: dead deliveries across every account, newest first."""
         return await self._run(calls.dead_deliveries(limit, cursor))
 
+    async def list_dead_letters(self, *, limit: int | None = None, cursor: str | None = None, account_id: Id | None = None,
+                          endpoint_id: Id | None = None, dead_reason: str | None = None,
+                          died_after: datetime | None = None,
+                          died_before: datetime | None = None) -> models.Page[models.DeadDelivery]:
+        """Operator: dead deliveries across accounts, newest first, filtered by account, endpoint,
+        dead reason and when they died ([died_after, died_before)), each with its endpoint's URL."""
+        return await self._run(calls.dead_letters(limit=limit, cursor=cursor, account_id=account_id, endpoint_id=endpoint_id,
+                                          dead_reason=dead_reason, died_after=died_after, died_before=died_before))
+
+    async def inspect(self, delivery_id: Id) -> models.InspectedDelivery:
+        """Operator: any account's delivery with its endpoint, latest attempts and ledger entries."""
+        return await self._run(calls.inspect_delivery(delivery_id))
+
 
 class AsyncAccounts(_AsyncResource):
     """Operator routes: the client must hold the operator key."""
@@ -202,6 +215,15 @@ class AsyncAccounts(_AsyncResource):
 
     async def reverse_top_up(self, account_id: Id, order_id: str) -> models.Topup:
         return await self._run(calls.reverse_top_up(account_id, order_id))
+
+    async def delete(self, account_id: Id) -> models.AccountDeletion:
+        """Start deleting the account (irreversible): it closes, its live deliveries are refunded once
+        and its balance closed out, by a worker; read the job with `deletion`. Again: the same job."""
+        return await self._run(calls.delete_account(account_id))
+
+    async def deletion(self, account_id: Id) -> models.AccountDeletion:
+        """The account's deletion job: status running, waiting_repair, done or failed, its step and report."""
+        return await self._run(calls.account_deletion(account_id))
 
     async def create_api_key(self, account_id: Id, *, idempotency_key: str | None = None) -> models.NewApiKey:
         """A new API key for the account (`.key`, shown once): say after it revoked its last. Keyed and retried."""

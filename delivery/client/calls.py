@@ -149,6 +149,27 @@ def dead_deliveries(limit: int | None, cursor: str | None) -> Call[models.Page[m
                 params=_params(limit=limit, cursor=cursor))
 
 
+def dead_letters(*, limit: int | None, cursor: str | None, account_id: Id | None, endpoint_id: Id | None,
+                 dead_reason: str | None, died_after: datetime | None,
+                 died_before: datetime | None) -> Call[models.Page[models.DeadDelivery]]:
+    params = _params(limit=limit, cursor=cursor, account_id=account_id, endpoint_id=endpoint_id,
+                     dead_reason=dead_reason, died_after=died_after, died_before=died_before)
+    return Call("GET", "/v1/operator/dead-deliveries", True, _reads(models.Page[models.DeadDelivery]), params=params)
+
+
+def inspect_delivery(delivery_id: Id) -> Call[models.InspectedDelivery]:
+    return Call("GET", f"/v1/operator/deliveries/{_segment(delivery_id)}", True, _reads(models.InspectedDelivery))
+
+
+def delete_account(account_id: Id) -> Call[models.AccountDeletion]:
+    # A repeat starts nothing more: the API records one deletion per account and resumes it.
+    return Call("DELETE", f"/v1/accounts/{_segment(account_id)}", True, _reads(models.AccountDeletion))
+
+
+def account_deletion(account_id: Id) -> Call[models.AccountDeletion]:
+    return Call("GET", f"/v1/accounts/{_segment(account_id)}/deletion", True, _reads(models.AccountDeletion))
+
+
 # ---- account --------------------------------------------------------------------------------------
 
 def balance() -> Call[models.Balance]:

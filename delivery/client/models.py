@@ -193,6 +193,64 @@ class DeliveryDetail(Delivery, frozen=True):
     ledger_entries: tuple[LedgerEntry, ...] = ()
 
 
+class DeadDelivery(msgspec.Struct, frozen=True):
+    """A dead delivery of any account, as the operator lists them, with its endpoint's URL."""
+
+    id: uuid.UUID
+    account_id: uuid.UUID
+    endpoint_id: uuid.UUID
+    message_id: uuid.UUID
+    event_type: str
+    url: str
+    price: int
+    dead_reason: str
+    attempt: int
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class InspectedLedgerEntry(msgspec.Struct, frozen=True):
+    id: str
+    kind: str
+    amount: int
+    note: str | None
+    created_at: datetime
+
+
+class InspectedDelivery(msgspec.Struct, frozen=True):
+    """Any account's delivery as the operator reads it: its endpoint now, latest attempts first, and
+    every ledger entry tied to it (adjustments too)."""
+
+    id: uuid.UUID
+    account_id: uuid.UUID
+    endpoint_id: uuid.UUID
+    message_id: uuid.UUID
+    event_type: str
+    url: str
+    endpoint_enabled: bool
+    endpoint_deleted_at: datetime | None
+    state: str
+    dead_reason: str | None
+    attempt: int
+    attempts_max: int
+    price: int
+    payload_bytes: int | None  # None: the payload was erased
+    created_at: datetime
+    finished_at: datetime | None
+    attempts: tuple[Attempt, ...] = ()
+    ledger_entries: tuple[InspectedLedgerEntry, ...] = ()
+
+
+class AccountDeletion(msgspec.Struct, frozen=True):
+    """An account's deletion job: `status` running, waiting_repair, done or failed; `report` its counts."""
+
+    id: uuid.UUID
+    account_id: uuid.UUID
+    status: str
+    step: str
+    report: dict
+
+
 class Page(msgspec.Struct, Generic[T], frozen=True):
     """One page of a list; pass `next_cursor` as `cursor` for the next one (None: this was the last)."""
 

@@ -183,6 +183,19 @@ class Deliveries(_Resource):
         """Operator: dead deliveries across every account, newest first."""
         return self._run(calls.dead_deliveries(limit, cursor))
 
+    def list_dead_letters(self, *, limit: int | None = None, cursor: str | None = None, account_id: Id | None = None,
+                          endpoint_id: Id | None = None, dead_reason: str | None = None,
+                          died_after: datetime | None = None,
+                          died_before: datetime | None = None) -> models.Page[models.DeadDelivery]:
+        """Operator: dead deliveries across accounts, newest first, filtered by account, endpoint,
+        dead reason and when they died ([died_after, died_before)), each with its endpoint's URL."""
+        return self._run(calls.dead_letters(limit=limit, cursor=cursor, account_id=account_id, endpoint_id=endpoint_id,
+                                          dead_reason=dead_reason, died_after=died_after, died_before=died_before))
+
+    def inspect(self, delivery_id: Id) -> models.InspectedDelivery:
+        """Operator: any account's delivery with its endpoint, latest attempts and ledger entries."""
+        return self._run(calls.inspect_delivery(delivery_id))
+
 
 class Accounts(_Resource):
     """Operator routes: the client must hold the operator key."""
@@ -201,6 +214,15 @@ class Accounts(_Resource):
 
     def reverse_top_up(self, account_id: Id, order_id: str) -> models.Topup:
         return self._run(calls.reverse_top_up(account_id, order_id))
+
+    def delete(self, account_id: Id) -> models.AccountDeletion:
+        """Start deleting the account (irreversible): it closes, its live deliveries are refunded once
+        and its balance closed out, by a worker; read the job with `deletion`. Again: the same job."""
+        return self._run(calls.delete_account(account_id))
+
+    def deletion(self, account_id: Id) -> models.AccountDeletion:
+        """The account's deletion job: status running, waiting_repair, done or failed, its step and report."""
+        return self._run(calls.account_deletion(account_id))
 
     def create_api_key(self, account_id: Id, *, idempotency_key: str | None = None) -> models.NewApiKey:
         """A new API key for the account (`.key`, shown once): say after it revoked its last. Keyed and retried."""

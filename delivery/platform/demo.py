@@ -13,6 +13,8 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
+from dataclasses import dataclass
 
 import httpx
 from rich.console import Console
@@ -21,6 +23,13 @@ from delivery.client import Client
 from delivery.platform.run import Platform, free_port
 
 DEMO_SECONDS_MAX = 60
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    clean: bool  # every delivery ended and the audit is clean
+    account_id: uuid.UUID  # the demo account, to sign in to the dashboard with its key
+    api_key: str
 
 
 def _cli(platform: Platform, api_key: str, *arguments: str) -> subprocess.CompletedProcess:
@@ -32,7 +41,7 @@ def _cli(platform: Platform, api_key: str, *arguments: str) -> subprocess.Comple
 
 def _show(console: Console, title: str, completed: subprocess.CompletedProcess) -> None:
     console.rule(f"[bold]$ hookledger {title}")
-    console.print(completed.stdout.rstrip() or completed.stderr.rstrip(), markup=False, highlight=False)
+    console.print(completed.stdout.rstrip() or completed.stderr.rstrip(), markup=False, highlight=False, soft_wrap=True)
 
 
 def _wait_for_port(port: int, seconds: float = 20) -> None:
@@ -45,13 +54,14 @@ def _wait_for_port(port: int, seconds: float = 20) -> None:
     raise RuntimeError(f"nothing listens on port {port}")
 
 
-def run(platform: Platform, console: Console) -> bool:
-    """Run the demo against a started platform; True when every delivery ended and the audit is clean."""
+def run(platform: Platform, console: Console) -> DemoResult:
+    """Run the demo against a started platform: whether every delivery ended and the audit is clean,
+    and the demo account with its key."""
     operator = Client(platform.api_url, platform.operator_key)
     created = operator.accounts.create("demo shop", price_per_delivery=2)
     account_id, api_key = created.account.id, created.api_key.key
     operator.accounts.top_up(account_id, f"demo-order-{account_id}", 100)
-    console.print(f"operator: created account {account_id} (2 credits per delivery) and topped it up with 100")
+    console.print(f"operator: created account {account_id} (2 credits per delivery) and topped it up with 100", soft_wrap=True)
 
     app = Client(platform.api_url, api_key)
     listen_port = free_port()
@@ -60,14 +70,14 @@ def run(platform: Platform, console: Console) -> bool:
     platform.start("listen", "listen", "--port", str(listen_port), "--secret-from-endpoint", str(healthy.id),
                    environment={"HOOKLEDGER_API_URL": platform.api_url, "HOOKLEDGER_API_KEY": api_key})
     _wait_for_port(listen_port)
-    console.print(f"app: endpoint {healthy.id} -> hookledger listen on :{listen_port}; endpoint {down.id} -> nobody")
+    console.print(f"app: endpoint {healthy.id} -> hookledger listen on :{listen_port}; endpoint {down.id} -> nobody", soft_wrap=True)
 
     _show(console, "send invoice.paid ... (CLI)", _cli(platform, api_key, "send", "invoice.paid", '{"invoice": 1}',
                                                       "--idempotency-key", "demo-invoice-1"))
     _show(console, "send again, same idempotency key", _cli(platform, api_key, "send", "invoice.paid",
                                                              '{"invoice": 1}', "--idempotency-key", "demo-invoice-1"))
     message = app.send("customer.created", {"customer": "ada"})
-    console.print(f"SDK: sent customer.created as message {message.id}, {message.total_charged} credits charged")
+    console.print(f"SDK: sent customer.created as message {message.id}, {message.total_charged} credits charged", soft_wrap=True)
 
     ended = _wait_until_all_ended(app)
     _show(console, "deliveries list", _cli(platform, api_key, "deliveries", "list"))
@@ -77,8 +87,8 @@ def run(platform: Platform, console: Console) -> bool:
     _show_worker_metrics(platform, console)
     lines = (platform.log_dir / "listen.log").read_text(errors="replace").splitlines()
     received = sum(line.startswith("received ") for line in lines)
-    console.print(f"the local receiver verified and printed {received} webhook(s); logs in {platform.log_dir}")
-    return ended and audit.returncode == 0
+    console.print(f"the local receiver verified and printed {received} webhook(s); logs in {platform.log_dir}", soft_wrap=True)
+    return DemoResult(ended and audit.returncode == 0, account_id, api_key)
 
 
 def _show_worker_metrics(platform: Platform, console: Console) -> None:
@@ -88,7 +98,7 @@ def _show_worker_metrics(platform: Platform, console: Console) -> None:
     for line in text.splitlines():
         if line.startswith(("hookledger_deliveries_total", "hookledger_refunds_total",
                             "hookledger_delivery_attempts_total")):
-            console.print(line, markup=False, highlight=False)
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _wait_until_all_ended(app: Client) -> bool:

@@ -80,6 +80,61 @@ class Platform:
     operator_key: str
     log_dir: Path
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    embedded_postgres_dir: Path | None = None  # its data directory, when PostgreSQL is ours (DATABASE_URL unset)
+    embedded_redis: bool = False
+    _reported: set[str] = field(default_factory=set)  # what health_changes() said is wrong now
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"{self.api_url}/dashboard"
+
+    def servers(self) -> str:
+        """What this platform runs, for the lines that say what started and what stopped."""
+        names = [name for name in self.processes]
+        embedded = [name for name, ours in (("PostgreSQL", self.embedded_postgres_dir is not None),
+                                            ("Redis", self.embedded_redis)) if ours]
+        words = {"api": "the API", "worker": "the worker", "listen": "the demo receiver (hookledger listen)"}
+        listed = [words.get(name, name) for name in names] + [f"the embedded {name}" for name in embedded]
+        return ", ".join(listed[:-1]) + (" and " if len(listed) > 1 else "") + listed[-1] if listed else "nothing"
+
+    def health_changes(self) -> list[str]:
+        """One line for each part that stopped since the last call (and for PostgreSQL, when it is back):
+        the loop that serves calls it every second or so, so that a death is said, once."""
+        lines = []
+        for name, process in self.processes.items():
+            if process.poll() is not None and name not in self._reported:
+                self._reported.add(name)
+                lines.append(f"{name} exited with code {process.returncode}; see {self.log_dir / name}.log")
+        alive = self.postgres_alive()
+        if alive is False and "postgres" not in self._reported:
+            self._reported.add("postgres")
+            lines.append("PostgreSQL stopped: the API answers 503 and deliveries wait until it is back"
+                         + (f" (its data and log: {self.embedded_postgres_dir})" if self.embedded_postgres_dir else ""))
+        elif alive and "postgres" in self._reported:
+            self._reported.discard("postgres")
+            lines.append("PostgreSQL answers again")
+        return lines
+
+    def postgres_alive(self) -> bool | None:
+        """Whether PostgreSQL runs: for an embedded one, its postmaster; for another, its port answers
+        a connection. None when that cannot be told (a DATABASE_URL naming no host and port)."""
+        if self.embedded_postgres_dir is not None:
+            try:
+                pid = int((self.embedded_postgres_dir / "postmaster.pid").read_text().split()[0])
+                os.kill(pid, 0)
+            except (OSError, ValueError, IndexError):
+                return False
+            return True
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.environment.get("DATABASE_URL", ""))
+        if not parts.hostname:
+            return None
+        try:
+            with socket.create_connection((parts.hostname, parts.port or 5432), timeout=1):
+                return True
+        except OSError:
+            return False
 
     def start(self, name: str, *arguments: str, environment: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it until it exits
@@ -141,7 +196,9 @@ def start(settings: config.Settings, *, api_port: int | None = None) -> Platform
     }
     log_dir = data_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    platform = Platform(environment, f"http://127.0.0.1:{port}", environment["HOOKLEDGER_OPERATOR_KEY"], log_dir)
+    platform = Platform(environment, f"http://127.0.0.1:{port}", environment["HOOKLEDGER_OPERATOR_KEY"], log_dir,
+                        embedded_postgres_dir=None if settings.database.url else settings.database.data_dir,
+                        embedded_redis=not settings.redis.url)
     try:
         platform.start("api", "api")
         platform.start("worker", "worker")

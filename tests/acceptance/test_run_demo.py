@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -23,13 +26,25 @@ FAST_RETRY_SCHEDULE = "0,0.2,0.2"
 
 def test_run_demo_on_embedded_servers(tmp_path: Path) -> None:
     """No DATABASE_URL / REDIS_URL: embedded PostgreSQL and Redis, API, worker and listen as processes;
-    the demo goes through the API, the SDK and the CLI, every delivery ends, the audit is clean."""
-    environment = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    environment.update(HOOKLEDGER_DATA_DIR=str(tmp_path / "data"), COLUMNS="200")
+    the demo goes through the API, the SDK and the CLI, every delivery ends, the audit is clean.
+
+    Its output is a pipe with no COLUMNS: the lines to copy (the operator key, the demo account's
+    key, the dashboard's address) are each whole on one line, not folded at 80 columns."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "COLUMNS")}
+    environment.update(HOOKLEDGER_DATA_DIR=str(tmp_path / "data"))
     completed = subprocess.run([sys.executable, "-m", "delivery", "run", "--demo-only", "--port", "0"], cwd=ROOT,
                                env=environment, capture_output=True, text=True, timeout=240)
     output = completed.stdout + completed.stderr
     assert completed.returncode == 0, output[-4000:]
+    secrets = json.loads((tmp_path / "data" / "dev-secrets.json").read_text())
+    assert f"operator key  HOOKLEDGER_OPERATOR_KEY={secrets['HOOKLEDGER_OPERATOR_KEY']}\n" in completed.stdout
+    api = re.search(r"^API           (http://127\.0\.0\.1:\d+)  \(docs ", completed.stdout, re.MULTILINE)
+    assert api, completed.stdout
+    assert f"\ndashboard     {api.group(1)}/dashboard  (sign in with the demo account's key" in completed.stdout
+    assert re.search(r"^demo account  [0-9a-f-]{36}  key hl_live_\S+$", completed.stdout, re.MULTILINE), completed.stdout
+    assert "│ 01" in completed.stdout  # the CLI's tables, their ids whole
+    assert "stopped the API, the worker, the demo receiver (hookledger listen), the embedded PostgreSQL and the" \
+           " embedded Redis" in completed.stdout
     assert "audit clean" in output
     assert "already accepted under this key" in output  # the second send under one idempotency key
     assert "verified and printed 2 webhook(s)" in output
@@ -119,15 +134,40 @@ def _log_tails(data_dir: Path, lines: int = 40) -> str:
                      for log in sorted((data_dir / "logs").glob("*.log")))
 
 
-def test_sigterm_stops_the_whole_platform(tmp_path: Path) -> None:
-    """SIGTERM to `hookledger run` (what a supervisor, `timeout` or `docker stop` sends) stops it as
-    Ctrl-C does: it exits 0 and leaves no API, worker, receiver, PostgreSQL or Redis behind. Before,
-    the process died at once and all of them kept running with no owner."""
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_signal_stops_the_whole_platform_and_says_so(tmp_path: Path, signal_number: int) -> None:
+    """Ctrl-C (SIGINT), or SIGTERM (what a supervisor, `timeout` or `docker stop` sends), stops the
+    run: it says what it is stopping and what it stopped, exits 0, and leaves no API, worker,
+    receiver, PostgreSQL or Redis behind."""
     with _serving_run(tmp_path / "data") as (run, children, servers, processes):
-        run.send_signal(signal.SIGTERM)
+        run.send_signal(signal_number)
         assert run.wait(60) == 0, run.stdout.read()[-4000:]
+        said = run.stdout.read()
+        everything = "the API, the worker, the demo receiver (hookledger listen), the embedded PostgreSQL and the embedded Redis"
+        assert f"stopping {everything} ...\nstopped {everything}\n" in said, said
         left = _gone_within(children | set(servers.values()), 30)
         assert not left, ({pid: processes[pid][1] for pid in left}, _log_tails(tmp_path / "data"))
+
+
+def test_a_postgresql_that_dies_while_serving_is_said(tmp_path: Path) -> None:
+    """The embedded PostgreSQL killed under a serving run: one line says so within seconds, rather than
+    the run going on silently while every request answers 503."""
+    with _serving_run(tmp_path / "data") as (run, children, servers, processes):
+        os.kill(servers["postgres"], signal.SIGKILL)
+        watchdog = threading.Timer(30, run.kill)  # a run that never says it ends its output, so readline returns
+        watchdog.start()
+        said = []
+        try:
+            while line := run.stdout.readline():
+                said.append(line)
+                if "PostgreSQL stopped" in line:
+                    break
+        finally:
+            watchdog.cancel()
+        assert "PostgreSQL stopped" in said[-1], "".join(said)[-4000:]
+        assert said[-1].startswith("error: PostgreSQL stopped: the API answers 503"), said[-1]
+        run.send_signal(signal.SIGTERM)
+        run.wait(60)
 
 
 def test_sigkill_leaves_nothing_running_for_long(tmp_path: Path) -> None:

@@ -28,13 +28,17 @@ class Listener:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "delivery", "listen", "--port", port, *args],
             env={**os.environ, "COLUMNS": "250", **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            bufsize=0,  # unbuffered: a readline must not take the next line too, where select no longer sees it
         )
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.process.stdout, selectors.EVENT_READ)
         line = self.line()
-        match = re.search(r"listening on (http://127\.0\.0\.1:\d+)/", line)
-        assert match, line
-        self.url = match.group(1)
+        if line.startswith("{"):  # --json
+            self.url = json.loads(line)["url"].rstrip("/")
+        else:
+            match = re.search(r"listening on (http://127\.0\.0\.1:\d+)/", line)
+            assert match, line
+            self.url = match.group(1)
 
     def line(self) -> str:
         """The next printed line; fails the test if none comes in time."""
@@ -86,6 +90,8 @@ def test_listen_prints_verified_webhooks_and_refuses_bad_ones(secret):
         assert refused.status_code == 401 and refused.headers["Content-Type"].startswith("application/problem+json")
         line = listener.line()
         assert line.startswith("refused 401 msg_bad_1  ") and "signature" in line.lower()
+        reason = line.removeprefix("refused 401 msg_bad_1  ")
+        assert reason.count(reason.split(" (")[0]) == 1, reason  # said once: not "title (title (detail))"
 
         stale = webhook_headers("msg_old_1", now - 3600, body, [secret])
         assert listener.post(body, stale).status_code == 401
@@ -157,3 +163,98 @@ def test_a_send_reaches_listen_through_the_real_worker(cli, api_url, worker):
     finally:
         if listener is not None:
             assert listener.stop() == 0
+
+
+class App:
+    """The developer's own app that `listen --forward-to` forwards to: records each request and
+    answers with the next status of `statuses` (then 200)."""
+
+    def __init__(self, *statuses: int) -> None:
+        import http.server
+        import threading
+
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+        self.statuses = list(statuses)
+        app = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                app.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                status = app.statuses.pop(0) if app.statuses else 200
+                answer = json.dumps({"handled": status < 300}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_listen_forwards_verified_webhooks_to_the_app_and_reports_its_status(secret):
+    """--forward-to: the app gets the body and the signed headers as sent, so it verifies them itself;
+    the sender gets the app's answer. An app's 500 goes back as 500 and the webhook stays unclaimed,
+    so the retry is forwarded again; a forged webhook never reaches the app; an app that does not
+    answer is a 502 "forward failed"."""
+    app = App(500)
+    listener = Listener("--secret", secret, "--forward-to", app.url)
+    try:
+        body = b'{"type": "invoice.paid", "n": 1}'
+        headers = webhook_headers("msg_fwd_1", int(time.time()), body, [secret])
+        failed = listener.post(body, headers)
+        assert failed.status_code == 500 and failed.json() == {"handled": False}
+        assert listener.line().startswith("received msg_fwd_1  invoice.paid")
+        assert re.fullmatch(rf"forwarded msg_fwd_1  {re.escape(app.url)}  500  \d+ ms", listener.line())
+        retried = listener.post(body, headers)
+        assert retried.status_code == 200 and retried.json() == {"handled": True}
+        listener.line()
+        assert listener.line().startswith(f"forwarded msg_fwd_1  {app.url}  200  ")
+        assert len(app.requests) == 2
+        forwarded_headers, forwarded_body = app.requests[-1]
+        assert forwarded_body == body
+        for name in ("webhook-id", "webhook-timestamp", "webhook-signature"):
+            assert forwarded_headers[name] == headers[name], name
+        forged = listener.post(body, webhook_headers("msg_fwd_2", int(time.time()), body, [generate_secret()]))
+        assert forged.status_code == 401 and listener.line().startswith("refused 401 msg_fwd_2")
+        assert len(app.requests) == 2
+    finally:
+        assert listener.stop() == 0
+        app.close()
+    down = Listener("--secret", secret, "--forward-to", f"http://127.0.0.1:{free_port()}/hooks")
+    try:
+        body = b'{"n": 2}'
+        assert down.post(body, webhook_headers("msg_fwd_3", int(time.time()), body, [secret])).status_code == 502
+        down.line()
+        assert down.line().startswith("forward failed msg_fwd_3  http://127.0.0.1:")
+    finally:
+        assert down.stop() == 0
+
+
+def test_listen_json_prints_one_object_a_line(secret):
+    listener = Listener("--secret", secret, "--json")
+    try:
+        body = b'{"type": "invoice.paid"}'
+        assert listener.post(body, webhook_headers("msg_json_1", int(time.time()), body, [secret])).status_code == 200
+        received = json.loads(listener.line())
+        assert received["event"] == "received" and received["id"] == "msg_json_1"
+        assert received["event_type"] == "invoice.paid" and received["payload"] == {"type": "invoice.paid"}
+        assert listener.post(body, {}).status_code == 401
+        refused = json.loads(listener.line())
+        assert refused["event"] == "refused" and refused["status"] == 401 and refused["id"] is None
+    finally:
+        assert listener.stop() == 0
+
+
+def test_listen_with_a_forward_url_that_is_not_http_is_a_usage_error(cli, secret):
+    result = cli("listen", "--port", "0", "--secret", secret, "--forward-to", "localhost:3000")
+    assert result.exit_code == 2 and "--forward-to must be an http(s) URL" in result.stderr

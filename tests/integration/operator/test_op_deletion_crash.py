@@ -23,7 +23,7 @@ async def _run_cli(database_url: str, account_id, *, crash_after: str | None) ->
     if crash_after:
         environment[deletion.CRASH_AFTER_STEP_VARIABLE] = crash_after
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "delivery", "accounts", "delete", str(account_id), "--inline",
+        sys.executable, "-m", "delivery", "accounts", "delete", str(account_id), "--inline", "--yes",
         env=environment, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     output, _ = await process.communicate()

@@ -49,7 +49,7 @@ async def test_mismatch_waits_for_repair_then_finishes(pool, database_url, monke
     shown = await asyncio.to_thread(runner.invoke, app, ["accounts", "repair", str(account_id)])
     assert shown.exit_code == 0, shown.output
     assert "balance change +2 credits" in shown.output and (await balance_and_ledger(pool, account_id))[0] == balance_before
-    waiting = await asyncio.to_thread(runner.invoke, app, ["accounts", "delete", str(account_id), "--inline"])
+    waiting = await asyncio.to_thread(runner.invoke, app, ["accounts", "delete", str(account_id), "--inline", "--yes"])
     assert waiting.exit_code == 3, waiting.output
 
     applied = await asyncio.to_thread(runner.invoke, app, ["accounts", "repair", str(account_id), "--apply", "--yes"])
@@ -61,7 +61,7 @@ async def test_mismatch_waits_for_repair_then_finishes(pool, database_url, monke
                       adjustments.adjustment_id(refunded, "refund_on_live"): 0}
     await assert_audit_clean(pool)
 
-    done = await asyncio.to_thread(runner.invoke, app, ["accounts", "delete", str(account_id), "--inline"])
+    done = await asyncio.to_thread(runner.invoke, app, ["accounts", "delete", str(account_id), "--inline", "--yes"])
     assert done.exit_code == 0, done.output
     state = await deletion.read_deletion(pool, account_id)
     assert state.status == "done" and state.report["mismatches"] == []
