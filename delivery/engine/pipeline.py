@@ -3,11 +3,14 @@
     claim (one short transaction, fenced by attempt)
       -> pre-send check (settles what cannot be sent)
       -> sign and send, concurrently, with NO transaction open and no row locked
-      -> record every result of the batch in one transaction, quoting each attempt
+      -> record each result as soon as it lands, quoting its attempt (delivery.engine.recorder:
+         the results that land together share one write; a write PostgreSQL could not take is
+         tried again until the lease ends)
       -> wake a worker again at each retry's time; disable endpoints that answered 410
 
 Everything that decides a state change reads the clock of PostgreSQL (`now()`); the local
-clock only stamps the signature and times the send.
+monotonic clock stamps when each request left and its answer came in, and the record anchors
+those ages to `now()` (delivery.engine.results). The wall clock only stamps the signature.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from delivery.engine import presend, retry
 from delivery.engine.endpoint_health import EndpointHealth
 from delivery.engine.presend import Outgoing
 from delivery.engine.queue import IDS_PER_JOB_MAX, Queue
-from delivery.engine.results import AttemptResult, RecordSummary, expire_leases, reclaim_late_successes, record_results
+from delivery.engine.recorder import Batch, Pending, Recorder
+from delivery.engine.results import AttemptResult, RecordSummary, expire_leases, reclaim_late_successes
 from delivery.engine.send_budget import SendBudget
 from delivery.engine.sender import NOT_SENT_LATE, Sender, SendRequest, SendResult
 from delivery.store.signer_cache import SignerCache
@@ -41,7 +45,6 @@ logger = logging.getLogger(__name__)
 # A batch's sends end this long before its lease does (the larger of the two), to record them in time.
 LEASE_MARGIN_SECONDS_MIN = 1.0
 LEASE_MARGIN_SHARE = 0.05
-CANCELLED_RECORD_SECONDS = 5.0  # how long a cancelled batch may take to record the sends that ended
 RELEASED_WAKE_SECONDS = 1  # a claim given back unsent is woken again after this (the sweep finds it too)
 _UNSIGNED = SendResult(None, 0, "not sent: the endpoint has no signing secret", "", None, False, False)
 _UNDECRYPTABLE = SendResult(None, 0, "not sent: the endpoint's signing secret cannot be decrypted", "", None, False, False)
@@ -102,12 +105,18 @@ class Engine:
         self.settings = settings
         self.rng = rng or random.Random()
         self.health = EndpointHealth(pool, settings.retry.auto_disable)
+        self.recorder = Recorder(pool, self._after_write)
         self.accepting = True  # cleared on shutdown: claim nothing new
         # Every claim first reserves room in the sender for its whole batch (delivery.engine.send_budget).
         self.budget = SendBudget(sender.sends_pending_max)
         largest_claim = max(IDS_PER_JOB_MAX, settings.batch_size)
         if self.budget.total < largest_claim:
             raise ValueError(f"the sender takes {self.budget.total} pending sends, less than one claim ({largest_claim})")
+
+    async def close(self) -> None:
+        """Claim nothing more, and write the results held (the worker's shutdown, after the sender closed)."""
+        self.accepting = False
+        await self.recorder.close()
 
     async def deliver_ids(self, delivery_ids: list[uuid.UUID]) -> BatchReport:
         """The fast path after a create: claim exactly these deliveries if they are due."""
@@ -174,7 +183,7 @@ class Engine:
         if not loaded:
             return report
         outgoing, settled = await presend.check_loaded(self.pool, loaded)
-        return await self._send_and_record(report, outgoing, settled, self._sends_end_by(claimed_at))
+        return await self._send_and_record(report, outgoing, settled, claimed_at)
 
     def _sends_end_by(self, claimed_at: float) -> float:
         """When a batch's sends must have ended: its lease's end, less time to record them.
@@ -188,44 +197,38 @@ class Engine:
         return claimed_at + lease_seconds - max(LEASE_MARGIN_SECONDS_MIN, lease_seconds * LEASE_MARGIN_SHARE)
 
     async def _send_and_record(self, report: BatchReport, outgoing: list[Outgoing], settled: list,
-                               not_after: float) -> BatchReport:
+                               claimed_at: float) -> BatchReport:
         report.settled_before_send = len(settled)
         for item in settled:
             if item.reason is not None:
                 metrics.count_deaths(item.reason, 1)
         if not outgoing:
             return report
-        # Futures, not tasks: the sender runs the sends in its own runners (see Sender.submit).
-        futures = [self._submit(item, not_after) for item in outgoing]
-        try:
-            sent = await asyncio.gather(*futures)
-        except asyncio.CancelledError:
-            await self._record_finished(outgoing, futures)
-            raise
-        results = [self._result(item, result) for item, result in zip(outgoing, sent)]
-        report.summary = await self._record(results)
-        report.sent = sum(not result.released for result in results)
-        await self._after_record(outgoing, sent, results, report.summary)
+        not_after = self._sends_end_by(claimed_at)
+        lease_ends_at = claimed_at + self.settings.lease_ms / 1000
+        batch = Batch(len(outgoing))
+        landed = self._landed
+        # Futures, not tasks: the sender runs the sends in its own runners (see Sender.submit). Each
+        # result goes to the recorder as it lands; a cancelled job leaves them to it (Recorder.close).
+        for item in outgoing:
+            self._submit(item, not_after).add_done_callback(functools.partial(landed, item, batch, lease_ends_at))
+        await batch.done
+        report.summary = batch.summary
+        report.sent = batch.sent
         return report
 
-    async def _record(self, results: list[AttemptResult]) -> RecordSummary:
-        """Record a batch's results and count its attempts (the claims given back were none)."""
-        summary = await record_results(self.pool, results)
-        metrics.count_results([result for result in results if not result.released], summary)
-        return summary
-
-    async def _record_finished(self, outgoing: list[Outgoing], futures: list[asyncio.Future[SendResult]]) -> None:
-        """Cancelled (the shutdown's grace is over): record the sends that ended, so their 2xx is
-        not lost and sent again. The rest keep their leases, which expire; a send cancelled on the
-        wire may have arrived, and only its lease expiry can tell the next attempt so."""
-        results = [self._result(item, future.result()) for item, future in zip(outgoing, futures)
-                   if future.done() and not future.cancelled() and future.exception() is None]
-        if not results:
+    def _landed(self, item: Outgoing, batch: Batch, lease_ends_at: float, future: asyncio.Future[SendResult]) -> None:
+        """A send's future is done: its result goes to the recorder (a cancelled send has none)."""
+        if future.cancelled():
+            batch.landed()  # the sender is closing: the send's lease expires and it is tried again
             return
-        try:
-            await asyncio.wait_for(self._record(results), CANCELLED_RECORD_SECONDS)
-        except Exception as error:  # noqa: BLE001 - shutting down: their leases expire and they are retried
-            logger.warning("could not record %d finished sends while cancelled (%r)", len(results), error)
+        error = future.exception()
+        if error is not None:  # a bug in the sender: its lease expires
+            logger.error("delivery %s: the send failed (%r)", item.claimed.id, error)
+            batch.landed()
+            return
+        sent = future.result()
+        self.recorder.add(Pending(self._result(item, sent), batch, item.claimed.endpoint_id, sent.gone, lease_ends_at))
 
     def _submit(self, item: Outgoing, not_after: float) -> asyncio.Future[SendResult]:
         delivery_id = str(item.claimed.id)
@@ -257,14 +260,20 @@ class Engine:
             delay = self._next_delay(item.claimed.attempt, sent.retry_after_seconds)
         return AttemptResult(
             item.claimed.id, item.claimed.attempt, item.claimed.account_id, sent.success, sent.latency_ms,
-            sent.status_code, sent.error, sent.response_excerpt or None, delay,
+            sent.status_code, sent.error, sent.response_excerpt or None, delay, False,
+            sent.sent_at or None, sent.answered_at or None,
         )
 
-    async def _after_record(self, outgoing, sent, results, summary: RecordSummary) -> None:
-        gone = {item.claimed.endpoint_id for item, result in zip(outgoing, sent) if result.gone}
+    async def _after_write(self, group: list[Pending], summary: RecordSummary) -> None:
+        """After each write of results (delivery.engine.recorder): count them, disable the endpoints
+        that answered 410, check the failing ones, wake a worker at each retry's time."""
+        results = [pending.result for pending in group]
+        metrics.count_results([result for result in results if not result.released], summary)
+        gone = {pending.endpoint_id for pending in group if pending.gone}
         for endpoint_id in gone:
             await self.health.disable(endpoint_id, "the endpoint answered 410 Gone")
-        failing = {item.claimed.endpoint_id for item, result in zip(outgoing, sent) if not result.success} - gone
+        failing = {pending.endpoint_id for pending in group
+                   if not pending.result.success and not pending.result.released} - gone
         for endpoint_id in failing:
             await self.health.check_failing(endpoint_id)
         await self._wake(results, set(summary.retrying), summary.released)

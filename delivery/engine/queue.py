@@ -26,6 +26,9 @@ from redis.exceptions import (ConnectionError as RedisConnectionError, ReadOnlyE
 from delivery.errors import ServerUnreachableError, server_address
 
 QUEUE_NAME = "hookledger:deliveries"
+# Operator jobs (account deletion) go to the head of the queue and have slots of their own in every
+# worker (delivery.platform.worker), so they never wait behind deliveries; their ids say what they are.
+OPERATOR_JOB_PREFIX = "op:"
 IDS_PER_JOB_MAX = 500
 CONNECT_TIMEOUT_SECONDS = 2
 COMMAND_TIMEOUT_SECONDS = 5  # no command of ours or arq's blocks; 5 s without an answer is an outage
@@ -117,3 +120,27 @@ class Queue:
                 pipe.psetex(job_key_prefix + job_id, expires_ms, job)
                 pipe.zadd(QUEUE_NAME, {job_id: now_ms + delay_ms})
             await pipe.execute()
+
+
+def is_operator_job(job_id: str) -> bool:
+    return job_id.startswith(OPERATOR_JOB_PREFIX)
+
+
+async def enqueue_operator_job(redis: ArqRedis, function: str, *args: object) -> str:
+    """Enqueue an operator job at the head of the queue, due now; returns its id.
+
+    Its score is just below the oldest job's (or now, on a queue with none older), so a worker's
+    read of the queue's head finds it first however many deliveries wait; the worker starts it in
+    a slot kept for operator jobs. A fresh id each call (arq silently refuses an id it has seen,
+    arq #137, #432). Raises one of REDIS_ERRORS when Redis is unreachable.
+    """
+    job_id = f"{OPERATOR_JOB_PREFIX}{function}:{uuid.uuid4().hex}"
+    now_ms = timestamp_ms()
+    head = await redis.zrange(QUEUE_NAME, 0, 0, withscores=True)
+    score = min(now_ms, int(head[0][1]) - 1) if head else now_ms
+    job = serialize_job(function, args, {}, None, now_ms, serializer=serialize)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.psetex(job_key_prefix + job_id, redis.expires_extra_ms, job)
+        pipe.zadd(QUEUE_NAME, {job_id: score})
+        await pipe.execute()
+    return job_id

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from delivery import metrics
-from delivery.store import connection_loss
+from delivery.engine.recorder import database_lost
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +71,11 @@ class RedisOutage:
     async def _sweep_logged(self) -> int:
         try:
             processed = await self._sweep()
-        except connection_loss.UNAVAILABLE as error:  # PostgreSQL is down too; the next interval tries again
-            logger.warning("a sweep while Redis is down stopped: PostgreSQL is unavailable (%r)", error)
-            return 0
-        except Exception:  # noqa: BLE001 - logged; the next interval tries again
-            logger.exception("a sweep while Redis is down failed")
+        except Exception as error:  # noqa: BLE001 - logged; the next interval tries again
+            if database_lost(error):  # PostgreSQL is down too: one line
+                logger.warning("a sweep while Redis is down stopped: PostgreSQL is unavailable (%r)", error)
+            else:
+                logger.exception("a sweep while Redis is down failed")
             return 0
         self.sweeps += 1
         if processed:

@@ -9,11 +9,26 @@ nothing. A write that matches nothing is stale and changes nothing, with one exc
 success on a delivery that was meanwhile dead-lettered and refunded takes the refund back once
 (billing.settle.reclaim). A failure on the last attempt settles the delivery
 (`out_of_retries`). Rows are locked in id order, the one order every batched writer uses.
+
+When one attempt has a failure on record and then its 2xx arrives (the failure was a lease
+expiry's placeholder, or any other), the 2xx replaces the failure: the attempt row then says
+what made the delivery delivered (audit I6). A failure never replaces a 2xx.
+
+Times. An attempt's started_at is when its request left and finished_at when its answer (or
+error) came in, not when the result was written. The worker measures both with its monotonic
+clock (AttemptResult.sent_at and answered_at, time.monotonic()); record_results reads that clock
+again just before its transaction begins and sends the two ages, in milliseconds, beside each
+result. PostgreSQL anchors them to its own `now()` (the transaction's start): started_at =
+now() - the send's age. So every time that decides a state change still comes from PostgreSQL's
+clock, only shifted back by a duration the worker measured, which no wall-clock step can bend;
+the error is the BEGIN's round trip, well under a millisecond on a healthy link. A failure's
+retry delay counts from finished_at, the answer.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +58,10 @@ class AttemptResult(NamedTuple):
     response_excerpt: str | None = None
     retry_delay_seconds: float = 0.0  # used when the attempt failed and another is left
     released: bool = False  # never sent (it could not have ended within its lease): the claim is given back
+    # time.monotonic() when the request left and when its answer or error came in; None: unknown,
+    # then started_at is taken as latency_ms before the write and finished_at as the write.
+    sent_at: float | None = None
+    answered_at: float | None = None
 
 
 @dataclass
@@ -63,8 +82,8 @@ _MARK_DELIVERED = (
 )
 _SCHEDULE_RETRY = (
     "UPDATE deliveries d SET state = 'pending', leased_until = NULL,"
-    "   next_attempt_at = now() + r.delay * interval '1 second'"
-    " FROM unnest($1::uuid[], $2::int[], $3::float8[]) AS r(id, attempt, delay)"
+    "   next_attempt_at = now() - r.answered_age_ms * interval '1 millisecond' + r.delay * interval '1 second'"
+    " FROM unnest($1::uuid[], $2::int[], $3::float8[], $4::float8[]) AS r(id, attempt, delay, answered_age_ms)"
     " WHERE d.id = r.id AND d.attempt = r.attempt AND d.state = 'sending' AND d.attempt < d.attempts_max"
     " RETURNING d.id"
 )
@@ -78,17 +97,21 @@ _RELEASE = (
     " FROM unnest($1::uuid[], $2::int[]) AS r(id, attempt)"
     " WHERE d.id = r.id AND d.attempt = r.attempt AND d.state = 'sending' RETURNING d.id"
 )
-# A lease-expiry placeholder is replaced by the real result when the slow send reports in.
+# A failure on record (a lease expiry's placeholder, or any other) is replaced by a 2xx of the
+# same attempt when it reports in; a lease expiry's placeholder by whatever the send did. Ages are
+# milliseconds before now() (see the module's docstring on times).
 _INSERT_ATTEMPTS = (
     "INSERT INTO delivery_attempts AS a (delivery_id, attempt, account_id, started_at, finished_at,"
     "   status_code, latency_ms, error, response_excerpt, stale)"
-    " SELECT r.d, r.n, r.a, now() - r.l * interval '1 millisecond', now(), r.s, r.l, r.e, r.x, r.stale"
-    " FROM unnest($1::uuid[], $2::int[], $3::uuid[], $4::int[], $5::int[], $6::text[], $7::text[], $8::bool[])"
-    "   AS r(d, n, a, s, l, e, x, stale)"
+    " SELECT r.d, r.n, r.a, now() - r.sa * interval '1 millisecond', now() - r.fa * interval '1 millisecond',"
+    "   r.s, r.l, r.e, r.x, r.stale"
+    " FROM unnest($1::uuid[], $2::int[], $3::uuid[], $4::int[], $5::int[], $6::text[], $7::text[], $8::bool[],"
+    "   $9::float8[], $10::float8[]) AS r(d, n, a, s, l, e, x, stale, sa, fa)"
     " ON CONFLICT (delivery_id, attempt) DO UPDATE SET status_code = excluded.status_code,"
     "   latency_ms = excluded.latency_ms, error = excluded.error, response_excerpt = excluded.response_excerpt,"
-    "   finished_at = excluded.finished_at, stale = excluded.stale"
+    "   started_at = excluded.started_at, finished_at = excluded.finished_at, stale = excluded.stale"
     " WHERE a.error = '" + LEASE_EXPIRED_ERROR + "'"
+    "   OR (excluded.status_code BETWEEN 200 AND 299 AND NOT coalesce(a.status_code BETWEEN 200 AND 299, false))"
 )
 
 
@@ -99,32 +122,49 @@ async def record_results(pool: asyncpg.Pool, results: list[AttemptResult]) -> Re
     released = [r for r in results if r.released]
     if released:
         results = [r for r in results if not r.released]
+    async with pool.acquire() as connection:
+        # Read just before BEGIN, whose now() anchors the ages measured from it.
+        reference = time.monotonic()
+        async with connection.transaction():
+            summary, last_attempt_failures, fenced = await _apply(connection, reference, results, released)
+    await _settle_and_reclaim(pool, results, last_attempt_failures, fenced, summary)
+    return summary
+
+
+async def _apply(connection, reference: float, results: list[AttemptResult], released: list[AttemptResult]):
+    """The transaction of record_results: lock in id order, release, deliver, reschedule, insert the attempts."""
     successes = [r for r in results if r.success]
     failures = [r for r in results if not r.success]
     summary = RecordSummary()
-    async with pool.acquire() as connection, connection.transaction():
-        rows = await connection.fetch(_LOCK_IN_ORDER, [r.delivery_id for r in (*results, *released)])
-        current = {row["id"]: row for row in rows}
-        if released:
-            summary.released = [row["id"] for row in await connection.fetch(
-                _RELEASE, [r.delivery_id for r in released], [r.attempt for r in released])]
-        if successes:
-            summary.delivered = [row["id"] for row in await connection.fetch(
-                _MARK_DELIVERED, [r.delivery_id for r in successes], [r.attempt for r in successes])]
-        if failures:
-            summary.retrying = [row["id"] for row in await connection.fetch(
-                _SCHEDULE_RETRY,
-                [r.delivery_id for r in failures],
-                [r.attempt for r in failures],
-                [r.retry_delay_seconds for r in failures])]
-        applied = set(summary.delivered) | set(summary.retrying)
-        last_attempt_failures = [
-            r for r in failures
-            if r.delivery_id not in applied and _on_attempt(current.get(r.delivery_id), r.attempt, "sending")
-        ]
-        fenced = {r.delivery_id for r in last_attempt_failures} | applied
-        if results:
-            await connection.execute(_INSERT_ATTEMPTS, *_attempt_columns(results, fenced))
+    rows = await connection.fetch(_LOCK_IN_ORDER, [r.delivery_id for r in (*results, *released)])
+    current = {row["id"]: row for row in rows}
+    if released:
+        summary.released = [row["id"] for row in await connection.fetch(
+            _RELEASE, [r.delivery_id for r in released], [r.attempt for r in released])]
+    if successes:
+        summary.delivered = [row["id"] for row in await connection.fetch(
+            _MARK_DELIVERED, [r.delivery_id for r in successes], [r.attempt for r in successes])]
+    if failures:
+        summary.retrying = [row["id"] for row in await connection.fetch(
+            _SCHEDULE_RETRY,
+            [r.delivery_id for r in failures],
+            [r.attempt for r in failures],
+            [r.retry_delay_seconds for r in failures],
+            [_answered_age_ms(r, reference) for r in failures])]
+    applied = set(summary.delivered) | set(summary.retrying)
+    last_attempt_failures = [
+        r for r in failures
+        if r.delivery_id not in applied and _on_attempt(current.get(r.delivery_id), r.attempt, "sending")
+    ]
+    fenced = {r.delivery_id for r in last_attempt_failures} | applied
+    if results:
+        await connection.execute(_INSERT_ATTEMPTS, *_attempt_columns(results, fenced, reference))
+    return summary, last_attempt_failures, fenced
+
+
+async def _settle_and_reclaim(pool: asyncpg.Pool, results: list[AttemptResult], last_attempt_failures: list[AttemptResult],
+                              fenced: set[uuid.UUID], summary: RecordSummary) -> None:
+    """After the commit: settle the last attempts that failed, reclaim the refunds of late 2xx answers."""
     for result in last_attempt_failures:
         try:
             settled = await settle(pool, result.delivery_id, DeadReason.OUT_OF_RETRIES, attempt=result.attempt)
@@ -139,14 +179,25 @@ async def record_results(pool: asyncpg.Pool, results: list[AttemptResult]) -> Re
         summary.stale.append(result.delivery_id)
         if result.success and (await reclaim(pool, result.delivery_id)).outcome == Outcome.RECLAIMED:
             summary.reclaimed.append(result.delivery_id)
-    return summary
 
 
 def _on_attempt(row, attempt: int, state: str) -> bool:
     return row is not None and row["attempt"] == attempt and row["state"] == state
 
 
-def _attempt_columns(results: list[AttemptResult], fenced: set[uuid.UUID]) -> list[list]:
+def _sent_age_ms(result: AttemptResult, reference: float) -> float:
+    if result.sent_at is None:
+        return max(0, int(result.latency_ms)) + _answered_age_ms(result, reference)
+    return max(0.0, (reference - result.sent_at) * 1000)
+
+
+def _answered_age_ms(result: AttemptResult, reference: float) -> float:
+    if result.answered_at is None:
+        return 0.0
+    return max(0.0, (reference - result.answered_at) * 1000)
+
+
+def _attempt_columns(results: list[AttemptResult], fenced: set[uuid.UUID], reference: float) -> list[list]:
     return [
         [r.delivery_id for r in results],
         [r.attempt for r in results],
@@ -156,6 +207,8 @@ def _attempt_columns(results: list[AttemptResult], fenced: set[uuid.UUID]) -> li
         [_bounded(r.error, 1000) for r in results],
         [_bounded(r.response_excerpt, 4096) for r in results],
         [r.delivery_id not in fenced for r in results],
+        [_sent_age_ms(r, reference) for r in results],
+        [_answered_age_ms(r, reference) for r in results],
     ]
 
 
@@ -236,5 +289,7 @@ async def expire_leases(
             [LEASE_EXPIRED_ERROR] * len(rows),
             [None] * len(rows),
             [False] * len(rows),
+            [0.0] * len(rows),
+            [0.0] * len(rows),
         )
     return ids

@@ -134,6 +134,10 @@ class SendResult(NamedTuple):
     retry_after_seconds: float | None
     gone: bool
     success: bool
+    # time.monotonic() when the request left and when its answer or error came in (0.0: never
+    # sent); the engine records them as the attempt's started_at and finished_at.
+    sent_at: float = 0.0
+    answered_at: float = 0.0
 
     @property
     def outcome(self) -> retry.Outcome:
@@ -313,21 +317,24 @@ class Sender:
         headers = request.headers
         if callable(headers):
             headers = headers()
-        started = time.perf_counter()
+        started = time.monotonic()
         try:
             async with self._session.post(
                 url, data=request.body, headers=headers, timeout=timeout, allow_redirects=False
             ) as response:
-                return await self._result_from(response, started, timeout_ms)
+                result = await self._result_from(response, timeout_ms)
         except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as error:
-            return _failure(describe_failure(error, timeout_ms), _elapsed_ms(started))
+            result = _failure(describe_failure(error, timeout_ms), 0)
+        answered = time.monotonic()
+        # One reading of the clock for the latency and the answer's time, after the answer was read.
+        return result._replace(latency_ms=round((answered - started) * 1000), sent_at=started, answered_at=answered)
 
-    async def _result_from(self, response: aiohttp.ClientResponse, started: float, timeout_ms: int) -> SendResult:
+    async def _result_from(self, response: aiohttp.ClientResponse, timeout_ms: int) -> SendResult:
         status_code = response.status
         if status_code not in STATUS_CODES_STORABLE:
             # Not HTTP, whatever it parses as: a failed attempt without a status, like a broken connection.
             response.close()
-            return _failure(f"invalid http status {status_code}", _elapsed_ms(started))
+            return _failure(f"invalid http status {status_code}", 0)
         body_error = None
         chunks: list[bytes] = []
         try:
@@ -349,7 +356,7 @@ class Sender:
             error = _status_text(status_code, response.reason)
         return SendResult(
             status_code=status_code,
-            latency_ms=_elapsed_ms(started),
+            latency_ms=0,  # set by _attempt, with the times
             error=error,
             response_excerpt=storable(b"".join(chunks).decode("utf-8", "replace")),
             retry_after_seconds=retry_after_seconds,
@@ -469,10 +476,6 @@ def storable(text: str) -> str:
     if not text.isascii():
         text = text.encode("utf-8", "replace").decode("utf-8")
     return text
-
-
-def _elapsed_ms(started: float) -> int:
-    return round((time.perf_counter() - started) * 1000)
 
 
 def _failure(error: str, latency_ms: int) -> SendResult:

@@ -2,7 +2,7 @@
 
     start_account_deletion   (API DELETE /v1/accounts/{id}, `hookledger accounts delete ID`)
         -> one account_deletions row per account (a second request shares it), status running
-        -> an arq job `delete_account` on the worker queue
+        -> an arq job `delete_account` at the head of the worker queue, in a slot kept for operator jobs
     delete_account / run_deletion
         begin_closing   the account turns closing: no new messages, pre-send checks settle
         bulk_settle     locking pre-check + one statement with the three-count check
@@ -40,6 +40,7 @@ import asyncpg
 from billing import closeout
 from delivery import metrics
 from delivery.store.connection_loss import lost_database
+from delivery.engine import queue as job_queue
 from delivery.engine.queue import REDIS_ERRORS
 from billing.errors import AccountNotFound, BulkSettleMismatch
 
@@ -101,18 +102,13 @@ async def start_account_deletion(pool: asyncpg.Pool, queue_redis, account_id: uu
     """
     state = await open_deletion(pool, account_id)
     if state.status != "done" and queue_redis is not None:
-        # A fresh job id per request: arq silently drops a job id it has seen (arq #137, #432).
+        # At the head of the queue, into a worker's slot for operator jobs: it never waits behind deliveries.
         try:
-            job = await queue_redis.enqueue_job(JOB_NAME, str(account_id), _job_id=f"{JOB_NAME}:{uuid.uuid4().hex}")
+            await job_queue.enqueue_operator_job(queue_redis, JOB_NAME, str(account_id))
         except REDIS_ERRORS as error:
-            job, why = None, repr(error)
-        else:
-            # arq answers None when EXEC failed, which with a fresh job id means the connection did.
-            why = "arq did not enqueue it"
-        if job is None:
             # The deletion is recorded: the sweep resumes it once it has waited STALE_AFTER_SECONDS.
-            logger.warning("could not enqueue the deletion of account %s (%s); the sweep will resume it",
-                           account_id, why)
+            logger.warning("could not enqueue the deletion of account %s (%r); the sweep will resume it",
+                           account_id, error)
     return state.id
 
 
@@ -146,7 +142,7 @@ async def resume_stale(pool: asyncpg.Pool, queue_redis) -> list[uuid.UUID]:
     """
     rows = await pool.fetch(_STALE, STALE_AFTER_SECONDS, RESUMED_PER_SWEEP_MAX)
     for row in rows:
-        await queue_redis.enqueue_job(JOB_NAME, str(row["account_id"]), _job_id=f"{JOB_NAME}:{uuid.uuid4().hex}")
+        await job_queue.enqueue_operator_job(queue_redis, JOB_NAME, str(row["account_id"]))
     return [row["account_id"] for row in rows]
 
 

@@ -26,12 +26,12 @@ from redis.exceptions import ResponseError, WatchError
 from billing.audit import audit
 from billing.ids import parse_id
 from delivery import event_loop, gc_tuning, metrics
-from delivery.store import connection_loss
 from delivery.operations import deletion
 from delivery.engine import metrics_share, queue as job_queue
 from delivery.platform.config import Settings
 from delivery.platform.database import open_pool
 from delivery.engine.pipeline import Engine
+from delivery.engine.recorder import database_lost
 from delivery.engine.queue import REDIS_ERRORS
 from delivery.engine.redis_outage import RETRY_SECONDS, SWEEP_TASK_NAME, RedisOutage
 from delivery.engine.sender import Sender
@@ -43,6 +43,13 @@ DELETION_TIMEOUT_SECONDS = 3600
 AUDIT_TIMEOUT_SECONDS = 1800
 AUDIT_NOTICES_LOGGED_MAX = 20  # one warning each, then one line with the count
 QUEUE_READ_MAX = 1000  # job ids read from the queue's head per poll: room for 50 workers' running jobs
+# Slots for operator jobs (account deletion), beside HOOKLEDGER_WORKER_JOBS for deliveries and crons:
+# an operator job is enqueued at the queue's head (job_queue.enqueue_operator_job) and starts at the
+# next poll however deep the delivery queue is.
+OPERATOR_JOBS_MAX = 2
+# Job ids read per poll while every delivery slot is taken: only the head, where operator jobs are.
+QUEUE_HEAD_READ = 16
+OPERATOR_PREFIX = job_queue.OPERATOR_JOB_PREFIX.encode()
 RUNNING_ELSEWHERE_RECHECK_SECONDS = 1.0
 EXISTS_CHUNK = 64  # in-progress keys asked about per round trip while looking for startable jobs
 # A worker process still running this long after the shutdown grace has ended is stuck: it dumps
@@ -55,15 +62,18 @@ async def deliver(ctx: dict, delivery_ids: list[str]) -> int:
     ids = [parse_id(value) for value in delivery_ids[: job_queue.IDS_PER_JOB_MAX]]
     try:
         report = await ctx["engine"].deliver_ids(ids)
-    except connection_loss.UNAVAILABLE as error:
+    except Exception as error:
+        if not database_lost(error):
+            raise
         _database_unavailable("a deliver job", error)
         return 0
     return report.claimed
 
 
 def _database_unavailable(job: str, error: BaseException) -> None:
-    """One line, not arq's traceback per job, while PostgreSQL restarts: nothing is lost (a claimed
-    delivery's lease expires and it is tried again; the sweep finds the rest)."""
+    """One line, not arq's traceback per job (nor a job counted failed), while PostgreSQL restarts:
+    nothing is lost (a claimed delivery's lease expires and it is tried again; the sweep finds the
+    rest; results already in are written by the recorder once PostgreSQL answers)."""
     logger.warning("%s stopped: PostgreSQL is unavailable (%r); the sweep picks its deliveries up", job, error)
 
 
@@ -71,16 +81,29 @@ async def sweep(ctx: dict) -> int:
     """Deliveries whose jobs were lost (and leases that expired), then deletions whose jobs were lost."""
     try:
         processed = await ctx["engine"].sweep()
-    except connection_loss.UNAVAILABLE as error:
+        resumed = await deletion.resume_stale(ctx["pool"], ctx["redis"])
+    except Exception as error:
+        if not database_lost(error):
+            raise
         _database_unavailable("the sweep", error)
         return 0
-    resumed = await deletion.resume_stale(ctx["pool"], ctx["redis"])
     if resumed:
         logger.warning("re-enqueued %d account deletions whose jobs were lost", len(resumed))
     return processed
 
 
 async def audit_cron(ctx: dict) -> int:
+    """The audit, or one line when PostgreSQL is unavailable (the next run audits)."""
+    try:
+        return await _audit(ctx)
+    except Exception as error:
+        if not database_lost(error):
+            raise
+        logger.warning("the audit stopped: PostgreSQL is unavailable (%r); the next run audits", error)
+        return 0
+
+
+async def _audit(ctx: dict) -> int:
     """Audit every account and publish the result as gauges. Returns the number of violations.
 
     The violations are an error (the first is logged); the notices (a guard the migrations create
@@ -107,7 +130,25 @@ def _audit_cron(minutes: int) -> list:
                  timeout=AUDIT_TIMEOUT_SECONDS, max_tries=1)]
 
 
+class _OneLineWhenDatabaseLost(logging.Filter):
+    """asyncpg's pool logs each failed attempt to restore its floor of connections with a traceback;
+    while PostgreSQL is away that is one traceback a second saying only that: one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None and database_lost(record.exc_info[1]):
+            record.msg, record.args = f"{record.getMessage()} ({record.exc_info[1]!r})", None
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def _quiet_pool_tracebacks() -> None:
+    pool_logger = logging.getLogger("asyncpg.pool")
+    if not any(isinstance(existing, _OneLineWhenDatabaseLost) for existing in pool_logger.filters):
+        pool_logger.addFilter(_OneLineWhenDatabaseLost())
+
+
 async def _startup(ctx: dict) -> None:
+    _quiet_pool_tracebacks()
     settings: Settings = ctx["settings"]
     pool = ctx.get("pool") or await open_pool(settings)
     ctx.setdefault("pool", pool)
@@ -143,6 +184,8 @@ async def _shutdown(ctx: dict) -> None:
     sender = ctx.get("sender")
     if sender is not None:
         await sender.close()
+    if engine is not None:  # after the sender: the sends that ended while it closed are written too
+        await engine.close()
     if ctx.get("owns_pool", True) and ctx.get("pool") is not None:
         await ctx["pool"].close()
 
@@ -207,6 +250,8 @@ class DeliveryWorker(Worker):
                 # runs at once (run_at_startup) and the others wait for their next time.
                 for cron_job in self.cron_jobs:
                     cron_job.next_run = None
+            # Every delivery slot taken: read only the queue's head, where operator jobs wait.
+            self.queue_read_limit = QUEUE_READ_MAX if self._free_slots()[False] > 0 else QUEUE_HEAD_READ
             await super()._poll_iteration()
         except REDIS_ERRORS as error:
             if outage is not None:
@@ -215,6 +260,19 @@ class DeliveryWorker(Worker):
                 if sweep is not None:
                     self.tasks[SWEEP_TASK_NAME] = sweep
             await asyncio.sleep(RETRY_SECONDS)
+
+    def _free_slots(self) -> dict[bool, int]:
+        """Free slots for operator jobs (True) and for deliveries and crons (False)."""
+        operator_running = other_running = 0
+        for job_id, task in self.tasks.items():
+            if not task.done():
+                if job_queue.is_operator_job(job_id):
+                    operator_running += 1
+                else:
+                    other_running += 1
+        free = self.max_jobs - self.job_counter
+        return {True: min(free, OPERATOR_JOBS_MAX - operator_running),
+                False: min(free, self.max_jobs - OPERATOR_JOBS_MAX - other_running)}
 
     def _outage(self) -> RedisOutage | None:
         engine: Engine | None = self.ctx.get("engine")
@@ -239,16 +297,18 @@ class DeliveryWorker(Worker):
         """
         running, elsewhere = self.tasks, self._running_elsewhere
         now = self.loop.time()
+        slots = self._free_slots()  # for operator jobs (True) and for the rest (False)
         candidates = [
             job_id for job_id in job_ids
-            if ((task := running.get(job_id.decode())) is None or task.done()) and elsewhere.get(job_id, 0.0) <= now
+            if slots[job_id.startswith(OPERATOR_PREFIX)] > 0
+            and ((task := running.get(job_id.decode())) is None or task.done()) and elsewhere.get(job_id, 0.0) <= now
         ]
         # Ask about a chunk at a time, and stop once there are enough free jobs for the free slots:
         # behind a backlog of waiting jobs, one slot must not cost an EXISTS for each of them.
-        slots = self.max_jobs - self.job_counter
         free: list[bytes] = []
         for start in range(0, len(candidates), EXISTS_CHUNK):
-            if len(free) >= slots:
+            # Operator jobs wait at the queue's head: past the first chunk, look only for the others.
+            if slots[False] <= 0 and (start > 0 or slots[True] <= 0):
                 break
             chunk = candidates[start:start + EXISTS_CHUNK]
             async with self.pool.pipeline(transaction=False) as pipe:
@@ -258,7 +318,8 @@ class DeliveryWorker(Worker):
             for job_id, taken in zip(chunk, in_progress):
                 if taken:
                     elsewhere[job_id] = now + RUNNING_ELSEWHERE_RECHECK_SECONDS
-                else:
+                elif slots[operator := job_id.startswith(OPERATOR_PREFIX)] > 0:
+                    slots[operator] -= 1
                     free.append(job_id)
         if len(elsewhere) > 2 * QUEUE_READ_MAX:
             self._running_elsewhere = {job_id: until for job_id, until in elsewhere.items() if until > now}
@@ -347,7 +408,7 @@ def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = T
         on_startup=_startup,
         on_shutdown=_shutdown,
         ctx=ctx,
-        max_jobs=worker_settings.jobs_max,
+        max_jobs=worker_settings.jobs_max + OPERATOR_JOBS_MAX,
         job_timeout=lease_seconds + 30,
         keep_result=0,
         max_tries=1,

@@ -74,7 +74,7 @@ async def test_a_redis_failure_while_starting_a_job_gives_its_slot_back(pool, da
             first = await _create(pool, account_id, 1)
             await job_queue.Queue(redis).wake(first)
             await wait_for(lambda: asyncio.sleep(0, bool(failures)))
-            assert worker.job_counter == 0 and worker.sem._value == settings.worker.jobs_max + 1
+            assert worker.job_counter == 0 and worker.sem._value == worker.max_jobs + 1
             await wait_for(lambda: all_finished(pool, first))  # swept while Redis is down
             private_redis.start()
             await wait_for(lambda: asyncio.sleep(0, not worker._redis_outage.down))
