@@ -7,6 +7,7 @@ import logging
 import sys
 
 import structlog
+from aiohttp.http_exceptions import HttpProcessingError
 
 # The id of the request being served, added to every line logged while serving it. One
 # ContextVar of our own: structlog's bind/unbind_contextvars cost 1.5% of the API's CPU under load.
@@ -42,6 +43,37 @@ class _CurrentStdout:
 
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+class ServerLog(logging.LoggerAdapter):
+    """aiohttp's server logger, but a malformed request is one line at INFO, not an ERROR with a traceback.
+
+    aiohttp's parser answers 400 to a request line or headers it cannot read (a port scanner, TLS
+    sent to a plain port, a broken client) before any handler or middleware runs, and logs the
+    error with its traceback: the client's mistake, paged like ours. Everything else is passed on.
+    """
+
+    def exception(self, msg, *args, exc_info=True, **kwargs) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            self._malformed(logging.INFO, args, exc_info)
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+    def debug(self, msg, *args, **kwargs) -> None:
+        # aiohttp logs a first request with a method it cannot read at debug, with its traceback.
+        if isinstance(kwargs.get("exc_info"), HttpProcessingError):
+            self._malformed(logging.DEBUG, args, kwargs["exc_info"])
+            return
+        super().debug(msg, *args, **kwargs)
+
+    def _malformed(self, level: int, args: tuple, error: HttpProcessingError) -> None:
+        remote = args[0] if args else None
+        reason = " ".join(str(error.message).split())[:MALFORMED_REASON_CHARS_MAX]  # one line, bounded
+        self.logger.log(level, "malformed HTTP request from %s answered %s: %s", remote, error.code, reason)
+
+
+MALFORMED_REASON_CHARS_MAX = 200
+SERVER_LOG = ServerLog(logging.getLogger("aiohttp.server"), {})
 
 
 def configure(level: str = "info") -> None:

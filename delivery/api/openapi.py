@@ -264,7 +264,9 @@ _RETRY_AFTER = {"Retry-After": {
 _INFO = ("Webhook delivery billed per delivery. Request bodies are JSON (UTF-8), sent with"
          " Content-Type: application/json (or a +json type); a body declared as anything else answers 415, and"
          " one without Content-Type is read as JSON. A field given twice in a body answers 422 (a message's"
-         " payload is sent as written: its own objects are not checked).")
+         " payload is sent as written: its own objects are not checked). An integer field takes any JSON number"
+         " with a whole value (1, 1.0 and 1e0 are the same), read exactly; 1.5 answers 422. A 422 lists every"
+         " field that is wrong, each with what it allows. Query values must not contain control characters.")
 
 
 def document() -> dict:

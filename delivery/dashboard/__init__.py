@@ -45,8 +45,10 @@ def setup(app: web.Application) -> web.Application:
     for module in (routes_session, routes_account, routes_endpoints, routes_deliveries, routes_operator):
         dashboard.add_routes(module.routes)
     dashboard.router.add_static("/static/", STATIC_DIR)
+    # /dashboard itself, without the slash, is the sub-application's too (its path "" under the
+    # prefix): so its redirect, and its 405 to another method, carry the pages' security headers.
+    dashboard.router.add_get("", _to_dashboard)
     dashboard.router.add_route("*", "/{tail:.*}", _no_such_page)
-    app.router.add_get(pages.PREFIX, _to_dashboard)
     app.add_subapp(pages.PREFIX, dashboard)
     return dashboard
 

@@ -149,7 +149,7 @@ def _error_page(request: web.Request, problem: Problem) -> web.Response:
 
 @web.middleware
 async def authenticate(request: web.Request, handler) -> web.StreamResponse:
-    if request.path.startswith(PUBLIC_PATHS):
+    if request.path.startswith(PUBLIC_PATHS) or request.path == PREFIX:
         return await handler(request)
     session = await sessions.lookup(api(request).pool, request)
     if session is None:
