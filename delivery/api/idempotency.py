@@ -43,7 +43,7 @@ from billing.errors import IdempotencyConflict
 from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX
 from delivery.store import idempotent_responses as stored
 from delivery.api import problems
-from delivery.api.context import context
+from delivery.api.context import CONTEXT
 from delivery.api.problems import FieldError, validation
 from signing import SigningError
 
@@ -79,11 +79,12 @@ def fingerprint(request: web.Request, body: bytes) -> bytes:
     return digest.digest()
 
 
-async def once(request: web.Request, principal: str, write: Write) -> web.Response:
+async def once(request: web.Request, principal: str, write: Write, *, key: str | None = None) -> web.Response:
     """`write`'s answer, made at most once per (principal, Idempotency-Key); without the header,
-    `write(pool)` as before. `write` raises its refusals (they are not stored)."""
-    ctx = context(request)
-    key = idempotency_key(request)
+    `write(pool)` as before. `write` raises its refusals (they are not stored). `key` stands for the
+    header where a request cannot carry one (a dashboard form, keyed by the page it came from)."""
+    ctx = request.config_dict[CONTEXT]  # the API's context, from the dashboard's sub-application too
+    key = key or idempotency_key(request)
     if key is None:
         return await write(ctx.pool)
     request_fingerprint = fingerprint(request, await request.read())  # read before a connection is taken

@@ -37,10 +37,11 @@ async def create_account(request: web.Request) -> web.Response:
     if price is None:
         price = ctx.settings.ledger.price_per_delivery_default
     return await idempotency.once(request, OPERATOR_PRINCIPAL,
-                                  lambda executor: _create_account(ctx, executor, body.name, price))
+                                  lambda executor: create_account_answer(ctx, executor, body.name, price))
 
 
-async def _create_account(ctx: ApiContext, executor: Executor, name: str, price: int) -> web.Response:
+async def create_account_answer(ctx: ApiContext, executor: Executor, name: str, price: int) -> web.Response:
+    """201 with the account and its first API key (shown once): for POST /v1/accounts and the dashboard."""
     # The account and its first key in one transaction: never an account nobody can use. Its
     # COMMIT answer lost is resolved, not guessed: an operator told "failed" would create another.
     try:

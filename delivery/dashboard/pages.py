@@ -88,6 +88,21 @@ def redirect(location: str) -> web.HTTPSeeOther:
     return web.HTTPSeeOther(location)
 
 
+def error_lines(problem: Problem, labels: dict[str, str], values: dict[str, object] | None = None) -> list[str]:
+    """A refusal's field errors as sentences a form can show, every one: "URL must not be empty",
+    "Event type “a b” may contain only letters, ...". An item of a list is named by its value."""
+    lines = []
+    for error in problem.errors:
+        name, bracket, rest = error.field.partition("[")
+        label = labels.get(name, name)
+        if bracket:
+            index = int(rest.split("]", 1)[0]) if rest.split("]", 1)[0].isdigit() else -1
+            items = (values or {}).get(name) or []
+            label = f"{label} “{items[index]}”" if 0 <= index < len(items) else f"{label} {index + 1}"
+        lines.append(f"{label} {error.message.replace(' or null,', ',')}")  # a form's empty field is its null
+    return lines or [problem.detail]
+
+
 async def form(request: web.Request):
     """The posted form (read once: the CSRF check has already read it)."""
     return await request.post()

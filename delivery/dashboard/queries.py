@@ -16,10 +16,13 @@ import asyncpg
 
 from billing.database import Executor
 
-# One page of an account's deliveries, newest first, with the endpoint's URL; $2.. NULL = any.
+# One page of an account's deliveries, newest first, with the endpoint's URL and whether each was
+# refunded and reclaimed (two primary-key probes of the ledger a row); $2.. NULL = any.
 _DELIVERIES_PAGE = (
     "SELECT d.id, d.endpoint_id, e.url AS endpoint_url, m.event_type, d.state, d.attempt, d.attempts_max, d.price,"
-    "   d.next_attempt_at, d.dead_reason, d.created_at, d.finished_at"
+    "   d.next_attempt_at, d.dead_reason, d.created_at, d.finished_at, d.replay_of,"
+    "   EXISTS (SELECT FROM ledger_entries r WHERE r.id = 'refund:' || d.id::text) AS refunded,"
+    "   EXISTS (SELECT FROM ledger_entries r WHERE r.id = 'reclaim:' || d.id::text) AS reclaimed"
     " FROM deliveries d JOIN messages m ON m.id = d.message_id JOIN endpoints e ON e.id = d.endpoint_id"
     " WHERE d.account_id = $1"
     "   AND ($2::text IS NULL OR d.state = $2) AND ($3::uuid IS NULL OR d.endpoint_id = $3)"
@@ -61,6 +64,48 @@ _LEDGER_PAGE = (
     " SELECT p.*, (base.before_cursor - span.later)::bigint AS balance_after"
     " FROM page p JOIN span USING (seq) CROSS JOIN base ORDER BY p.seq DESC"
 )
+# The first $3 bytes of a delivery's payload as it was sent, and its whole size (NULL: erased).
+_PAYLOAD_HEAD = (
+    "SELECT substring(m.payload FROM 1 FOR $3) AS head, octet_length(m.payload) AS bytes"
+    " FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1 AND d.account_id = $2"
+)
+# The deliveries that replay one delivery, oldest first (ix_deliveries_replay_of), at most $3.
+_REPLAYS_OF = (
+    "SELECT id, state, created_at FROM deliveries WHERE replay_of = $1 AND account_id = $2 ORDER BY id LIMIT $3"
+)
+# An account's ledger summed per UTC day in [$2, $3): charged (charges and reclaims), refunded, the
+# rest (top-ups, reversals, adjustments, close-out) and the change of the balance. Without an index
+# on created_at, the entries are read from the (account_id, seq) index from a seq before the range:
+# the newest entry a day older than its start (ledger writes are short transactions, so no entry
+# of the range has a smaller seq), found by reading back from the newest.
+_DAILY_TOTALS = (
+    "WITH bound AS (SELECT coalesce((SELECT seq FROM ledger_entries WHERE account_id = $1"
+    "   AND created_at < $2::timestamptz - interval '1 day' ORDER BY seq DESC LIMIT 1), 0) AS after)"
+    " SELECT (created_at AT TIME ZONE 'UTC')::date AS day,"
+    "   count(*) FILTER (WHERE kind = 'charge')::int AS charges,"
+    "   coalesce(-sum(amount) FILTER (WHERE kind IN ('charge', 'reclaim')), 0)::bigint AS charged,"
+    "   coalesce(sum(amount) FILTER (WHERE kind = 'refund'), 0)::bigint AS refunded,"
+    "   coalesce(sum(amount) FILTER (WHERE kind NOT IN ('charge', 'reclaim', 'refund')), 0)::bigint AS other,"
+    "   sum(amount)::bigint AS change"
+    " FROM ledger_entries WHERE account_id = $1 AND seq > (SELECT after FROM bound)"
+    "   AND created_at >= $2 AND created_at < $3"
+    " GROUP BY 1 ORDER BY 1"
+)
+# One page of an account's ledger, oldest first after the seq $5, each entry with the balance right
+# after it: $7 (the balance after the cursor) plus every entry from the cursor to it, whatever the
+# filters leave out (the CSV export, which starts at seq 0 and carries the balance page to page).
+_LEDGER_ASCENDING = (
+    "WITH page AS ("
+    "   SELECT id, seq, kind, amount, delivery_id, note, created_at FROM ledger_entries"
+    "   WHERE account_id = $1 AND ($2::text IS NULL OR kind = $2)"
+    "     AND ($3::timestamptz IS NULL OR created_at >= $3) AND ($4::timestamptz IS NULL OR created_at < $4)"
+    "     AND seq > $5 ORDER BY seq LIMIT $6),"
+    " span AS (SELECT seq, sum(amount) OVER (ORDER BY seq) AS running FROM ledger_entries"
+    "   WHERE account_id = $1 AND seq > $5 AND seq <= (SELECT max(seq) FROM page))"
+    " SELECT p.*, ($7::bigint + span.running)::bigint AS balance_after FROM page p JOIN span USING (seq) ORDER BY p.seq"
+)
+# A top-up's ledger entry, by its order id (its entry's id is derived from it).
+_TOPUP_ENTRY = "SELECT amount, created_at FROM ledger_entries WHERE id = 'topup:' || $2 AND account_id = $1"
 # The operator's accounts page by id, with each account's in-flight credits (one statement).
 _ACCOUNTS_PAGE = (
     "SELECT a.id, a.name, a.status, a.balance, a.price_per_delivery, a.created_at,"
@@ -108,6 +153,33 @@ async def ledger_page(
     return await executor.fetch(
         _LEDGER_PAGE, account_id, kind, created_after, created_before, before_seq, limit + 1, balance_before_cursor
     )
+
+
+async def payload_head(executor: Executor, account_id: uuid.UUID, delivery_id: uuid.UUID,
+                       bytes_max: int) -> asyncpg.Record | None:
+    return await executor.fetchrow(_PAYLOAD_HEAD, delivery_id, account_id, bytes_max)
+
+
+async def replays_of(executor: Executor, account_id: uuid.UUID, delivery_id: uuid.UUID,
+                     limit: int) -> list[asyncpg.Record]:
+    return await executor.fetch(_REPLAYS_OF, delivery_id, account_id, limit)
+
+
+async def daily_totals(executor: Executor, account_id: uuid.UUID, start: datetime, end: datetime) -> list[asyncpg.Record]:
+    return await executor.fetch(_DAILY_TOTALS, account_id, start, end)
+
+
+async def ledger_ascending(
+    executor: Executor, account_id: uuid.UUID, *, kind: str | None, created_after: datetime | None,
+    created_before: datetime | None, after_seq: int, balance_after_cursor: int, limit: int,
+) -> list[asyncpg.Record]:
+    """Up to `limit` entries after `after_seq`, oldest first, with the balance after each."""
+    return await executor.fetch(_LEDGER_ASCENDING, account_id, kind, created_after, created_before, after_seq, limit,
+                                balance_after_cursor)
+
+
+async def topup_entry(executor: Executor, account_id: uuid.UUID, order_id: str) -> asyncpg.Record | None:
+    return await executor.fetchrow(_TOPUP_ENTRY, account_id, order_id)
 
 
 async def accounts_page(executor: Executor, *, after_id: uuid.UUID | None, limit: int) -> list[asyncpg.Record]:

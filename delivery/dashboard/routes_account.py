@@ -1,9 +1,11 @@
-"""The account's overview (balance, the last 24 hours as a chart, endpoint health) and its ledger."""
+"""The account's overview (balance, the last 24 hours as a chart, endpoint health) and its ledger
+(entries oldest first, as the API lists them, with the balance after each; totals per day; CSV)."""
 
 from __future__ import annotations
 
 import csv
 import io
+from datetime import UTC, datetime, timedelta
 
 from aiohttp import web
 
@@ -47,28 +49,55 @@ def _ledger_filters(request: web.Request) -> dict:
     return values
 
 
+DAYS_SHOWN_DEFAULT = 14  # totals per day: the last two weeks, unless the filters give a range
+DAYS_SHOWN_MAX = 31
+
+
 @routes.get("/ledger")
 async def ledger(request: web.Request) -> web.Response:
+    """Entries oldest first, as GET /v1/ledger and `hookledger ledger` list them; the page opens on
+    the latest entries and pages back to earlier ones. Above them, totals per day."""
     account_id = pages.account_id(request)
     chosen = _ledger_filters(request)
-    rows = await queries.ledger_page(pages.api(request).pool, account_id, limit=filters.PAGE_SIZE, **chosen)
-    entries = rows[:filters.PAGE_SIZE]
+    pool = pages.api(request).pool
+    rows = await queries.ledger_page(pool, account_id, limit=filters.PAGE_SIZE, **chosen)  # newest first
+    entries = rows[:filters.PAGE_SIZE][::-1]
     shown = {name: filters.form_value(value) for name, value in chosen.items() if name != "before_seq"}
-    next_link = (filters.link("/dashboard/ledger", shown, cursor=entries[-1]["seq"])
-                 if len(rows) > filters.PAGE_SIZE else None)
+    earlier_link = (filters.link("/dashboard/ledger", shown, cursor=entries[0]["seq"])
+                    if len(rows) > filters.PAGE_SIZE else None)
     return pages.render(request, "ledger.html", {
-        "entries": entries, "filters": shown, "kinds": LEDGER_KINDS, "next_link": next_link,
+        "entries": entries, "filters": shown, "kinds": LEDGER_KINDS, "earlier_link": earlier_link,
         "paged": chosen["before_seq"] is not None,
         "export_link": filters.link("/dashboard/ledger.csv", shown),
-        "first_link": filters.link("/dashboard/ledger", shown),
+        "latest_link": filters.link("/dashboard/ledger", shown),
+        "totals": await _daily_totals(pool, account_id, chosen["created_after"], chosen["created_before"]),
     })
+
+
+async def _daily_totals(pool, account_id, created_after: datetime | None, created_before: datetime | None) -> dict:
+    """Charged, refunded and net per UTC day over the filters' range (default: the last DAYS_SHOWN_DEFAULT
+    days; at most the last DAYS_SHOWN_MAX of a longer range), with their sum."""
+    end = created_before or datetime.now(UTC)
+    start = created_after or (end.replace(hour=0, minute=0, second=0, microsecond=0)
+                              - timedelta(days=DAYS_SHOWN_DEFAULT - 1))
+    shortened = end - start > timedelta(days=DAYS_SHOWN_MAX)
+    if shortened:
+        start = end - timedelta(days=DAYS_SHOWN_MAX)
+    days = [dict(row) for row in await queries.daily_totals(pool, account_id, start, end)] if start < end else []
+    for day in days:
+        day["net"] = day["charged"] - day["refunded"]
+    sums = {name: sum(day[name] for day in days) for name in ("charges", "charged", "refunded", "net", "other", "change")}
+    return {"days": days, "sums": sums, "start": start, "end": end, "shortened": shortened,
+            "days_max": DAYS_SHOWN_MAX}
 
 
 @routes.get("/ledger.csv")
 async def ledger_csv(request: web.Request) -> web.StreamResponse:
-    """Every matching entry, newest first, with the balance after each; streamed page by page."""
+    """Every matching entry, oldest first (as the page and the API), with the balance after each;
+    streamed page by page, each page carrying the balance on to the next."""
     account_id = pages.account_id(request)
     chosen = _ledger_filters(request)
+    chosen.pop("before_seq")
     pool = pages.api(request).pool
     response = web.StreamResponse(headers={
         "Content-Type": "text/csv; charset=utf-8",
@@ -76,22 +105,19 @@ async def ledger_csv(request: web.Request) -> web.StreamResponse:
     })
     await response.prepare(request)
     await response.write(_csv_line(CSV_COLUMNS))
-    written, balance_before_cursor = 0, None
+    written, after_seq, balance = 0, 0, 0
     while written < CSV_ROWS_MAX:
-        rows = await queries.ledger_page(pool, account_id, limit=CSV_PAGE_SIZE,
-                                         balance_before_cursor=balance_before_cursor, **chosen)
-        page = rows[:CSV_PAGE_SIZE]
-        for row in page[:CSV_ROWS_MAX - written]:
+        page = await queries.ledger_ascending(pool, account_id, after_seq=after_seq, balance_after_cursor=balance,
+                                              limit=min(CSV_PAGE_SIZE, CSV_ROWS_MAX - written), **chosen)
+        for row in page:
             await response.write(_csv_line((
                 row["seq"], row["id"], row["created_at"].isoformat(), row["kind"], row["amount"],
                 row["balance_after"], row["delivery_id"] or "", _no_formula(row["note"] or ""),
             )))
         written += len(page)
-        if len(rows) <= CSV_PAGE_SIZE:
+        if len(page) < CSV_PAGE_SIZE:
             break
-        # The next page continues below this one; what the balance was before it is known now.
-        chosen["before_seq"] = page[-1]["seq"]
-        balance_before_cursor = page[-1]["balance_after"] - page[-1]["amount"]
+        after_seq, balance = page[-1]["seq"], page[-1]["balance_after"]
     await response.write_eof()
     return response
 

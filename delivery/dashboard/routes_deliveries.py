@@ -1,11 +1,14 @@
-"""Deliveries: filter, open one (every attempt, its ledger entries, why it died), replay with the cost confirmed.
+"""Deliveries: filter, open one (its payload and headers as sent, every attempt, its ledger entries,
+why it died, what it replays and what replays it), replay with the cost confirmed.
 
 Reads come from delivery.api.reads (account-scoped, so another account's delivery is a 404
 like a missing one). A replay is a new delivery with its own charge: a dead one goes through
 delivery.operations.dead_letters.replay (keyed `replay:<id>`, so a double submit replays once, and a
 bulk replay later knows it was done); a delivered one through the API's group commit, keyed by
 the confirmation page it came from. The confirmation names the price; if the price changed
-before the click, nothing is replayed and the page asks again.
+before the click, nothing is replayed and the page asks again. Where a replay cannot succeed (the
+endpoint deleted or disabled, the payload erased, the account closing, the balance short) the
+page says why instead of offering it, and a replay refused after all says why on the page.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ import uuid
 from aiohttp import web
 
 from billing import accounts as billing_accounts
+from billing.errors import AccountNotActive, InsufficientBalance, InvalidInput
 from billing.messages import MessageRequest
 from billing.tables import DELIVERY_STATES
+from delivery.engine.sender import USER_AGENT
 from delivery.operations import dead_letters
+from delivery.operations.dead_letters import ReplayRefused
 from delivery.store import endpoints as store
 from delivery.api import reads
 from delivery.api.problems import FieldError, Problem, not_found
@@ -78,18 +84,89 @@ async def _delivery(request: web.Request) -> tuple[uuid.UUID, object]:
     return account_id, row
 
 
+PAYLOAD_SHOWN_BYTES_MAX = 16 * 1024  # a delivery page shows this much of the payload, and says so when cut
+REPLAYS_SHOWN_MAX = 20
+
+
 @routes.get("/deliveries/{id}")
 async def show_delivery(request: web.Request) -> web.Response:
     account_id, delivery = await _delivery(request)
     pool = pages.api(request).pool
+    endpoint = await store.get_endpoint(pool, account_id, delivery["endpoint_id"])
+    attempts = await reads.attempts(pool, account_id, delivery["id"])
+    entries = await reads.delivery_ledger(pool, account_id, delivery["id"])
+    account = await billing_accounts.get_account(pool, account_id)
+    payload = _payload(await queries.payload_head(pool, account_id, delivery["id"], PAYLOAD_SHOWN_BYTES_MAX))
     return pages.render(request, "delivery.html", {
-        "delivery": delivery,
-        "endpoint": await store.get_endpoint(pool, account_id, delivery["endpoint_id"]),
-        "attempts": await reads.attempts(pool, account_id, delivery["id"]),
-        "entries": await reads.delivery_ledger(pool, account_id, delivery["id"]),
+        "delivery": delivery, "endpoint": endpoint, "attempts": attempts, "entries": entries,
+        "payload": payload, "payload_shown_bytes_max": PAYLOAD_SHOWN_BYTES_MAX,
+        "headers": outgoing_headers(delivery["id"], attempts),
+        "replays": await queries.replays_of(pool, account_id, delivery["id"], REPLAYS_SHOWN_MAX),
+        "refund": refund_mark(entries),
         "replayable": delivery["state"] in REPLAYABLE_STATES,
+        "replay_blocker": replay_blocker(endpoint, account, payload["bytes"]),
         "replayed_from": path_id(request.query.get("replayed_from", "")),
     })
+
+
+def _payload(row) -> dict:
+    """The payload as sent (None: erased), its size, and whether the page shows only its head."""
+    if row is None or row["bytes"] is None:
+        return {"text": None, "bytes": None, "cut": False}
+    head = bytes(row["head"])
+    cut = row["bytes"] > len(head)
+    # A cut can fall inside a character: that one shows as U+FFFD. The payload itself is UTF-8.
+    return {"text": head.decode("utf-8", "replace"), "bytes": row["bytes"], "cut": cut}
+
+
+def outgoing_headers(delivery_id: uuid.UUID, attempts) -> list[tuple[str, str, str]]:
+    """The headers each attempt sends, as (name, value, note); the signature is never shown."""
+    last = attempts[-1] if attempts else None
+    if last is None:
+        timestamp, when = "", "unix seconds, signed when the first attempt starts"
+    else:
+        timestamp = str(int(last["started_at"].timestamp()))
+        when = (f"about when attempt {last['attempt']} started (the exact value it signed is not"
+                " stored); each attempt signs its own")
+    return [
+        ("content-type", "application/json", ""),
+        ("user-agent", USER_AGENT, ""),
+        ("webhook-id", str(delivery_id), "this delivery's id, the same on every attempt: receivers dedupe on it"),
+        ("webhook-timestamp", timestamp, when),
+        ("webhook-signature", "v1,…", "HMAC-SHA256 of id.timestamp.body with the endpoint's secret (not shown)"),
+    ]
+
+
+def refund_mark(entries) -> str | None:
+    """"refunded", "refunded, then reclaimed" (it arrived after all), or None, from the delivery's ledger entries."""
+    kinds = {entry["kind"] for entry in entries}
+    if "refund" not in kinds:
+        return None
+    return "refunded, then reclaimed" if "reclaim" in kinds else "refunded"
+
+
+def replay_blocker(endpoint, account, payload_bytes: int | None) -> str | None:
+    """Why a replay of a dead or delivered delivery cannot succeed now, in words; None when it can."""
+    if endpoint is None:
+        return "Its endpoint was deleted, so there is nowhere to send it again."
+    if not endpoint.enabled:
+        return "Its endpoint is disabled: enable the endpoint to replay it."
+    if payload_bytes is None:
+        return "Its payload was erased, so there is nothing to send again."
+    if account.status != "active":
+        return f"The account is {account.status}: it sends nothing more."
+    if account.balance < account.price_per_delivery:
+        return (f"The balance ({account.balance} credits) does not cover a replay"
+                f" ({account.price_per_delivery} credits): ask for a top-up first.")
+    return None
+
+
+async def _blocker(request: web.Request, account_id: uuid.UUID, delivery) -> str | None:
+    pool = pages.api(request).pool
+    endpoint = await store.get_endpoint(pool, account_id, delivery["endpoint_id"])
+    account = await billing_accounts.get_account(pool, account_id)
+    payload = await queries.payload_head(pool, account_id, delivery["id"], 0)
+    return replay_blocker(endpoint, account, payload["bytes"] if payload else None)
 
 
 async def _replay_page(request: web.Request, delivery, *, error: str | None = None, status: int = 200) -> web.Response:
@@ -98,9 +175,11 @@ async def _replay_page(request: web.Request, delivery, *, error: str | None = No
     if delivery["state"] not in REPLAYABLE_STATES:
         raise Problem(409, f"the delivery is {delivery['state']}; only dead or delivered deliveries can be replayed",
                       "not-replayable")
+    blocker = await _blocker(request, account_id, delivery)
     return pages.render(request, "replay_confirm.html", {
         "delivery": delivery, "account": account, "nonce": secrets.token_hex(16), "error": error,
-    }, status=status)
+        "blocker": blocker,
+    }, status=409 if blocker and status == 200 else status)
 
 
 @routes.get("/deliveries/{id}/replay")
@@ -118,13 +197,19 @@ async def replay(request: web.Request) -> web.Response:
     if form.get("price") != str(account.price_per_delivery):
         return await _replay_page(request, delivery, status=409,
                                   error=f"The price is now {account.price_per_delivery} credits; confirm again.")
-    if delivery["state"] == "dead":
-        new_id = await _replay_dead(ctx, delivery["id"])
-    else:
-        nonce = form.get("nonce")
-        if not isinstance(nonce, str) or not _NONCE.fullmatch(nonce):
-            raise Problem(400, "the confirmation page was not complete; open it again", "bad-request")
-        new_id = await _replay_delivered(ctx, account_id, delivery["id"], nonce)
+    try:
+        if delivery["state"] == "dead":
+            new_id = await _replay_dead(ctx, delivery["id"])
+        else:
+            nonce = form.get("nonce")
+            if not isinstance(nonce, str) or not _NONCE.fullmatch(nonce):
+                raise Problem(400, "the confirmation page was not complete; open it again", "bad-request")
+            new_id = await _replay_delivered(ctx, account_id, delivery["id"], nonce)
+    except (ReplayRefused, InsufficientBalance, AccountNotActive, InvalidInput) as refused:
+        # The endpoint was deleted or disabled, the balance spent, the account closed since the page
+        # was shown: nothing was written. Say why, on the page (the API answers 402, 409 or 422).
+        status = 402 if isinstance(refused, InsufficientBalance) else 409
+        return await _replay_page(request, delivery, status=status, error=f"Not replayed: {refused.detail}.")
     raise pages.redirect(f"/dashboard/deliveries/{new_id}?replayed_from={delivery['id']}")
 
 
@@ -147,6 +232,6 @@ async def _replay_delivered(ctx, account_id: uuid.UUID, delivery_id: uuid.UUID, 
         raise Problem(409, "the message's payload was erased; it cannot be replayed", "not-replayable")
     created = await submit(ctx, MessageRequest(
         account_id, source["event_type"], bytes(source["payload"]), f"dashboard-replay:{delivery_id}:{nonce}",
-        endpoint_ids=(source["endpoint_id"],),
+        endpoint_ids=(source["endpoint_id"],), replay_of=delivery_id,
     ))
     return created.deliveries[0].id

@@ -58,8 +58,11 @@ def _event_types(raw: object) -> list[str] | None:
     return list(dict.fromkeys(names)) or None
 
 
-def _errors(problem: Problem) -> list[str]:
-    return [f"{error.field}: {error.message}" for error in problem.errors] or [problem.detail]
+LABELS = {"url": "URL", "description": "Description", "event_types": "Event type"}
+
+
+def _errors(problem: Problem, fields: dict) -> list[str]:
+    return pages.error_lines(problem, LABELS, fields)
 
 
 async def _endpoint(request: web.Request) -> tuple[uuid.UUID, store.Endpoint]:
@@ -86,21 +89,37 @@ async def create_endpoint(request: web.Request) -> web.Response:
     form = await pages.form(request)
     fields = {"url": str(form.get("url", "")).strip(), "description": str(form.get("description", "")).strip(),
               "event_types": _event_types(form.get("event_types"))}
-    try:
-        body = decode(msgspec.json.encode(fields), EndpointCreate)
-        validate_endpoint_url(body.url, ctx.policy)
-        endpoint = await store.create_endpoint(
-            ctx.pool, account_id, body.url, secret=generate_secret(), keyring=ctx.keyring,
-            event_types=body.event_types, description=body.description, timeout_ms=body.timeout_ms,
-            outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds,
-        )
-    except (Problem, InvalidEndpointUrlError, store.EndpointLimitReached, AccountNotActive) as error:
-        errors = _errors(error) if isinstance(error, Problem) else [str(error)]
+    body, errors = _checked(fields, ctx.policy)  # every error at once: the body's checks and the URL policy
+    if body is not None:
+        try:
+            endpoint = await store.create_endpoint(
+                ctx.pool, account_id, body.url, secret=generate_secret(), keyring=ctx.keyring,
+                event_types=body.event_types, description=body.description, timeout_ms=body.timeout_ms,
+                outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds,
+            )
+        except (store.EndpointLimitReached, AccountNotActive) as error:
+            errors = [str(error)]
+    if errors:
         health = await endpoint_health(ctx.pool, account_id, await store.list_endpoints(ctx.pool, account_id))
         return pages.render(request, "endpoints.html", {
             "health": health, "errors": errors, "form": {**fields, "event_types": form.get("event_types", "")},
         }, status=422)
     raise pages.redirect(f"/dashboard/endpoints/{endpoint.id}?created=1")
+
+
+def _checked(fields: dict, policy) -> tuple[EndpointCreate | None, list[str]]:
+    """The new endpoint's body, or None and every reason it is refused."""
+    body, errors = None, []
+    try:
+        body = decode(msgspec.json.encode(fields), EndpointCreate)
+    except Problem as problem:
+        errors = _errors(problem, fields)
+    if fields["url"] and not any(line.startswith("URL ") for line in errors):
+        try:
+            validate_endpoint_url(fields["url"], policy)
+        except InvalidEndpointUrlError as error:
+            errors.insert(0, f"URL: {error}")
+    return (body if not errors else None), errors
 
 
 @routes.get("/endpoints/{id}")
@@ -127,7 +146,7 @@ async def edit_endpoint(request: web.Request) -> web.Response:
     try:
         body = decode(msgspec.json.encode(changes), EndpointPatch)
     except Problem as problem:
-        return pages.render(request, "endpoint.html", {"endpoint": endpoint, "errors": _errors(problem),
+        return pages.render(request, "endpoint.html", {"endpoint": endpoint, "errors": _errors(problem, changes),
                                                        "notice": None}, status=422)
     updated = await store.update_endpoint(pages.api(request).pool, account_id, endpoint.id,
                                           {"description": body.description, "event_types": body.event_types})

@@ -1,4 +1,5 @@
 """The operator's pages: accounts with balances, dead letters across accounts, the audit, deletion jobs.
+Opening an account, topping it up and deleting it are in routes_operator_accounts.
 
 The audit is billing.audit.audit, run on demand (a POST); the worker's periodic audit leaves
 only metrics, so this process keeps its own last result to show (DashboardState).
@@ -7,6 +8,7 @@ only metrics, so this process keeps its own last result to show (DashboardState)
 from __future__ import annotations
 
 import json
+import secrets
 import time
 import uuid
 from dataclasses import dataclass
@@ -53,6 +55,12 @@ def _uuid_cursor(query: Query) -> uuid.UUID | None:
 
 @routes.get("/operator")
 async def accounts(request: web.Request) -> web.Response:
+    return await accounts_page(request)
+
+
+async def accounts_page(request: web.Request, *, status: int = 200, errors: list[str] | None = None,
+                        form: dict | None = None) -> web.Response:
+    """Every account with its balance, and the form that opens one (with the refusals of the last try)."""
     pages.require_operator(request)
     query = Query(filters.given(request.query))
     after_id = _uuid_cursor(query)
@@ -61,9 +69,11 @@ async def accounts(request: web.Request) -> web.Response:
     shown = rows[:filters.PAGE_SIZE]
     next_link = (filters.link("/dashboard/operator", {}, cursor=shown[-1]["id"])
                  if len(rows) > filters.PAGE_SIZE else None)
+    default_price = pages.api(request).settings.ledger.price_per_delivery_default
     return pages.render(request, "operator_accounts.html", {
-        "accounts": shown, "next_link": next_link, "paged": after_id is not None,
-    })
+        "accounts": shown, "next_link": next_link, "paged": after_id is not None, "errors": errors or [],
+        "form": form or {"name": "", "price_per_delivery": default_price, "nonce": secrets.token_hex(16)},
+    }, status=status)
 
 
 @routes.get("/operator/dead-letters")

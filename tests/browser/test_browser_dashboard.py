@@ -78,8 +78,8 @@ async def test_account_signs_in_creates_an_endpoint_watches_a_delivery_and_repla
     await page.goto(f"{base_url}/dashboard/ledger")
     ledger = await page.inner_text("#ledger")
     assert f"charge:{replayed}" in ledger
-    first_row = await page.inner_text("#ledger tbody tr:first-child")
-    assert f"charge:{replayed}" in first_row and "-2" in first_row
+    last_row = await page.inner_text("#ledger tbody tr:last-child")  # oldest first, as GET /v1/ledger
+    assert f"charge:{replayed}" in last_row and "-2" in last_row
     await screenshot(page, "10-ledger")
     await page.goto(f"{base_url}/dashboard/overview")
     assert await page.locator("svg rect.bar").count() >= 1

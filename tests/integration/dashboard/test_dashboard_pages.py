@@ -149,7 +149,8 @@ async def test_replay_refuses_a_price_that_changed_after_the_confirmation(dash, 
 
 
 async def test_ledger_running_balance_pages_and_csv(dash, pool):
-    """Each entry shows the balance right after it; the second page and the CSV continue the same running balance."""
+    """Entries oldest first, as GET /v1/ledger lists them, each with the balance right after it: the page opens
+    on the latest 50, the earlier page and the CSV continue the same running balance."""
     account_id, key = await dash.account(balance=0, price=1)
     for number in range(1, 61):
         await billing_accounts.top_up(pool, account_id, f"order-{number}", number)
@@ -157,32 +158,58 @@ async def test_ledger_running_balance_pages_and_csv(dash, pool):
     await dash.send(key)
     await dash.sign_in(key)
     total = sum(range(1, 61)) - 1
-    entries = await pool.fetch("SELECT id, amount FROM ledger_entries WHERE account_id = $1 ORDER BY seq DESC", account_id)
-    expected, running = [], total
+    entries = await pool.fetch("SELECT id, amount FROM ledger_entries WHERE account_id = $1 ORDER BY seq", account_id)
+    expected, running = [], 0
     for entry in entries:
+        running += entry["amount"]
         expected.append((entry["id"], running))
-        running -= entry["amount"]
-    first = await dash.page("/dashboard/ledger")
-    rows = _rows(first, "ledger")
+    assert running == total and len(expected) == 61
+    latest = await dash.page("/dashboard/ledger")
+    rows = _rows(latest, "ledger")
     shown = [(re.search(r"<code>([^<]+)</code>", row).group(1), int(re.findall(r'class="num">([^<]+)<', row)[-1].replace("\u202f", "")))
              for row in rows]
-    assert shown == expected[:50]
-    next_link = re.search(r'href="([^"]+)" rel="next"', first).group(1).replace("&amp;", "&")
-    second = _rows(await dash.page(next_link), "ledger")
-    assert len(second) == 11
-    assert f"<code>{expected[-1][0]}</code>" in second[-1]
+    assert shown == expected[-50:]
+    earlier_link = re.search(r'href="([^"]+)" rel="prev"', latest).group(1).replace("&amp;", "&")
+    earlier = await dash.page(earlier_link)
+    assert [re.search(r"<code>([^<]+)</code>", row).group(1) for row in _rows(earlier, "ledger")] == [
+        entry_id for entry_id, _ in expected[:11]]
+    assert 'rel="prev"' not in earlier and "Latest entries" in earlier
 
     response, body = await dash.get("/dashboard/ledger.csv")
     assert response.status == 200 and "attachment" in response.headers["Content-Disposition"]
     records = list(csv.DictReader(io.StringIO(body)))
     assert [(r["id"], int(r["balance_after"])) for r in records] == expected
     response, body = await dash.get("/dashboard/ledger.csv?kind=charge")
-    assert [r["kind"] for r in csv.DictReader(io.StringIO(body))] == ["charge"]
+    assert [(r["kind"], int(r["balance_after"])) for r in csv.DictReader(io.StringIO(body))] == [("charge", total)]
     charges = await dash.page("/dashboard/ledger?kind=charge")
     assert len(_rows(charges, "ledger")) == 1 and f'class="num">{total:,}<'.replace(",", "\u202f") in charges
     for cursor in ("9223372036854775808", "9999999999999999999"):  # past bigint: refused, not a 500
         response, html = await dash.get(f"/dashboard/ledger?cursor={cursor}")
         assert response.status == 422 and "cursor" in html
+
+
+async def test_ledger_csv_pages_carry_the_balance_on(dash, pool, monkeypatch):
+    """An export longer than one page of the query continues the running balance across pages, filters or not."""
+    from delivery.dashboard import routes_account
+
+    monkeypatch.setattr(routes_account, "CSV_PAGE_SIZE", 7)
+    account_id, key = await dash.account(balance=0, price=1)
+    for number in range(1, 21):
+        await billing_accounts.top_up(pool, account_id, f"order-{number}", number)
+        if number % 4 == 0:
+            await billing_accounts.reverse_top_up(pool, account_id, f"order-{number}")
+    await dash.sign_in(key)
+    entries = await pool.fetch("SELECT id, kind, amount FROM ledger_entries WHERE account_id = $1 ORDER BY seq",
+                               account_id)
+    running, expected = 0, []
+    for entry in entries:
+        running += entry["amount"]
+        expected.append((entry["id"], entry["kind"], running))
+    _, body = await dash.get("/dashboard/ledger.csv")
+    assert [(r["id"], r["kind"], int(r["balance_after"])) for r in csv.DictReader(io.StringIO(body))] == expected
+    _, body = await dash.get("/dashboard/ledger.csv?kind=topup_reversal")
+    assert [(r["id"], r["kind"], int(r["balance_after"])) for r in csv.DictReader(io.StringIO(body))] == [
+        row for row in expected if row[1] == "topup_reversal"]
 
 
 async def test_operator_pages_accounts_dead_letters_audit_and_deletions(dash, pool):
