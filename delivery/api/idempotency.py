@@ -80,8 +80,8 @@ def fingerprint(request: web.Request, body: bytes) -> bytes:
 
 
 async def once(request: web.Request, principal: str, write: Write, *, key: str | None = None) -> web.Response:
-    """`write`'s answer, made at most once per (principal, Idempotency-Key); without the header,
-    `write(pool)` as before. `write` raises its refusals (they are not stored). `key` stands for the
+    """`write`'s answer, made at most once per (principal, Idempotency-Key); without a key, simply
+    `write(pool)`. `write` raises its refusals (they are not stored). `key` stands for the
     header where a request cannot carry one (a dashboard form, keyed by the page it came from)."""
     ctx = request.config_dict[CONTEXT]  # the API's context, from the dashboard's sub-application too
     key = key or idempotency_key(request)
