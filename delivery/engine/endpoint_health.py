@@ -11,6 +11,8 @@ import uuid
 
 import asyncpg
 
+from billing.database import Executor
+
 from delivery.engine.retry import AutoDisablePolicy, FailureStreak, disable_reason
 
 CHECK_INTERVAL_SECONDS = 600
@@ -38,18 +40,19 @@ class EndpointHealth:
         self.policy = policy
         self._checked_at: dict[uuid.UUID, float] = {}
 
-    async def disable(self, endpoint_id: uuid.UUID, reason: str) -> bool:
-        return await self.pool.execute(_DISABLE, endpoint_id, reason[:500]) == "UPDATE 1"
+    async def disable(self, endpoint_id: uuid.UUID, reason: str, executor: Executor | None = None) -> bool:
+        return await (executor or self.pool).execute(_DISABLE, endpoint_id, reason[:500]) == "UPDATE 1"
 
-    async def check_failing(self, endpoint_id: uuid.UUID) -> bool:
-        """Disable the endpoint if its failure streak meets the policy. Returns True if disabled."""
+    async def check_failing(self, endpoint_id: uuid.UUID, executor: Executor | None = None) -> bool:
+        """Disable the endpoint if its failure streak meets the policy. Returns True if disabled.
+        On `executor` when given (the recorder's connection), else on the pool."""
         now = time.monotonic()
         if now - self._checked_at.get(endpoint_id, -CHECK_INTERVAL_SECONDS) < CHECK_INTERVAL_SECONDS:
             return False
         if len(self._checked_at) >= CHECKED_ENDPOINTS_MAX:
             self._checked_at.clear()
         self._checked_at[endpoint_id] = now
-        row = await self.pool.fetchrow(_STREAK, endpoint_id)
+        row = await (executor or self.pool).fetchrow(_STREAK, endpoint_id)
         streak = FailureStreak(row["first_failure_at"], row["last_failure_at"], row["failures"], False)
         reason = disable_reason(streak, self.policy)
-        return reason is not None and await self.disable(endpoint_id, reason)
+        return reason is not None and await self.disable(endpoint_id, reason, executor)

@@ -264,18 +264,19 @@ class Engine:
             sent.sent_at or None, sent.answered_at or None,
         )
 
-    async def _after_write(self, group: list[Pending], summary: RecordSummary) -> None:
-        """After each write of results (delivery.engine.recorder): count them, disable the endpoints
-        that answered 410, check the failing ones, wake a worker at each retry's time."""
+    async def _after_write(self, group: list[Pending], summary: RecordSummary, connection: asyncpg.Connection) -> None:
+        """After each write of results (delivery.engine.recorder, on its connection): count them,
+        disable the endpoints that answered 410, check the failing ones, wake a worker at each
+        retry's time."""
         results = [pending.result for pending in group]
         metrics.count_results([result for result in results if not result.released], summary)
         gone = {pending.endpoint_id for pending in group if pending.gone}
         for endpoint_id in gone:
-            await self.health.disable(endpoint_id, "the endpoint answered 410 Gone")
+            await self.health.disable(endpoint_id, "the endpoint answered 410 Gone", connection)
         failing = {pending.endpoint_id for pending in group
                    if not pending.result.success and not pending.result.released} - gone
         for endpoint_id in failing:
-            await self.health.check_failing(endpoint_id)
+            await self.health.check_failing(endpoint_id, connection)
         await self._wake(results, set(summary.retrying), summary.released)
 
     async def _wake(self, results: list[AttemptResult], retrying: set[uuid.UUID], released: list[uuid.UUID]) -> None:

@@ -29,6 +29,10 @@ QUEUE_NAME = "hookledger:deliveries"
 # Operator jobs (account deletion) go to the head of the queue and have slots of their own in every
 # worker (delivery.platform.worker), so they never wait behind deliveries; their ids say what they are.
 OPERATOR_JOB_PREFIX = "op:"
+# Published with every job due now: workers listen on it and read the queue at once, rather than
+# polling it every few milliseconds (delivery.platform.worker). A lost message only waits for the
+# next read, HOOKLEDGER_WORKER_POLL_MS later.
+WAKE_CHANNEL = "hookledger:wake"
 IDS_PER_JOB_MAX = 500
 CONNECT_TIMEOUT_SECONDS = 2
 COMMAND_TIMEOUT_SECONDS = 5  # no command of ours or arq's blocks; 5 s without an answer is an outage
@@ -119,6 +123,8 @@ class Queue:
                                     serializer=serialize)
                 pipe.psetex(job_key_prefix + job_id, expires_ms, job)
                 pipe.zadd(QUEUE_NAME, {job_id: now_ms + delay_ms})
+            if delay is None:
+                pipe.publish(WAKE_CHANNEL, b"")
             await pipe.execute()
 
 
@@ -142,5 +148,6 @@ async def enqueue_operator_job(redis: ArqRedis, function: str, *args: object) ->
     async with redis.pipeline(transaction=True) as pipe:
         pipe.psetex(job_key_prefix + job_id, redis.expires_extra_ms, job)
         pipe.zadd(QUEUE_NAME, {job_id: score})
+        pipe.publish(WAKE_CHANNEL, b"")
         await pipe.execute()
     return job_id

@@ -87,18 +87,19 @@ class Pending(NamedTuple):
     lease_ends_at: float  # time.monotonic() when the delivery's lease ends: the last moment to write it
 
 
-AfterWrite = Callable[[list[Pending], RecordSummary], Awaitable[None]]
+# After a write, on the writer's connection: a writer uses no other, so a small pool cannot deadlock.
+AfterWrite = Callable[[list[Pending], RecordSummary, asyncpg.Connection], Awaitable[None]]
 
 
 class Recorder:
     def __init__(self, pool: asyncpg.Pool, after_write: AfterWrite, *, writes_max: int = WRITES_MAX,
-                 record: Callable[[asyncpg.Pool, list[AttemptResult]], Awaitable[RecordSummary]] = record_results
-                 ) -> None:
+                 record: Callable[..., Awaitable[RecordSummary]] = record_results) -> None:
         if not 1 <= writes_max <= 16:
             raise ValueError("writes_max must be 1..16")
         self._pool = pool
         self._after_write = after_write
-        self._writes_max = writes_max
+        # A writer holds a connection while results keep coming: leave one for the claims.
+        self._writes_max = max(1, min(writes_max, pool.get_max_size() - 1))
         self._record = record
         self._waiting: collections.deque[Pending] = collections.deque()
         self._writers: set[asyncio.Task] = set()
@@ -134,13 +135,56 @@ class Recorder:
             self._waiting.clear()
 
     async def _write_while_waiting(self) -> None:
-        while self._waiting:
-            group = self._take()
-            self._in_writes += len(group)
-            try:
-                await self._write(group)
-            finally:
-                self._in_writes -= len(group)
+        """Write groups of waiting results on one connection, held while results keep coming (a
+        connection given back to the pool costs a reset, one more round trip, each time)."""
+        delay = RETRY_SECONDS_MIN
+        group: list[Pending] = []
+        try:
+            while group or self._waiting:
+                try:
+                    async with self._pool.acquire() as connection:
+                        while group or self._waiting:
+                            if not group:
+                                group = self._take()
+                                self._in_writes += len(group)
+                            summary = await self._record(self._pool, [pending.result for pending in group],
+                                                         connection=connection)
+                            self._in_writes -= len(group)
+                            written, group, delay = group, [], RETRY_SECONDS_MIN
+                            await self._written(written, summary, connection)
+                except Exception as error:  # noqa: BLE001 - sorted here: a lost database is retried
+                    lost = database_lost(error)
+                    if lost:
+                        kept = self._within_leases(group, error)
+                    else:
+                        logger.exception("could not record %d results; their leases expire and they are tried again",
+                                         len(group))
+                        self._give_up(group)
+                        kept = []
+                    self._in_writes -= len(group) - len(kept)
+                    group = kept
+                    if lost:  # on a new connection, after a pause
+                        await asyncio.sleep(delay)
+                        delay = min(2 * delay, RETRY_SECONDS_MAX)
+        except asyncio.CancelledError:
+            self._in_writes -= len(group)
+            self._give_up(group)
+            raise
+
+    async def _written(self, group: list[Pending], summary: RecordSummary, connection: asyncpg.Connection) -> None:
+        if self._unavailable_since is not None:
+            logger.warning("recording results again: PostgreSQL answers after %.1f s",
+                           time.monotonic() - self._unavailable_since)
+            self._unavailable_since = None
+        self.written += len(group)
+        try:
+            await self._after_write(group, summary, connection)
+        except Exception as error:  # noqa: BLE001 - the results are written; what follows is a hint
+            if database_lost(error):
+                logger.warning("after recording %d results: PostgreSQL is unavailable (%r)", len(group), error)
+            else:
+                logger.exception("after recording %d results", len(group))
+        self._distribute(group, summary)
 
     def _take(self) -> list[Pending]:
         """Up to RESULT_BATCH_MAX waiting results, one per delivery (a second result of a delivery
@@ -159,41 +203,6 @@ class Recorder:
             group.append(pending)
         waiting.extendleft(reversed(skipped))
         return group
-
-    async def _write(self, group: list[Pending]) -> None:
-        delay = RETRY_SECONDS_MIN
-        while True:
-            try:
-                summary = await self._record(self._pool, [pending.result for pending in group])
-            except asyncio.CancelledError:
-                self._give_up(group)
-                raise
-            except Exception as error:  # noqa: BLE001 - sorted below: a lost database is retried
-                if not database_lost(error):
-                    logger.exception("could not record %d results; their leases expire and they are tried again",
-                                     len(group))
-                    self._give_up(group)
-                    return
-                group = self._within_leases(group, error)
-                if not group:
-                    return
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, RETRY_SECONDS_MAX)
-                continue
-            break
-        if self._unavailable_since is not None:
-            logger.warning("recording results again: PostgreSQL answers after %.1f s",
-                           time.monotonic() - self._unavailable_since)
-            self._unavailable_since = None
-        self.written += len(group)
-        try:
-            await self._after_write(group, summary)
-        except Exception as error:  # noqa: BLE001 - the results are written; what follows is a hint
-            if database_lost(error):
-                logger.warning("after recording %d results: PostgreSQL is unavailable (%r)", len(group), error)
-            else:
-                logger.exception("after recording %d results", len(group))
-        self._distribute(group, summary)
 
     def _within_leases(self, group: list[Pending], error: BaseException) -> list[Pending]:
         """The results still worth writing after a failed write; the rest are given up, in one line."""

@@ -114,20 +114,64 @@ _INSERT_ATTEMPTS = (
     "   OR (excluded.status_code BETWEEN 200 AND 299 AND NOT coalesce(a.status_code BETWEEN 200 AND 299, false))"
 )
 
+# Only 2xx answers (what most writes hold): the deliveries and their attempts in one statement,
+# its own transaction, one round trip instead of five. Locked in id order as in the transaction
+# below: the update touches only rows the materialized locking subselect already holds.
+_RECORD_SUCCESSES = (
+    "WITH locked AS MATERIALIZED (SELECT id FROM deliveries WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE),"
+    " delivered AS ("
+    "   UPDATE deliveries d SET state = 'delivered', leased_until = NULL, finished_at = now()"
+    "   FROM unnest($1::uuid[], $2::int[]) AS r(id, attempt)"
+    "   WHERE d.id = r.id AND d.id IN (SELECT id FROM locked) AND d.attempt >= r.attempt"
+    "     AND d.state IN ('sending', 'pending') RETURNING d.id),"
+    " recorded AS ("
+    "   INSERT INTO delivery_attempts AS a (delivery_id, attempt, account_id, started_at, finished_at,"
+    "     status_code, latency_ms, error, response_excerpt, stale)"
+    "   SELECT r.d, r.n, r.a, now() - r.sa * interval '1 millisecond', now() - r.fa * interval '1 millisecond',"
+    "     r.s, r.l, r.e, r.x, r.d NOT IN (SELECT id FROM delivered)"
+    "   FROM unnest($1::uuid[], $2::int[], $3::uuid[], $4::int[], $5::int[], $6::text[], $7::text[],"
+    "     $8::float8[], $9::float8[]) AS r(d, n, a, s, l, e, x, sa, fa)"
+    "   ON CONFLICT (delivery_id, attempt) DO UPDATE SET status_code = excluded.status_code,"
+    "     latency_ms = excluded.latency_ms, error = excluded.error, response_excerpt = excluded.response_excerpt,"
+    "     started_at = excluded.started_at, finished_at = excluded.finished_at, stale = excluded.stale"
+    "   WHERE a.error = '" + LEASE_EXPIRED_ERROR + "'"
+    "     OR (excluded.status_code BETWEEN 200 AND 299 AND NOT coalesce(a.status_code BETWEEN 200 AND 299, false)))"
+    " SELECT id FROM delivered"
+)
 
-async def record_results(pool: asyncpg.Pool, results: list[AttemptResult]) -> RecordSummary:
-    """Apply a batch of send results; settle and reclaim afterwards, each in its own transaction."""
+
+async def record_results(pool: asyncpg.Pool, results: list[AttemptResult], *,
+                         connection: asyncpg.Connection | None = None) -> RecordSummary:
+    """Apply a batch of send results; settle and reclaim afterwards, each in its own transaction.
+
+    The write runs on `connection` when given (the recorder holds one while results keep coming),
+    else on one of the pool's."""
     if not 1 <= len(results) <= RESULT_BATCH_MAX:
         raise ValueError(f"a result batch holds 1 to {RESULT_BATCH_MAX} results")
+    if connection is None:
+        async with pool.acquire() as acquired:
+            return await record_results(pool, results, connection=acquired)
+    if all(r.success and not r.released for r in results):
+        return await _record_successes(connection, results)
     released = [r for r in results if r.released]
     if released:
         results = [r for r in results if not r.released]
-    async with pool.acquire() as connection:
-        # Read just before BEGIN, whose now() anchors the ages measured from it.
-        reference = time.monotonic()
-        async with connection.transaction():
-            summary, last_attempt_failures, fenced = await _apply(connection, reference, results, released)
-    await _settle_and_reclaim(pool, results, last_attempt_failures, fenced, summary)
+    # Read just before BEGIN, whose now() anchors the ages measured from it.
+    reference = time.monotonic()
+    async with connection.transaction():
+        summary, last_attempt_failures, fenced = await _apply(connection, reference, results, released)
+    await _settle_and_reclaim(connection, results, last_attempt_failures, fenced, summary)
+    return summary
+
+
+async def _record_successes(connection: asyncpg.Connection, results: list[AttemptResult]) -> RecordSummary:
+    summary = RecordSummary()
+    columns = _result_columns(results)
+    reference = time.monotonic()  # just before the statement, whose now() anchors the ages
+    rows = await connection.fetch(_RECORD_SUCCESSES, *columns, [_sent_age_ms(r, reference) for r in results],
+                                  [_answered_age_ms(r, reference) for r in results])
+    summary.delivered = [row[0] for row in rows]
+    await _settle_and_reclaim(connection, results, [], set(summary.delivered), summary)
     return summary
 
 
@@ -162,12 +206,14 @@ async def _apply(connection, reference: float, results: list[AttemptResult], rel
     return summary, last_attempt_failures, fenced
 
 
-async def _settle_and_reclaim(pool: asyncpg.Pool, results: list[AttemptResult], last_attempt_failures: list[AttemptResult],
-                              fenced: set[uuid.UUID], summary: RecordSummary) -> None:
-    """After the commit: settle the last attempts that failed, reclaim the refunds of late 2xx answers."""
+async def _settle_and_reclaim(connection: asyncpg.Connection, results: list[AttemptResult],
+                              last_attempt_failures: list[AttemptResult], fenced: set[uuid.UUID],
+                              summary: RecordSummary) -> None:
+    """After the commit, on the same connection: settle the last attempts that failed, reclaim the
+    refunds of late 2xx answers (each its own transaction)."""
     for result in last_attempt_failures:
         try:
-            settled = await settle(pool, result.delivery_id, DeadReason.OUT_OF_RETRIES, attempt=result.attempt)
+            settled = await settle(connection, result.delivery_id, DeadReason.OUT_OF_RETRIES, attempt=result.attempt)
         except LedgerMismatch:
             # It stays stuck for the audit; the rest of the batch (its reclaims too) still applies.
             logger.error("delivery %s not settled: its ledger disagrees", result.delivery_id, exc_info=True)
@@ -177,7 +223,7 @@ async def _settle_and_reclaim(pool: asyncpg.Pool, results: list[AttemptResult], 
         if result.delivery_id in fenced:
             continue
         summary.stale.append(result.delivery_id)
-        if result.success and (await reclaim(pool, result.delivery_id)).outcome == Outcome.RECLAIMED:
+        if result.success and (await reclaim(connection, result.delivery_id)).outcome == Outcome.RECLAIMED:
             summary.reclaimed.append(result.delivery_id)
 
 
@@ -199,6 +245,15 @@ def _answered_age_ms(result: AttemptResult, reference: float) -> float:
 
 def _attempt_columns(results: list[AttemptResult], fenced: set[uuid.UUID], reference: float) -> list[list]:
     return [
+        *_result_columns(results),
+        [r.delivery_id not in fenced for r in results],
+        [_sent_age_ms(r, reference) for r in results],
+        [_answered_age_ms(r, reference) for r in results],
+    ]
+
+
+def _result_columns(results: list[AttemptResult]) -> list[list]:
+    return [
         [r.delivery_id for r in results],
         [r.attempt for r in results],
         [r.account_id for r in results],
@@ -206,9 +261,6 @@ def _attempt_columns(results: list[AttemptResult], fenced: set[uuid.UUID], refer
         [max(0, int(r.latency_ms)) for r in results],
         [_bounded(r.error, 1000) for r in results],
         [_bounded(r.response_excerpt, 4096) for r in results],
-        [r.delivery_id not in fenced for r in results],
-        [_sent_age_ms(r, reference) for r in results],
-        [_answered_age_ms(r, reference) for r in results],
     ]
 
 

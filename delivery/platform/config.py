@@ -72,9 +72,10 @@ class WorkerSettings:
     """The delivery worker: arq job limits, sweeps, shutdown, and the engine's pacing."""
 
     jobs_max: int = 20
-    # How often arq reads the queue for due jobs: the most a woken delivery waits for its worker.
-    # 10 ms: p50 7 ms from create to arrival (50 ms gave 32 ms) for ~3% of a core while idle.
-    poll_ms: int = 10
+    # How often a worker reads the queue without a wake-up: a job due now wakes the workers at once
+    # (delivery.engine.queue.WAKE_CHANNEL), so this bounds only how late a retry's deferred job, or a
+    # lost wake-up, is read.
+    poll_ms: int = 250
     sweep_interval_seconds: int = 5
     shutdown_grace_seconds: int = 10
     metrics_port: int = 0  # serve the worker's Prometheus metrics on 127.0.0.1:port; 0: off

@@ -14,11 +14,13 @@ records what finished, and cancels the rest (their leases expire; they are tried
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import logging
 import signal
 
 from arq import Worker, cron, func
+from arq.connections import create_pool, log_redis_info
 from arq.constants import in_progress_key_prefix
 from arq.utils import timestamp_ms
 from redis.exceptions import ResponseError, WatchError
@@ -196,10 +198,62 @@ class DeliveryWorker(Worker):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self._woken = asyncio.Event()  # a job is due now (job_queue.WAKE_CHANNEL), or one of ours ended
         self._running_elsewhere: dict[bytes, float] = {}  # job id -> when to ask Redis about it again
         self._redis_outage: RedisOutage | None = None
         self.exit_deadline_seconds: float | None = None  # set by run(): the process's own, not an embedder's
         self._exit_deadline_armed = False
+
+    async def main(self) -> None:
+        """arq's main, except that between two reads of the queue the worker waits for a wake-up, at
+        most poll_delay_s (HOOKLEDGER_WORKER_POLL_MS), instead of sleeping poll_delay_s.
+
+        A wake-up is a message on job_queue.WAKE_CHANNEL, which every enqueue of a job due now
+        publishes (a create's wake, an account deletion), or one of this worker's jobs ending (a slot
+        is free for the jobs that wait). So a woken delivery is read at once, with no poll every few
+        milliseconds burning CPU while nothing happens; deferred jobs (retries) and a lost message
+        wait for the next timed read.
+        """
+        if self._pool is None:
+            self._pool = await create_pool(self.redis_settings, job_deserializer=self.job_deserializer,
+                                           job_serializer=self.job_serializer, default_queue_name=self.queue_name,
+                                           expires_extra_ms=self.expires_extra_ms)
+        logger.info("starting the worker for %d functions: %s", len(self.functions), ", ".join(self.functions))
+        await log_redis_info(self.pool, logger.info)
+        self.ctx["redis"] = self.pool
+        if self.on_startup:
+            await self.on_startup(self.ctx)
+        listener = self.loop.create_task(self._listen_for_wake_ups())
+        try:
+            while True:
+                self._woken.clear()
+                await self._poll_iteration()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.poll_delay_s):
+                        await self._woken.wait()
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+
+    async def _listen_for_wake_ups(self) -> None:
+        """Set _woken at each message on job_queue.WAKE_CHANNEL; while Redis is down, try again
+        every RETRY_SECONDS (the timed reads go on meanwhile)."""
+        while True:
+            pubsub = self.pool.pubsub()
+            try:
+                await pubsub.subscribe(job_queue.WAKE_CHANNEL)
+                while True:
+                    if await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0) is not None:
+                        self._woken.set()
+            except REDIS_ERRORS:
+                await asyncio.sleep(RETRY_SECONDS)
+            finally:
+                with contextlib.suppress(*REDIS_ERRORS):
+                    await pubsub.aclose()
+
+    def _release_sem_dec_counter_on_complete(self) -> None:
+        super()._release_sem_dec_counter_on_complete()
+        self._woken.set()  # a slot is free: read the queue for the jobs that wait
 
     def _stopping(self) -> None:
         """A stop signal: claim nothing more, and (in the worker process) arm the exit deadline, once:

@@ -93,6 +93,7 @@ def fast_environment(database_url: str, redis_url: str, keyring: Keyring, **over
         "HOOKLEDGER_SEND_TIMEOUT_MS_MAX": "2000",
         "HOOKLEDGER_SWEEP_SECONDS": "1",
         "HOOKLEDGER_SHUTDOWN_GRACE_SECONDS": "2",
+        "HOOKLEDGER_WORKER_POLL_MS": "10",  # the tests' retries are due within tenths of a second
         "HOOKLEDGER_SECRET_KEYS": format_keyring(keyring),
     }
     environment.update(overrides)
