@@ -48,8 +48,8 @@ async def test_no_2xx_is_lost_when_the_database_goes_away_while_results_are_reco
     """Every delivery is on its last attempt and every receiver answers 2xx, spread over 0.6 s; in the
     middle PostgreSQL goes away for 0.2 to 1 s (connections cut mid-write, new ones refused). Each
     result that landed meanwhile is written once PostgreSQL answers: every delivery ends delivered,
-    none dead or refunded, and the audit is clean. (Recorded a batch at a time, a batch whose write
-    met the outage was dropped whole: its deliveries waited out their leases and died refunded.)"""
+    none dead or refunded, and the audit is clean. (A batch's results written in one go at its end
+    would lose every 2xx of a batch whose write met the outage: leases run out, deaths refunded.)"""
     rng = random.Random(round_number)
     switch = await DatabaseSwitch(database_url).start()
     worker_pool = await create_pool(switch.url(), size_min=1, size_max=8)
