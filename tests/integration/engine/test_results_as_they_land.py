@@ -70,7 +70,7 @@ async def test_no_2xx_is_lost_when_the_database_goes_away_while_results_are_reco
             await switch.off()
             await asyncio.sleep(rng.uniform(0.2, 1.0))
             await switch.on()
-            report = await asyncio.wait_for(job, 20)
+            report = await asyncio.wait_for(job, 60)
             await engine.close()
         assert report.claimed == len(delivery_ids) and report.sent == len(delivery_ids)
         found = await states(pool, delivery_ids)
@@ -136,7 +136,7 @@ async def test_a_stopping_engine_writes_the_results_it_holds(pool, database_url,
         await add_endpoint(pool, account_id, receiver, keyring)
         delivery_ids = await _deliveries(pool, account_id, 10, attempts_max=1)
         async with Sender(SENDER) as sender:
-            engine = _engine(worker_pool, sender, keyring)
+            engine = _engine(worker_pool, sender, keyring, lease_ms=60_000)  # no lease ends in this test
             job = asyncio.create_task(engine.deliver_ids(delivery_ids))
             await wait_for(lambda: asyncio.sleep(0, len(receiver.received) == len(delivery_ids)))
             await switch.off()  # every request is in, no answer yet
