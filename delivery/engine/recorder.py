@@ -154,6 +154,8 @@ class Recorder:
                                 if len(self._waiting) < GROUP_EAGER:
                                     await asyncio.sleep(LINGER_SECONDS)
                                 group = self._take()
+                                if not group:  # the other writer took them meanwhile
+                                    continue
                                 self._in_writes += len(group)
                             summary = await self._record(self._pool, [pending.result for pending in group],
                                                          connection=connection)
