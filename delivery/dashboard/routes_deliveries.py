@@ -87,7 +87,8 @@ async def show_delivery(request: web.Request) -> web.Response:
         "endpoint": await store.get_endpoint(pool, account_id, delivery["endpoint_id"]),
         "attempts": await reads.attempts(pool, account_id, delivery["id"]),
         "entries": await reads.delivery_ledger(pool, account_id, delivery["id"]),
-        "replayable": delivery["state"] in REPLAYABLE_STATES,
+        "replayable": delivery["state"] in REPLAYABLE_STATES and delivery["payload_erased_at"] is None,
+        "erased": reads.erased_text(delivery["payload_erased_at"]) if delivery["payload_erased_at"] else None,
         "replayed_from": path_id(request.query.get("replayed_from", "")),
     })
 
@@ -136,6 +137,8 @@ async def _replay_dead(ctx, delivery_id: uuid.UUID) -> uuid.UUID:
         if ctx.queue is not None:
             await ctx.queue.wake([new_id])  # else the sweeper finds it
         return new_id
+    if delivery_id in result.refused:  # its payload was erased meanwhile
+        raise Problem(409, result.refused[delivery_id], "not-replayable")
     return result.already[delivery_id]  # replayed before (a second click): nothing charged now
 
 
@@ -144,7 +147,8 @@ async def _replay_delivered(ctx, account_id: uuid.UUID, delivery_id: uuid.UUID, 
     if source is None:
         raise not_found("delivery")
     if source["payload"] is None:
-        raise Problem(409, "the message's payload was erased; it cannot be replayed", "not-replayable")
+        raise Problem(409, f"the message's payload was {reads.erased_text(source['payload_erased_at'])};"
+                      " it cannot be replayed", "not-replayable")
     created = await submit(ctx, MessageRequest(
         account_id, source["event_type"], bytes(source["payload"]), f"dashboard-replay:{delivery_id}:{nonce}",
         endpoint_ids=(source["endpoint_id"],),
