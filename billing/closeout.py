@@ -158,7 +158,8 @@ async def close_out(executor: Executor, account_id: uuid.UUID) -> ClosedOut:
         if live:
             raise AccountNotClosable(f"account {account_id} still has {live} live deliveries")
         erased = await connection.fetchval(
-            "WITH erased AS (UPDATE messages SET payload = NULL WHERE account_id = $1 AND payload IS NOT NULL"
+            "WITH erased AS (UPDATE messages SET payload = NULL, payload_erased_at = now(),"
+            " payload_erased_by = 'account_deletion' WHERE account_id = $1 AND payload IS NOT NULL"
             " RETURNING 1) SELECT count(*) FROM erased", account_id
         )
         await connection.execute(

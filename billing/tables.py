@@ -48,6 +48,13 @@ LEDGER_KINDS = (
 )
 
 
+# Days a finished message's payload and response excerpts are kept (accounts.payload_retention_days).
+PAYLOAD_RETENTION_DAYS_DEFAULT = 30
+PAYLOAD_RETENTION_DAYS_MIN = 1
+PAYLOAD_RETENTION_DAYS_MAX = 3_650
+ERASED_BY_LENGTH_MAX = 100
+
+
 def _in(column: str, values: tuple[str, ...]) -> str:
     quoted = ", ".join(f"'{value}'" for value in values)
     return f"{column} IN ({quoted})"
@@ -71,7 +78,15 @@ accounts = sa.Table(
     sa.Column("price_per_delivery", sa.BigInteger, nullable=False, server_default="1"),
     _created_at(),
     sa.Column("deleted_at", sa.DateTime(timezone=True)),
+    # How long a message's payload and its attempts' response excerpts are kept once its
+    # deliveries have finished (delivery.operations.retention); the operator sets it (0014).
+    sa.Column("payload_retention_days", sa.Integer, nullable=False,
+              server_default=str(PAYLOAD_RETENTION_DAYS_DEFAULT)),
     sa.CheckConstraint(_length("name", 1, 200), name="name_length"),
+    sa.CheckConstraint(
+        f"payload_retention_days BETWEEN {PAYLOAD_RETENTION_DAYS_MIN} AND {PAYLOAD_RETENTION_DAYS_MAX}",
+        name="payload_retention_days_range",
+    ),
     sa.CheckConstraint(_in("status", ACCOUNT_STATUSES), name="status"),
     sa.CheckConstraint("price_per_delivery >= 0", name="price_non_negative"),
     comment="A sender. balance is a cached sum of its ledger entries, updated in the same transaction as each entry.",
@@ -129,11 +144,24 @@ messages = sa.Table(
     sa.Column("idempotency_key", sa.Text),
     sa.Column("request_hash", sa.LargeBinary),
     _created_at(),
+    # When and by whom the payload (and its attempts' response excerpts) was erased (0014): an
+    # expunge names the API key ("api_key:<id>"), the retention job "retention", a deletion
+    # "account_deletion". What was erased is not kept.
+    sa.Column("payload_erased_at", sa.DateTime(timezone=True)),
+    sa.Column("payload_erased_by", sa.Text),
     sa.CheckConstraint(_length("event_type", 1, 256), name="event_type_length"),
+    sa.CheckConstraint(
+        "payload_erased_by IS NULL OR " + _length("payload_erased_by", 1, ERASED_BY_LENGTH_MAX),
+        name="payload_erased_by_length",
+    ),
+    sa.CheckConstraint("payload_erased_at IS NULL OR payload IS NULL", name="erased_payload_is_null"),
     sa.CheckConstraint("idempotency_key IS NULL OR " + _length("idempotency_key", 1, 255), name="idempotency_key_length"),
     sa.CheckConstraint("octet_length(payload) <= 1048576", name="payload_size"),
     sa.UniqueConstraint("account_id", "idempotency_key"),
-    comment="An event an app enqueued. payload is the exact body bytes sent; erased (NULL) when the account is deleted.",
+    # The payloads still kept, by account and age: what the retention job walks (0014).
+    sa.Index("ix_messages_retained", "account_id", "created_at", postgresql_where=sa.text("payload IS NOT NULL")),
+    comment="An event an app enqueued. payload is the exact body bytes sent; erased (NULL) by an expunge,"
+            " by retention once its deliveries finished, or when the account is deleted.",
 )
 
 deliveries = sa.Table(

@@ -90,6 +90,11 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/v1/accounts/{id}", "getAccount", "Accounts", "Read an account",
               "Read an account (operator)", OPERATOR, {200: r.Account}, (404,),
               parameters=(_path_id(),)),
+    Operation("patch", "/v1/accounts/{id}", "updateAccount", "Accounts", "Change an account's settings",
+              "Set payload_retention_days: how long a finished message's payload and its attempts' response"
+              " excerpts are kept before the retention job erases them (1 to 3,650 days; the ledger is kept"
+              " forever) (operator)", OPERATOR, {200: r.Account}, (400, 404, 422), v.AccountPatch,
+              parameters=(_path_id(),)),
     Operation("delete", "/v1/accounts/{id}", "deleteAccount", "Accounts", "Delete an account",
               "Delete an account: starts the deletion job (operator)", OPERATOR,
               {202: r.AccountDeletion}, (404,), parameters=(_path_id(),)),
@@ -171,6 +176,14 @@ OPERATIONS: tuple[Operation, ...] = (
               "Send an event to the subscribed endpoints, charged per delivery", ACCOUNT,
               {202: r.MessageAccepted}, (400, 402, 409, 413, 422, 503), v.MessageCreate,
               parameters=(_IDEMPOTENCY_KEY,), headers={202: _REPLAYED}),
+    Operation("post", "/v1/messages/{id}/expunge", "expungeMessage", "Messages", "Erase a message's payload now",
+              "Erase the message's payload and the response excerpts of its deliveries' attempts at once; the rows"
+              " (ids, sizes, states, times, status codes) and the ledger stay. 409 message-live while any of its"
+              " deliveries is pending or sending, with Retry-After (expunge once they have finished); 404 for an id"
+              " that is not one of the account's messages. A second call answers the same. GET /v1/deliveries/{id}"
+              " then says payload_erased_at, and a replay is refused 409", ACCOUNT,
+              {200: r.MessageErased}, (400, 404, 409, 422), v.Empty, body_optional=True,
+              parameters=(_path_id(),)),
     Operation("get", "/v1/deliveries", "listDeliveries", "Deliveries", "List deliveries",
               "List deliveries, newest first", ACCOUNT, {200: r.DeliveryPage}, (422,),
               parameters=(_LIMIT, _ID_CURSOR, _query("state", {"enum": list(DELIVERY_STATES)}),

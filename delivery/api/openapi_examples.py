@@ -27,7 +27,8 @@ _AT = datetime(2026, 1, 31, 12, 0, 0, tzinfo=UTC)
 _LATER = datetime(2026, 1, 31, 12, 0, 1, 250000, tzinfo=UTC)
 _SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
-_ACCOUNT_BODY = r.Account(id=_ACCOUNT, name="Acme", status="active", balance=9_998, price_per_delivery=1)
+_ACCOUNT_BODY = r.Account(id=_ACCOUNT, name="Acme", status="active", balance=9_998, price_per_delivery=1,
+                          payload_retention_days=30)
 _KEY_CREATED = r.ApiKeyCreated(id=_KEY, prefix="hl_live_3kQ9", created_at=_AT,
                                key="hl_live_3kQ9Zb7xW2mN5pR8sT1vY4aC6dE0fG")
 _ENDPOINT_BODY = r.Endpoint(id=_ENDPOINT, url="https://hooks.example.com/hookledger", description="Orders",
@@ -42,7 +43,10 @@ _CHARGE = r.LedgerEntry(id=f"charge:{_DELIVERY}", seq=41, kind="charge", amount=
 _RECOVERED = recover.RecoveredDelivery(dead_delivery_id=_DEAD, delivery_id=_DELIVERY)
 
 _INSTANCES: tuple[msgspec.Struct, ...] = (
-    v.AccountCreate(name="Acme", price_per_delivery=1),
+    v.AccountCreate(name="Acme", price_per_delivery=1, payload_retention_days=30),
+    v.AccountPatch(payload_retention_days=90),
+    r.MessageErased(id=_MESSAGE, event_type="invoice.paid", payload_erased_at=_LATER,
+                    payload_erased_by=f"api_key:{_KEY}"),
     v.TopupCreate(order_id="order-2026-0131", amount=10_000),
     v.EndpointCreate(url="https://hooks.example.com/hookledger", description="Orders",
                      event_types=["invoice.paid", "invoice.failed"], timeout_ms=15_000),
@@ -73,7 +77,7 @@ _INSTANCES: tuple[msgspec.Struct, ...] = (
     r.DeliveryDetail(**msgspec.structs.asdict(_DELIVERY_BODY),
                      attempts=[r.Attempt(attempt=1, started_at=_AT, finished_at=_LATER, status_code=200,
                                          latency_ms=1250, error=None, response_excerpt="ok", stale=False)],
-                     ledger_entries=[_CHARGE]),
+                     ledger_entries=[_CHARGE], payload_erased_at=None),
     r.DeliveryPage(data=[_DELIVERY_BODY], next_cursor=str(_DELIVERY)),
     r.Health(status="ok"),
     r.Readiness(status="ready", postgres=True, redis=True),

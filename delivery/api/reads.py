@@ -8,7 +8,7 @@ one row more than its limit to know whether there is a next page.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 
 import asyncpg
 
@@ -32,7 +32,7 @@ _DELIVERIES_CONDITIONS = (
     "d.created_at < ${}::timestamptz", "d.id < ${}::uuid",
 )
 # One delivery of an account.
-_DELIVERY = f"SELECT {_DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1 AND d.account_id = $2"
+_DELIVERY = f"SELECT {_DELIVERY_COLUMNS}, m.payload_erased_at FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1 AND d.account_id = $2"
 # Every recorded attempt of a delivery, in order (bounded by attempts_max <= 50).
 _ATTEMPTS = (
     "SELECT attempt, started_at, finished_at, status_code, latency_ms, error, response_excerpt, stale"
@@ -57,7 +57,8 @@ _DEAD_PAGE = (
 )
 # The message a delivery carries, for a replay.
 _MESSAGE_OF_DELIVERY = (
-    "SELECT d.state, d.endpoint_id, m.event_type, m.payload FROM deliveries d JOIN messages m ON m.id = d.message_id"
+    "SELECT d.state, d.endpoint_id, m.event_type, m.payload, m.payload_erased_at FROM deliveries d"
+    " JOIN messages m ON m.id = d.message_id"
     " WHERE d.id = $1 AND d.account_id = $2"
 )
 # Pending deliveries due now: the queue depth gauge.
@@ -130,6 +131,11 @@ async def dead_page(executor: Executor, *, before_id: uuid.UUID | None, limit: i
 
 async def message_of_delivery(executor: Executor, account_id: uuid.UUID, delivery_id: uuid.UUID) -> asyncpg.Record | None:
     return await executor.fetchrow(_MESSAGE_OF_DELIVERY, delivery_id, account_id)
+
+
+def erased_text(erased_at: datetime | None) -> str:
+    """How a refusal or a page names an erased payload: "erased on <date>" (UTC), or "erased"."""
+    return f"erased on {erased_at.astimezone(UTC):%Y-%m-%d}" if erased_at is not None else "erased"
 
 
 async def queue_lag(executor: Executor) -> asyncpg.Record:

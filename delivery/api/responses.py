@@ -21,6 +21,7 @@ class Account(msgspec.Struct):
     status: str
     balance: int
     price_per_delivery: int
+    payload_retention_days: int
 
 
 class ApiKey(msgspec.Struct):
@@ -146,6 +147,19 @@ class Attempt(msgspec.Struct):
 class DeliveryDetail(Delivery):
     attempts: list[Attempt]
     ledger_entries: list[LedgerEntry]
+    # When the message's payload and its attempts' response excerpts were erased (an expunge,
+    # retention or the account's deletion); null while they are kept.
+    payload_erased_at: datetime | None = None
+
+
+class MessageErased(msgspec.Struct):
+    """A message whose payload and response excerpts are erased: when, and by whom (an API key
+    `api_key:<id>`, `retention`, or `account_deletion`)."""
+
+    id: uuid.UUID
+    event_type: str
+    payload_erased_at: datetime
+    payload_erased_by: str
 
 
 class DeliveryPage(msgspec.Struct):
@@ -175,7 +189,7 @@ class AccountDeletion(msgspec.Struct):
 
 RESPONSE_BODIES = (
     AccountDeletion, Account, AccountCreated, ApiKeyCreated, ApiKeyList, Topup, Balance, LedgerPage, Endpoint, EndpointList,
-    EndpointSecret, EndpointDeleted, MessageAccepted, DeliveryDetail, DeliveryPage, Health, Readiness,
+    EndpointSecret, EndpointDeleted, MessageAccepted, MessageErased, DeliveryDetail, DeliveryPage, Health, Readiness,
 )
 
 _ENCODER = msgspec.json.Encoder()

@@ -70,6 +70,7 @@ async def get_delivery(request: web.Request) -> web.Response:
         **{name: row[name] for name in responses.Delivery.__struct_fields__},
         attempts=[responses.from_row(responses.Attempt, attempt) for attempt in attempts],
         ledger_entries=[responses.from_row(responses.LedgerEntry, entry) for entry in entries],
+        payload_erased_at=row["payload_erased_at"],
     )
     return responses.json(detail)
 
@@ -97,7 +98,8 @@ async def replay_delivery(request: web.Request) -> web.Response:
     if row["state"] not in REPLAYABLE_STATES:
         raise Problem(409, f"the delivery is {row['state']}; only dead or delivered deliveries can be replayed", "not-replayable")
     if row["payload"] is None:
-        raise Problem(409, "the message's payload was erased; it cannot be replayed", "not-replayable")
+        raise Problem(409, f"the message's payload was {reads.erased_text(row['payload_erased_at'])};"
+                      " it cannot be replayed", "not-replayable")
     request_ = MessageRequest(account_id, row["event_type"], bytes(row["payload"]), key,
                               endpoint_ids=(row["endpoint_id"],), replay_of=delivery_id)
     return accepted(await submit(ctx, request_))

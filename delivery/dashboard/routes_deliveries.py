@@ -96,7 +96,9 @@ async def show_delivery(request: web.Request) -> web.Response:
     attempts = await reads.attempts(pool, account_id, delivery["id"])
     entries = await reads.delivery_ledger(pool, account_id, delivery["id"])
     account = await billing_accounts.get_account(pool, account_id)
-    payload = _payload(await queries.payload_head(pool, account_id, delivery["id"], PAYLOAD_SHOWN_BYTES_MAX))
+    erased = delivery["payload_erased_at"] is not None
+    payload = _payload(None if erased else await queries.payload_head(pool, account_id, delivery["id"],
+                                                                       PAYLOAD_SHOWN_BYTES_MAX))
     return pages.render(request, "delivery.html", {
         "delivery": delivery, "endpoint": endpoint, "attempts": attempts, "entries": entries,
         "payload": payload, "payload_shown_bytes_max": PAYLOAD_SHOWN_BYTES_MAX,
@@ -104,7 +106,8 @@ async def show_delivery(request: web.Request) -> web.Response:
         "replays": await queries.replays_of(pool, account_id, delivery["id"], REPLAYS_SHOWN_MAX),
         "refund": refund_mark(entries),
         "replayable": delivery["state"] in REPLAYABLE_STATES,
-        "replay_blocker": replay_blocker(endpoint, account, payload["bytes"]),
+        "replay_blocker": replay_blocker(endpoint, account, _kept_bytes(delivery, payload)),
+        "erased": reads.erased_text(delivery["payload_erased_at"]) if delivery["payload_erased_at"] else None,
         "replayed_from": path_id(request.query.get("replayed_from", "")),
     })
 
@@ -166,7 +169,14 @@ async def _blocker(request: web.Request, account_id: uuid.UUID, delivery) -> str
     endpoint = await store.get_endpoint(pool, account_id, delivery["endpoint_id"])
     account = await billing_accounts.get_account(pool, account_id)
     payload = await queries.payload_head(pool, account_id, delivery["id"], 0)
-    return replay_blocker(endpoint, account, payload["bytes"] if payload else None)
+    return replay_blocker(endpoint, account, _kept_bytes(delivery, payload))
+
+
+def _kept_bytes(delivery, payload) -> int | None:
+    """The payload's size, or None when it was erased (by an expunge, retention or the account's deletion)."""
+    if delivery["payload_erased_at"] is not None or not payload:
+        return None
+    return payload["bytes"]
 
 
 async def _replay_page(request: web.Request, delivery, *, error: str | None = None, status: int = 200) -> web.Response:
@@ -221,6 +231,8 @@ async def _replay_dead(ctx, delivery_id: uuid.UUID) -> uuid.UUID:
         if ctx.queue is not None:
             await ctx.queue.wake([new_id])  # else the sweeper finds it
         return new_id
+    if delivery_id in result.refused:  # its payload was erased meanwhile
+        raise Problem(409, result.refused[delivery_id], "not-replayable")
     return result.already[delivery_id]  # replayed before (a second click): nothing charged now
 
 
@@ -229,7 +241,8 @@ async def _replay_delivered(ctx, account_id: uuid.UUID, delivery_id: uuid.UUID, 
     if source is None:
         raise not_found("delivery")
     if source["payload"] is None:
-        raise Problem(409, "the message's payload was erased; it cannot be replayed", "not-replayable")
+        raise Problem(409, f"the message's payload was {reads.erased_text(source['payload_erased_at'])};"
+                      " it cannot be replayed", "not-replayable")
     created = await submit(ctx, MessageRequest(
         account_id, source["event_type"], bytes(source["payload"]), f"dashboard-replay:{delivery_id}:{nonce}",
         endpoint_ids=(source["endpoint_id"],), replay_of=delivery_id,

@@ -147,7 +147,7 @@ _BULK_CANDIDATES = (
     " ORDER BY d.id LIMIT $4"
 )
 _SOURCES = (
-    "SELECT d.id, d.account_id, d.endpoint_id, m.event_type, m.payload FROM deliveries d"
+    "SELECT d.id, d.account_id, d.endpoint_id, m.event_type, m.payload, m.payload_erased_at FROM deliveries d"
     " JOIN messages m ON m.id = d.message_id WHERE d.id = ANY($1::uuid[]) AND d.state IN ('dead', 'delivered')"
     " ORDER BY d.id"
 )
@@ -258,7 +258,9 @@ async def _replay(pool: asyncpg.Pool, delivery_ids: list[uuid.UUID], *, attempts
             if source is None:
                 result.refused[old_id] = f"delivery {old_id} does not exist, or is neither dead nor delivered"
             elif source["payload"] is None:
-                result.refused[old_id] = f"the payload of delivery {old_id} was erased (account deleted)"
+                erased_at = source["payload_erased_at"]
+                erased = f"erased on {erased_at:%Y-%m-%d}" if erased_at is not None else "erased"
+                result.refused[old_id] = f"the payload of delivery {old_id} was {erased}; it cannot be replayed"
             else:
                 key = f"{REPLAY_KEY_PREFIX}{old_id}" if keyed else None
                 requests.append(MessageRequest(source["account_id"], source["event_type"], source["payload"], key,
