@@ -278,7 +278,8 @@ def show(
     d = found["delivery"]
     console.print(f"delivery {d['id']} ({d['state']}{', ' + d['dead_reason'] if d['dead_reason'] else ''}),"
                   f" account {d['account_id']}, {d['url']}, event {d['event_type']}, price {d['price']},"
-                  f" attempt {d['attempt']}/{d['attempts_max']}")
+                  f" attempt {d['attempt']}/{d['attempts_max']}, webhook-id {d['webhook_id']}"
+                  + (f", replays {d['replay_of']}" if d["replay_of"] else ""))
     attempts = Table(title="attempts (latest first)")
     for column in ("#", "status", "latency ms", "error", "response excerpt", "stale", "finished at"):
         attempts.add_column(column)
