@@ -147,6 +147,6 @@ async def _replay_delivered(ctx, account_id: uuid.UUID, delivery_id: uuid.UUID, 
         raise Problem(409, "the message's payload was erased; it cannot be replayed", "not-replayable")
     created = await submit(ctx, MessageRequest(
         account_id, source["event_type"], bytes(source["payload"]), f"dashboard-replay:{delivery_id}:{nonce}",
-        endpoint_ids=(source["endpoint_id"],),
+        endpoint_ids=(source["endpoint_id"],), replay_of=delivery_id,
     ))
     return created.deliveries[0].id
