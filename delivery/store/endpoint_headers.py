@@ -123,4 +123,10 @@ def for_sending(column: str | None) -> Mapping[str, str] | None:
 
 @functools.lru_cache(maxsize=PARSED_CACHED_MAX)
 def _parsed(column: str) -> Mapping[str, str]:
-    return json.loads(column)
+    # The API stores only headers that pass `refusals`; one written past it (by hand, in SQL) is
+    # left out rather than sent: it could stand in for a signature header, or make the client
+    # refuse the whole request (a CR or LF), which would fail every attempt of the delivery.
+    headers = json.loads(column)
+    if not isinstance(headers, dict):
+        return {}
+    return {name: value for name, value in headers.items() if not refusals({name: value})}
