@@ -124,7 +124,8 @@ endpoints = sa.Table(
     sa.CheckConstraint("timeout_ms BETWEEN 1000 AND 60000", name="timeout_range"),
     sa.CheckConstraint("octet_length(secret) <= 1024 AND octet_length(previous_secret) <= 1024", name="secret_length"),
     sa.CheckConstraint(_in("signing_key_type", SIGNING_KEY_TYPES), name="signing_key_type"),
-    sa.CheckConstraint("jsonb_typeof(headers) = 'object' AND octet_length(headers::text) <= 16384", name="headers_size"),
+    sa.CheckConstraint("jsonb_typeof(headers) = 'object' AND octet_length(headers::text) <= 16384",
+                       name="headers_size"),
     sa.Index(None, "account_id"),
     comment="Where an account's webhooks go. Secrets are encrypted at rest (signing.at_rest); event_types NULL means every type.",
 )

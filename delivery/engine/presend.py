@@ -37,7 +37,8 @@ class Outgoing(NamedTuple):
     headers: str | None = None  # the endpoint's custom headers as stored (delivery.store.endpoint_headers)
 
 
-_LOAD = "SELECT d.id, d.webhook_id, " + claims.SEND_COLUMNS + " FROM deliveries d" + claims.SEND_JOINS + " WHERE d.id = ANY($1::uuid[])"
+_LOAD = ("SELECT d.id, d.webhook_id, " + claims.SEND_COLUMNS + " FROM deliveries d" + claims.SEND_JOINS
+         + " WHERE d.id = ANY($1::uuid[])")
 
 
 def reason_not_to_send(row) -> DeadReason | None:

@@ -60,8 +60,8 @@ class Endpoint:
         return cls(**{**dict(row), "headers": endpoint_headers.loaded(row["headers"])})
 
 
-_COLUMNS = ("id, account_id, url, description, event_types, enabled, disabled_reason, timeout_ms, created_at, updated_at,"
-            " signing_key_type, headers")
+_COLUMNS = ("id, account_id, url, description, event_types, enabled, disabled_reason, timeout_ms, created_at,"
+            " updated_at, signing_key_type, headers")
 
 
 def seal_secret(secret: str, keyring: Keyring, endpoint_id: uuid.UUID) -> bytes:

@@ -152,7 +152,8 @@ async def test_replays_arrive_under_the_original_webhook_id_and_are_processed_on
         for new_id, original in replays.items():
             body = await (await api.get(f"/v1/deliveries/{new_id}", headers=headers)).json()
             assert (body["webhook_id"], body["state"]) == (str(original), "delivered"), body
-            assert [(entry["id"], entry["amount"]) for entry in body["ledger_entries"]] == [(f"charge:{new_id}", -PRICE)]
+            charges = [(entry["id"], entry["amount"]) for entry in body["ledger_entries"]]
+            assert charges == [(f"charge:{new_id}", -PRICE)]
         assert (await (await api.get(f"/v1/deliveries/{again}", headers=headers)).json())["replay_of"] == str(replay)
         original_body = await (await api.get(f"/v1/deliveries/{first}", headers=headers)).json()
         assert original_body["webhook_id"] == str(first) and original_body["replay_of"] is None
