@@ -37,6 +37,7 @@ DEAD_REASONS = (
     "attempts_exhausted",
     "account_deleted",
 )
+SIGNING_KEY_TYPES = ("hmac", "ed25519")
 LEDGER_KINDS = (
     "charge",
     "refund",
@@ -124,12 +125,22 @@ endpoints = sa.Table(
     _created_at(),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
     sa.Column("deleted_at", sa.DateTime(timezone=True)),
+    # The kind of the current key (0013): hmac, a whsec_ secret; ed25519, a whsk_ private key whose
+    # whpk_ public key is what the account sees. The sealed key itself says it too; this column
+    # lets a list of endpoints say it without opening every key.
+    sa.Column("signing_key_type", sa.Text, nullable=False, server_default="hmac"),
+    # Custom headers sent with every request (0013), a JSON object of name -> value; NULL when
+    # none. Checked by delivery.store.endpoint_headers; bounded here in bytes.
+    sa.Column("headers", pg.JSONB),
     sa.CheckConstraint(_length("url", 1, 2048), name="url_length"),
     sa.CheckConstraint(_length("description", 0, 1000), name="description_length"),
     sa.CheckConstraint("disabled_reason IS NULL OR " + _length("disabled_reason", 1, 500), name="disabled_reason_length"),
     sa.CheckConstraint("cardinality(event_types) BETWEEN 1 AND 100", name="event_types_count"),
     sa.CheckConstraint("timeout_ms BETWEEN 1000 AND 60000", name="timeout_range"),
     sa.CheckConstraint("octet_length(secret) <= 1024 AND octet_length(previous_secret) <= 1024", name="secret_length"),
+    sa.CheckConstraint(_in("signing_key_type", SIGNING_KEY_TYPES), name="signing_key_type"),
+    sa.CheckConstraint("jsonb_typeof(headers) = 'object' AND octet_length(headers::text) <= 16384",
+                       name="headers_size"),
     sa.Index(None, "account_id"),
     comment="Where an account's webhooks go. Secrets are encrypted at rest (signing.at_rest); event_types NULL means every type.",
 )
@@ -184,6 +195,11 @@ deliveries = sa.Table(
     # checked by billing.references: only the create path writes it, from a delivery it read in
     # the same account, and nothing changes it after.
     sa.Column("replay_of", pg.UUID(as_uuid=True)),
+    # A replay's webhook-id (0013): the id the delivery it replays was sent under, so that a
+    # receiver deduplicating on webhook-id knows the replay for the same webhook. NULL on every
+    # other delivery, whose webhook-id is its own id. Set once, by the create path, from a delivery
+    # of the same account; nothing changes it after.
+    sa.Column("webhook_id", pg.UUID(as_uuid=True)),
     sa.CheckConstraint("price >= 0", name="price_non_negative"),
     sa.CheckConstraint(_in("state", DELIVERY_STATES), name="state"),
     sa.CheckConstraint("dead_reason IS NULL OR " + _in("dead_reason", DEAD_REASONS), name="dead_reason"),

@@ -142,7 +142,8 @@ OPERATIONS: tuple[Operation, ...] = (
               "Revoke an API key", ACCOUNT, {204: None}, (404,),
               parameters=(_path_id(),)),
     Operation("post", "/v1/endpoints", "createEndpoint", "Endpoints", "Create an endpoint",
-              "Create an endpoint", ACCOUNT, {201: r.Endpoint}, (400, 409, 422),
+              "Create an endpoint, signing with an HMAC secret (given, or made) or an Ed25519 key (made here; only its"
+              " whpk_ public key is shown), with custom headers if any", ACCOUNT, {201: r.Endpoint}, (400, 409, 422),
               v.EndpointCreate, parameters=(_IDEMPOTENCY_KEY,), headers={201: _REPLAYED}),
     Operation("get", "/v1/endpoints", "listEndpoints", "Endpoints", "List endpoints",
               "List endpoints", ACCOUNT, {200: r.EndpointList}),
@@ -156,11 +157,15 @@ OPERATIONS: tuple[Operation, ...] = (
               "Delete an endpoint (its pending deliveries are refunded); again: 200, refunded_now 0", ACCOUNT,
               {200: r.EndpointDeleted}, (404,), parameters=(_path_id(),)),
     Operation("post", "/v1/endpoints/{id}/secret/rotate", "rotateEndpointSecret", "Endpoints", "Rotate an endpoint's signing secret",
-              "Rotate the signing secret (the old one signs 24 h more; to the current secret: no change)",
+              "Rotate the signing key to a new HMAC secret or Ed25519 key (signing_key_type; absent: the kind of"
+              " secret if given, else the current kind). The old key signs 24 h more beside the new one, whatever"
+              " their kinds (v1 and v1a signatures then); rotating to the current secret changes nothing. Answers"
+              " what a receiver verifies the new key with: the whsec_ secret or the whpk_ public key",
               ACCOUNT, {200: r.EndpointSecret}, (400, 404, 409, 422), v.SecretRotate, body_optional=True,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={200: _REPLAYED}),
     Operation("get", "/v1/endpoints/{id}/secret", "getEndpointSecret", "Endpoints", "Read an endpoint's signing secret",
-              "Read the signing secret", ACCOUNT, {200: r.EndpointSecret}, (404,),
+              "Read what a receiver verifies the current key with: the whsec_ secret, or the whpk_ public key of an"
+              " Ed25519 key (its whsk_ private key is never shown)", ACCOUNT, {200: r.EndpointSecret}, (404,),
               parameters=(_path_id(),)),
     Operation("get", "/v1/endpoints/{id}/recover", "planEndpointRecovery", "Endpoints", "Plan the recovery of an endpoint's dead deliveries",
               "Plan a recovery: the endpoint's dead deliveries in [since, until) not replayed yet, by any replay (at most"
@@ -168,8 +173,9 @@ OPERATIONS: tuple[Operation, ...] = (
               {200: recover.RecoverPlan}, (404, 422),
               parameters=(_path_id(), _RECOVER_SINCE, _query("until", _DATE_TIME, "Default: now (PostgreSQL's clock)."))),
     Operation("post", "/v1/endpoints/{id}/recover", "recoverEndpoint", "Endpoints", "Replay an endpoint's dead deliveries",
-              "Recover: replay the plan's dead deliveries as new charged deliveries, if confirm_total is still"
-              " the total (else 409 total-changed); all or nothing (402); more: call again", ACCOUNT,
+              "Recover: replay the plan's dead deliveries as new charged deliveries, each sent under its dead"
+              " delivery's webhook-id, if confirm_total is still the total (else 409 total-changed); all or nothing"
+              " (402); more: call again", ACCOUNT,
               {202: recover.Recovered}, (402, 404, 409, 422), recover.RecoverCreate,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
     Operation("post", "/v1/messages", "createMessage", "Messages", "Send a message",
@@ -194,8 +200,9 @@ OPERATIONS: tuple[Operation, ...] = (
               "Read a delivery with its attempts and ledger entries", ACCOUNT,
               {200: r.DeliveryDetail}, (404,), parameters=(_path_id(),)),
     Operation("post", "/v1/deliveries/{id}/replay", "replayDelivery", "Deliveries", "Replay a delivery",
-              "Send a dead or delivered delivery again (a new, charged delivery whose replay_of is this one;"
-              " a recovery leaves this one out)",
+              "Send a dead or delivered delivery again: a new, charged delivery whose replay_of is this one, sent"
+              " under this one's webhook-id (its webhook_id), so a receiver that deduplicates drops it if it"
+              " processed this one; a recovery leaves this one out",
               ACCOUNT, {202: r.MessageAccepted}, (400, 402, 404, 409, 422, 503), v.Empty, body_optional=True,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
     Operation("get", "/healthz", "getHealth", "Health", "Liveness",

@@ -17,7 +17,8 @@ from billing.tables import DELIVERY_STATES
 
 _DELIVERY_COLUMNS = (
     "d.id, d.account_id, d.message_id, d.endpoint_id, m.event_type, d.state, d.attempt, d.attempts_max, d.price,"
-    " d.next_attempt_at, d.dead_reason, d.created_at, d.finished_at, d.replay_of"
+    " d.next_attempt_at, d.dead_reason, d.created_at, d.finished_at, d.replay_of,"
+    " coalesce(d.webhook_id, d.id) AS webhook_id"
 )
 
 # One page of an account's deliveries, newest first: the conditions of the filters given only
@@ -55,6 +56,8 @@ _DEAD_PAGE = (
     " WHERE d.state = 'dead' AND d.id < coalesce($1::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')"
     " ORDER BY d.id DESC LIMIT $2"
 )
+# The custom headers of an account's endpoint (NULL: none, or no such endpoint), for a delivery's detail.
+_ENDPOINT_HEADERS = "SELECT headers FROM endpoints WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL"
 # The message a delivery carries, for a replay.
 _MESSAGE_OF_DELIVERY = (
     "SELECT d.state, d.endpoint_id, m.event_type, m.payload, m.payload_erased_at FROM deliveries d"
@@ -127,6 +130,11 @@ async def ledger_page(
 
 async def dead_page(executor: Executor, *, before_id: uuid.UUID | None, limit: int) -> list[asyncpg.Record]:
     return await executor.fetch(_DEAD_PAGE, before_id, limit + 1)
+
+
+async def endpoint_headers(executor: Executor, account_id: uuid.UUID, endpoint_id: uuid.UUID) -> str | None:
+    """The endpoint's custom headers as stored (JSON text; delivery.store.endpoint_headers reads it)."""
+    return await executor.fetchval(_ENDPOINT_HEADERS, endpoint_id, account_id)
 
 
 async def message_of_delivery(executor: Executor, account_id: uuid.UUID, delivery_id: uuid.UUID) -> asyncpg.Record | None:

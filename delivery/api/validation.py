@@ -31,6 +31,8 @@ from delivery.store.endpoints import (
     SECRET_TEXT_LENGTH_MAX,
 )
 from delivery.engine.ssrf import URL_CHARS_MAX
+from delivery.store.endpoint_headers import Headers
+from delivery.store.signing_keys import KeyTypeField
 
 PAGE_LIMIT_MAX = 100
 PAGE_LIMIT_DEFAULT = 50
@@ -122,6 +124,8 @@ class EndpointCreate(msgspec.Struct, forbid_unknown_fields=True):
     timeout_ms: TimeoutMs = 15_000
     enabled: bool = True
     secret: SecretText | None = None
+    signing_key_type: KeyTypeField | None = None  # absent: that of `secret`, else hmac
+    headers: Headers | None = None
 
 
 class EndpointPatch(msgspec.Struct, forbid_unknown_fields=True):
@@ -130,10 +134,12 @@ class EndpointPatch(msgspec.Struct, forbid_unknown_fields=True):
     event_types: EventTypes | None | msgspec.UnsetType = msgspec.UNSET
     enabled: bool | msgspec.UnsetType = msgspec.UNSET
     timeout_ms: TimeoutMs | msgspec.UnsetType = msgspec.UNSET
+    headers: Headers | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class SecretRotate(msgspec.Struct, forbid_unknown_fields=True):
     secret: SecretText | None = None
+    signing_key_type: KeyTypeField | None = None  # absent: that of `secret`, else the endpoint's current kind
 
 
 class MessageCreate(msgspec.Struct, forbid_unknown_fields=True):

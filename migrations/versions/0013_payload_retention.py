@@ -8,15 +8,15 @@ and age: the retention job reads the oldest of each account from it, and an eras
 it. A payload erased by an account deletion before this revision is marked erased at the
 account's deletion time.
 
-Revision ID: 0014
-Revises: 0011
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-12-10
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0014'
-down_revision = '0011'
+revision = '0013'
+down_revision = '0012'
 branch_labels = None
 depends_on = None
 
