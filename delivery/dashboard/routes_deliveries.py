@@ -102,7 +102,7 @@ async def show_delivery(request: web.Request) -> web.Response:
     return pages.render(request, "delivery.html", {
         "delivery": delivery, "endpoint": endpoint, "attempts": attempts, "entries": entries,
         "payload": payload, "payload_shown_bytes_max": PAYLOAD_SHOWN_BYTES_MAX,
-        "headers": outgoing_headers(delivery["id"], attempts),
+        "headers": outgoing_headers(delivery["webhook_id"], attempts),
         "replays": await queries.replays_of(pool, account_id, delivery["id"], REPLAYS_SHOWN_MAX),
         "refund": refund_mark(entries),
         "replayable": delivery["state"] in REPLAYABLE_STATES,
@@ -122,7 +122,7 @@ def _payload(row) -> dict:
     return {"text": head.decode("utf-8", "replace"), "bytes": row["bytes"], "cut": cut}
 
 
-def outgoing_headers(delivery_id: uuid.UUID, attempts) -> list[tuple[str, str, str]]:
+def outgoing_headers(webhook_id: uuid.UUID, attempts) -> list[tuple[str, str, str]]:
     """The headers each attempt sends, as (name, value, note); the signature is never shown."""
     last = attempts[-1] if attempts else None
     if last is None:
@@ -134,7 +134,8 @@ def outgoing_headers(delivery_id: uuid.UUID, attempts) -> list[tuple[str, str, s
     return [
         ("content-type", "application/json", ""),
         ("user-agent", USER_AGENT, ""),
-        ("webhook-id", str(delivery_id), "this delivery's id, the same on every attempt: receivers dedupe on it"),
+        ("webhook-id", str(webhook_id), "the same on every attempt, and on a replay the replayed delivery's:"
+                                        " receivers dedupe on it"),
         ("webhook-timestamp", timestamp, when),
         ("webhook-signature", "v1,…", "HMAC-SHA256 of id.timestamp.body with the endpoint's secret (not shown)"),
     ]
