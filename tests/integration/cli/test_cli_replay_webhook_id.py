@@ -11,6 +11,7 @@ import uuid
 import asyncpg
 
 from billing.settle import DeadReason, settle
+from cli_test_helpers import OPERATOR_KEY
 from delivery.cli.main import app
 
 
@@ -29,7 +30,7 @@ def test_deliveries_show_prints_the_webhook_id(cli, module_database_url):
     assert sent.exit_code == 0, sent.output
     dead = uuid.UUID(json.loads(sent.stdout)["deliveries"][0]["id"])
     asyncio.run(_die(module_database_url, dead))  # as if every attempt had failed (no worker runs here)
-    env = {**cli.env, "DATABASE_URL": module_database_url}
+    env = {**cli.env, "DATABASE_URL": module_database_url, "HOOKLEDGER_OPERATOR_KEY": OPERATOR_KEY}
     replayed = cli.runner.invoke(app, ["deliveries", "replay", str(dead)], env=env)
     assert replayed.exit_code == 0, replayed.output
     replay = re.search(rf"replayed {dead} as ([0-9a-f-]{{36}})", replayed.stdout).group(1)
