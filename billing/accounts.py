@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from billing import ids
 from billing.database import Executor, transaction
+from billing.tables import PAYLOAD_RETENTION_DAYS_DEFAULT, PAYLOAD_RETENTION_DAYS_MAX, PAYLOAD_RETENTION_DAYS_MIN
 from billing.errors import (
     AccountNotActive,
     AccountNotFound,
@@ -44,6 +45,7 @@ class Account:
     status: str
     balance: int
     price_per_delivery: int
+    payload_retention_days: int
 
 
 @dataclass(frozen=True)
@@ -107,27 +109,52 @@ async def lock_active(connection, account_id: uuid.UUID, what: str, *, lock: str
     return row["balance"]
 
 
-async def create_account(executor: Executor, name: str, *, price_per_delivery: int = 1) -> Account:
+_ACCOUNT_COLUMNS = "id, name, status, balance, price_per_delivery, payload_retention_days"
+
+
+def _check_retention_days(days: object) -> int:
+    if isinstance(days, bool) or not isinstance(days, int):
+        raise InvalidInput(f"payload_retention_days must be an integer, got {days!r}")
+    if not PAYLOAD_RETENTION_DAYS_MIN <= days <= PAYLOAD_RETENTION_DAYS_MAX:
+        raise InvalidInput(f"payload_retention_days must be between {PAYLOAD_RETENTION_DAYS_MIN}"
+                           f" and {PAYLOAD_RETENTION_DAYS_MAX}")
+    return days
+
+
+async def create_account(executor: Executor, name: str, *, price_per_delivery: int = 1,
+                         payload_retention_days: int = PAYLOAD_RETENTION_DAYS_DEFAULT) -> Account:
     _check_text(name, "name", NAME_LENGTH_MAX)
     if isinstance(price_per_delivery, bool) or not isinstance(price_per_delivery, int):
         raise InvalidInput(f"price_per_delivery must be an integer, got {price_per_delivery!r}")
     if not 0 <= price_per_delivery <= PRICE_MAX:
         raise InvalidInput(f"price_per_delivery must be between 0 and {PRICE_MAX}")
+    _check_retention_days(payload_retention_days)
     account_id = ids.new_id()
     async with transaction(executor) as connection:
         row = await connection.fetchrow(
-            "INSERT INTO accounts (id, name, price_per_delivery) VALUES ($1, $2, $3)"
-            " RETURNING id, name, status, balance, price_per_delivery",
+            "INSERT INTO accounts (id, name, price_per_delivery, payload_retention_days) VALUES ($1, $2, $3, $4)"
+            f" RETURNING {_ACCOUNT_COLUMNS}",
             account_id,
             name,
             price_per_delivery,
+            payload_retention_days,
         )
     return Account(**dict(row))
 
 
 async def get_account(executor: Executor, account_id: uuid.UUID) -> Account:
+    row = await executor.fetchrow(f"SELECT {_ACCOUNT_COLUMNS} FROM accounts WHERE id = $1", account_id)
+    if row is None:
+        raise AccountNotFound(f"no account {account_id}")
+    return Account(**dict(row))
+
+
+async def set_payload_retention(executor: Executor, account_id: uuid.UUID, days: int) -> Account:
+    """Set how long the account's finished payloads and response excerpts are kept (the operator's
+    setting; delivery.operations.retention applies it). Moves no money."""
+    _check_retention_days(days)
     row = await executor.fetchrow(
-        "SELECT id, name, status, balance, price_per_delivery FROM accounts WHERE id = $1", account_id
+        f"UPDATE accounts SET payload_retention_days = $2 WHERE id = $1 RETURNING {_ACCOUNT_COLUMNS}", account_id, days
     )
     if row is None:
         raise AccountNotFound(f"no account {account_id}")

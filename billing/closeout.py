@@ -5,8 +5,8 @@
    compares every live delivery with the ledger; then ONE statement settles them all and
    returns three counts (rows locked, refunds inserted, rows marked dead). If the pre-check
    finds a mismatch or the counts differ, it raises with a report and rolls back.
-3. `close_out`: erase payloads, endpoint secrets and the account's stored API answers (keys and
-   secrets shown once, sealed), revoke keys, write `closeout:<account>`
+3. `close_out`: erase payloads, endpoint secrets and custom headers, and the account's stored
+   API answers (keys and secrets shown once, sealed), revoke keys, write `closeout:<account>`
    for the remaining balance (owed to the customer), mark the account deleted.
 Each step is idempotent, so a deletion job that crashed can simply run again.
 """
@@ -158,11 +158,12 @@ async def close_out(executor: Executor, account_id: uuid.UUID) -> ClosedOut:
         if live:
             raise AccountNotClosable(f"account {account_id} still has {live} live deliveries")
         erased = await connection.fetchval(
-            "WITH erased AS (UPDATE messages SET payload = NULL WHERE account_id = $1 AND payload IS NOT NULL"
+            "WITH erased AS (UPDATE messages SET payload = NULL, payload_erased_at = now(),"
+            " payload_erased_by = 'account_deletion' WHERE account_id = $1 AND payload IS NOT NULL"
             " RETURNING 1) SELECT count(*) FROM erased", account_id
         )
         await connection.execute(
-            "UPDATE endpoints SET secret = NULL, previous_secret = NULL, enabled = false,"
+            "UPDATE endpoints SET secret = NULL, previous_secret = NULL, headers = NULL, enabled = false,"
             " disabled_reason = coalesce(disabled_reason, 'account deleted'), updated_at = now()"
             " WHERE account_id = $1", account_id
         )

@@ -226,16 +226,14 @@ READ_ACCOUNTS_ENDPOINTS = _READ_ACCOUNTS_ENDPOINTS.format(marker="statement_time
 
 # The batch's rows: its messages, its deliveries, and one charge per delivery, its id derived
 # from the delivery id (invariant I1), written in the same statement as the delivery. {only}
-# limits the inserts (the unlocked write's "ok"); $1 to $12 the columns. {replay_of}: nothing, or
-# for a batch that replays a delivery, the deliveries' replay_of column and its array (below).
+# limits the inserts (the unlocked write's "ok"); $1 to $12 the columns. {deliveries}: the
+# deliveries' rows (below), with, for a batch that replays a delivery, their replay_of and webhook_id.
 _INSERT_BATCH = (
     " message_rows AS ("
     "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash)"
     "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[]){only}),"
     " delivery_rows AS ("
-    "   INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max{replay_of_column})"
-    "   SELECT * FROM unnest($7::uuid[], $8::uuid[], $9::uuid[], $10::uuid[], $11::bigint[], $12::int[]"
-    "{replay_of_array}){only}"
+    "   INSERT INTO deliveries {deliveries}{only}"
     "   RETURNING id, account_id, price),"
     " charge_rows AS ("
     "   INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
@@ -243,11 +241,29 @@ _INSERT_BATCH = (
 )
 
 
+_DELIVERIES = (
+    "(id, account_id, message_id, endpoint_id, price, attempts_max)"
+    " SELECT * FROM unnest($7::uuid[], $8::uuid[], $9::uuid[], $10::uuid[], $11::bigint[], $12::int[])"
+)
+# A replay is sent under the webhook-id of the delivery it replays (Standard Webhooks: the
+# receiver's idempotency key is the same however often one webhook is sent): the id that one was
+# sent under, its own unless it is a replay too, so a chain of replays keeps the first one's. Read
+# from a delivery of the same account (one primary-key probe per replay); NULL where the row
+# replays none. {replay_of}: the number of the parameter that carries each row's replay_of.
+_REPLAY_DELIVERIES = (
+    "(id, account_id, message_id, endpoint_id, price, attempts_max, replay_of, webhook_id)"
+    " SELECT u.*, (SELECT coalesce(r.webhook_id, r.id) FROM deliveries r"
+    "   WHERE r.id = u.replay_of AND r.account_id = u.account_id)"
+    " FROM unnest($7::uuid[], $8::uuid[], $9::uuid[], $10::uuid[], $11::bigint[], $12::int[], ${replay_of}::uuid[])"
+    " AS u(id, account_id, message_id, endpoint_id, price, attempts_max, replay_of)"
+)
+
+
 def _insert_batch(only: str, replay_of: int | None) -> str:
     """The inserts; with `replay_of`, the number of the parameter that carries each delivery's replay_of."""
     if replay_of is None:
-        return _INSERT_BATCH.format(only=only, replay_of_column="", replay_of_array="")
-    return _INSERT_BATCH.format(only=only, replay_of_column=", replay_of", replay_of_array=f", ${replay_of}::uuid[]")
+        return _INSERT_BATCH.format(only=only, deliveries=_DELIVERIES)
+    return _INSERT_BATCH.format(only=only, deliveries=_REPLAY_DELIVERIES.format(replay_of=replay_of))
 
 
 # The locked write: the rows, and the balances the plan computed ($13, $14), in one statement.
@@ -282,9 +298,10 @@ def _gated_write(replay_of: int | None) -> str:
 
 
 # Each comes twice. A batch that replays no delivery (every ordinary create that goes this way)
-# sends the statement as it always was: its deliveries' replay_of is NULL, which costs nothing
-# to write (the row has a null bitmap anyway) and nothing to send. A batch with a replay in it
-# sends one more uuid array, last ($15, $16): each delivery's replay_of, NULL where it replays none.
+# sends the plain statement: its deliveries' replay_of and webhook_id are NULL, which costs
+# nothing to write (the row has a null bitmap anyway) and nothing to send. A batch with a replay
+# in it sends one more uuid array, last ($15, $16): each delivery's replay_of, NULL where it
+# replays none; the statement reads each replayed delivery's webhook-id itself.
 WRITE_BATCH = _write_batch(None)
 WRITE_BATCH_REPLAYS = _write_batch(15)
 GATED_WRITE = _gated_write(None)

@@ -37,6 +37,7 @@ DEAD_REASONS = (
     "attempts_exhausted",
     "account_deleted",
 )
+SIGNING_KEY_TYPES = ("hmac", "ed25519")
 LEDGER_KINDS = (
     "charge",
     "refund",
@@ -46,6 +47,13 @@ LEDGER_KINDS = (
     "closeout",
     "adjustment",
 )
+
+
+# Days a finished message's payload and response excerpts are kept (accounts.payload_retention_days).
+PAYLOAD_RETENTION_DAYS_DEFAULT = 30
+PAYLOAD_RETENTION_DAYS_MIN = 1
+PAYLOAD_RETENTION_DAYS_MAX = 3_650
+ERASED_BY_LENGTH_MAX = 100
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -71,7 +79,15 @@ accounts = sa.Table(
     sa.Column("price_per_delivery", sa.BigInteger, nullable=False, server_default="1"),
     _created_at(),
     sa.Column("deleted_at", sa.DateTime(timezone=True)),
+    # How long a message's payload and its attempts' response excerpts are kept once its
+    # deliveries have finished (delivery.operations.retention); the operator sets it (0014).
+    sa.Column("payload_retention_days", sa.Integer, nullable=False,
+              server_default=str(PAYLOAD_RETENTION_DAYS_DEFAULT)),
     sa.CheckConstraint(_length("name", 1, 200), name="name_length"),
+    sa.CheckConstraint(
+        f"payload_retention_days BETWEEN {PAYLOAD_RETENTION_DAYS_MIN} AND {PAYLOAD_RETENTION_DAYS_MAX}",
+        name="payload_retention_days_range",
+    ),
     sa.CheckConstraint(_in("status", ACCOUNT_STATUSES), name="status"),
     sa.CheckConstraint("price_per_delivery >= 0", name="price_non_negative"),
     comment="A sender. balance is a cached sum of its ledger entries, updated in the same transaction as each entry.",
@@ -109,12 +125,22 @@ endpoints = sa.Table(
     _created_at(),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
     sa.Column("deleted_at", sa.DateTime(timezone=True)),
+    # The kind of the current key (0013): hmac, a whsec_ secret; ed25519, a whsk_ private key whose
+    # whpk_ public key is what the account sees. The sealed key itself says it too; this column
+    # lets a list of endpoints say it without opening every key.
+    sa.Column("signing_key_type", sa.Text, nullable=False, server_default="hmac"),
+    # Custom headers sent with every request (0013), a JSON object of name -> value; NULL when
+    # none. Checked by delivery.store.endpoint_headers; bounded here in bytes.
+    sa.Column("headers", pg.JSONB),
     sa.CheckConstraint(_length("url", 1, 2048), name="url_length"),
     sa.CheckConstraint(_length("description", 0, 1000), name="description_length"),
     sa.CheckConstraint("disabled_reason IS NULL OR " + _length("disabled_reason", 1, 500), name="disabled_reason_length"),
     sa.CheckConstraint("cardinality(event_types) BETWEEN 1 AND 100", name="event_types_count"),
     sa.CheckConstraint("timeout_ms BETWEEN 1000 AND 60000", name="timeout_range"),
     sa.CheckConstraint("octet_length(secret) <= 1024 AND octet_length(previous_secret) <= 1024", name="secret_length"),
+    sa.CheckConstraint(_in("signing_key_type", SIGNING_KEY_TYPES), name="signing_key_type"),
+    sa.CheckConstraint("jsonb_typeof(headers) = 'object' AND octet_length(headers::text) <= 16384",
+                       name="headers_size"),
     sa.Index(None, "account_id"),
     comment="Where an account's webhooks go. Secrets are encrypted at rest (signing.at_rest); event_types NULL means every type.",
 )
@@ -129,11 +155,24 @@ messages = sa.Table(
     sa.Column("idempotency_key", sa.Text),
     sa.Column("request_hash", sa.LargeBinary),
     _created_at(),
+    # When and by whom the payload (and its attempts' response excerpts) was erased (0014): an
+    # expunge names the API key ("api_key:<id>"), the retention job "retention", a deletion
+    # "account_deletion". What was erased is not kept.
+    sa.Column("payload_erased_at", sa.DateTime(timezone=True)),
+    sa.Column("payload_erased_by", sa.Text),
     sa.CheckConstraint(_length("event_type", 1, 256), name="event_type_length"),
+    sa.CheckConstraint(
+        "payload_erased_by IS NULL OR " + _length("payload_erased_by", 1, ERASED_BY_LENGTH_MAX),
+        name="payload_erased_by_length",
+    ),
+    sa.CheckConstraint("payload_erased_at IS NULL OR payload IS NULL", name="erased_payload_is_null"),
     sa.CheckConstraint("idempotency_key IS NULL OR " + _length("idempotency_key", 1, 255), name="idempotency_key_length"),
     sa.CheckConstraint("octet_length(payload) <= 1048576", name="payload_size"),
     sa.UniqueConstraint("account_id", "idempotency_key"),
-    comment="An event an app enqueued. payload is the exact body bytes sent; erased (NULL) when the account is deleted.",
+    # The payloads still kept, by account and age: what the retention job walks (0014).
+    sa.Index("ix_messages_retained", "account_id", "created_at", postgresql_where=sa.text("payload IS NOT NULL")),
+    comment="An event an app enqueued. payload is the exact body bytes sent; erased (NULL) by an expunge,"
+            " by retention once its deliveries finished, or when the account is deleted.",
 )
 
 deliveries = sa.Table(
@@ -156,6 +195,11 @@ deliveries = sa.Table(
     # checked by billing.references: only the create path writes it, from a delivery it read in
     # the same account, and nothing changes it after.
     sa.Column("replay_of", pg.UUID(as_uuid=True)),
+    # A replay's webhook-id (0013): the id the delivery it replays was sent under, so that a
+    # receiver deduplicating on webhook-id knows the replay for the same webhook. NULL on every
+    # other delivery, whose webhook-id is its own id. Set once, by the create path, from a delivery
+    # of the same account; nothing changes it after.
+    sa.Column("webhook_id", pg.UUID(as_uuid=True)),
     sa.CheckConstraint("price >= 0", name="price_non_negative"),
     sa.CheckConstraint(_in("state", DELIVERY_STATES), name="state"),
     sa.CheckConstraint("dead_reason IS NULL OR " + _in("dead_reason", DEAD_REASONS), name="dead_reason"),

@@ -158,6 +158,18 @@ AUDIT_LAST_RUN = Gauge(
     "Unix time at which the last periodic audit finished.",
     registry=REGISTRY,
 )
+# The retention cron (delivery.platform.worker.retention_cron) sets these after each run.
+RETENTION_BACKLOG = Gauge(
+    "hookledger_retention_backlog",
+    "Messages whose payload is kept past their account's retention (live ones included), counted after the"
+    " last retention run, up to 1,000,000.",
+    registry=REGISTRY,
+)
+RETENTION_ERASED = Gauge(
+    "hookledger_retention_last_run_erased",
+    "Payloads the last retention run erased (with their attempts' response excerpts).",
+    registry=REGISTRY,
+)
 # The worker (delivery.engine.redis_outage) sets this as its polls reach Redis or fail to.
 REDIS_REACHABLE = Gauge(
     "hookledger_worker_redis_reachable",
@@ -170,7 +182,7 @@ REDIS_REACHABLE = Gauge(
 # Redis (delivery.engine.metrics_share): the counters and the histogram summed over the live workers, the
 # gauges summarized; never its own copies, which would be zeros.
 WORKER_SUMMED = (DELIVERIES, ATTEMPTS, DELIVERY_LATENCY, REFUNDS)
-WORKER_GAUGES = (REDIS_REACHABLE, AUDIT_VIOLATIONS, AUDIT_NOTICES, AUDIT_LAST_RUN)
+WORKER_GAUGES = (REDIS_REACHABLE, AUDIT_VIOLATIONS, AUDIT_NOTICES, AUDIT_LAST_RUN, RETENTION_BACKLOG, RETENTION_ERASED)
 
 
 def count_deaths(reason: str, count: int) -> None:

@@ -95,3 +95,8 @@ async def account_of_key(executor: Executor, digest: bytes) -> uuid.UUID | None:
     return await executor.fetchval(
         "SELECT account_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL", digest
     )
+
+
+async def key_id(executor: Executor, account_id: uuid.UUID, digest: bytes) -> uuid.UUID | None:
+    """The id of the account's key with this hash (to record which key did something), or None."""
+    return await executor.fetchval("SELECT id FROM api_keys WHERE key_hash = $1 AND account_id = $2", digest, account_id)

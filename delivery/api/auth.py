@@ -111,6 +111,10 @@ class Authenticator:
             raise _unauthorized("the Authorization header must be Bearer <api key>")
         return api_keys.key_hash(key)
 
+    def digest(self, request: web.Request) -> bytes:
+        """The SHA-256 of the request's bearer key (401 without one): to name the key that did something."""
+        return self._bearer(request)
+
     def is_operator(self, digest: bytes) -> bool:
         return hmac.compare_digest(digest, self._operator_hash)
 

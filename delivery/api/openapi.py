@@ -90,6 +90,11 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/v1/accounts/{id}", "getAccount", "Accounts", "Read an account",
               "Read an account (operator)", OPERATOR, {200: r.Account}, (404,),
               parameters=(_path_id(),)),
+    Operation("patch", "/v1/accounts/{id}", "updateAccount", "Accounts", "Change an account's settings",
+              "Set payload_retention_days: how long a finished message's payload and its attempts' response"
+              " excerpts are kept before the retention job erases them (1 to 3,650 days; the ledger is kept"
+              " forever) (operator)", OPERATOR, {200: r.Account}, (400, 404, 422), v.AccountPatch,
+              parameters=(_path_id(),)),
     Operation("delete", "/v1/accounts/{id}", "deleteAccount", "Accounts", "Delete an account",
               "Delete an account: starts the deletion job (operator)", OPERATOR,
               {202: r.AccountDeletion}, (404,), parameters=(_path_id(),)),
@@ -137,7 +142,8 @@ OPERATIONS: tuple[Operation, ...] = (
               "Revoke an API key", ACCOUNT, {204: None}, (404,),
               parameters=(_path_id(),)),
     Operation("post", "/v1/endpoints", "createEndpoint", "Endpoints", "Create an endpoint",
-              "Create an endpoint", ACCOUNT, {201: r.Endpoint}, (400, 409, 422),
+              "Create an endpoint, signing with an HMAC secret (given, or made) or an Ed25519 key (made here; only its"
+              " whpk_ public key is shown), with custom headers if any", ACCOUNT, {201: r.Endpoint}, (400, 409, 422),
               v.EndpointCreate, parameters=(_IDEMPOTENCY_KEY,), headers={201: _REPLAYED}),
     Operation("get", "/v1/endpoints", "listEndpoints", "Endpoints", "List endpoints",
               "List endpoints", ACCOUNT, {200: r.EndpointList}),
@@ -151,11 +157,15 @@ OPERATIONS: tuple[Operation, ...] = (
               "Delete an endpoint (its pending deliveries are refunded); again: 200, refunded_now 0", ACCOUNT,
               {200: r.EndpointDeleted}, (404,), parameters=(_path_id(),)),
     Operation("post", "/v1/endpoints/{id}/secret/rotate", "rotateEndpointSecret", "Endpoints", "Rotate an endpoint's signing secret",
-              "Rotate the signing secret (the old one signs 24 h more; to the current secret: no change)",
+              "Rotate the signing key to a new HMAC secret or Ed25519 key (signing_key_type; absent: the kind of"
+              " secret if given, else the current kind). The old key signs 24 h more beside the new one, whatever"
+              " their kinds (v1 and v1a signatures then); rotating to the current secret changes nothing. Answers"
+              " what a receiver verifies the new key with: the whsec_ secret or the whpk_ public key",
               ACCOUNT, {200: r.EndpointSecret}, (400, 404, 409, 422), v.SecretRotate, body_optional=True,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={200: _REPLAYED}),
     Operation("get", "/v1/endpoints/{id}/secret", "getEndpointSecret", "Endpoints", "Read an endpoint's signing secret",
-              "Read the signing secret", ACCOUNT, {200: r.EndpointSecret}, (404,),
+              "Read what a receiver verifies the current key with: the whsec_ secret, or the whpk_ public key of an"
+              " Ed25519 key (its whsk_ private key is never shown)", ACCOUNT, {200: r.EndpointSecret}, (404,),
               parameters=(_path_id(),)),
     Operation("get", "/v1/endpoints/{id}/recover", "planEndpointRecovery", "Endpoints", "Plan the recovery of an endpoint's dead deliveries",
               "Plan a recovery: the endpoint's dead deliveries in [since, until) not replayed yet, by any replay (at most"
@@ -163,14 +173,23 @@ OPERATIONS: tuple[Operation, ...] = (
               {200: recover.RecoverPlan}, (404, 422),
               parameters=(_path_id(), _RECOVER_SINCE, _query("until", _DATE_TIME, "Default: now (PostgreSQL's clock)."))),
     Operation("post", "/v1/endpoints/{id}/recover", "recoverEndpoint", "Endpoints", "Replay an endpoint's dead deliveries",
-              "Recover: replay the plan's dead deliveries as new charged deliveries, if confirm_total is still"
-              " the total (else 409 total-changed); all or nothing (402); more: call again", ACCOUNT,
+              "Recover: replay the plan's dead deliveries as new charged deliveries, each sent under its dead"
+              " delivery's webhook-id, if confirm_total is still the total (else 409 total-changed); all or nothing"
+              " (402); more: call again", ACCOUNT,
               {202: recover.Recovered}, (402, 404, 409, 422), recover.RecoverCreate,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
     Operation("post", "/v1/messages", "createMessage", "Messages", "Send a message",
               "Send an event to the subscribed endpoints, charged per delivery", ACCOUNT,
               {202: r.MessageAccepted}, (400, 402, 409, 413, 422, 503), v.MessageCreate,
               parameters=(_IDEMPOTENCY_KEY,), headers={202: _REPLAYED}),
+    Operation("post", "/v1/messages/{id}/expunge", "expungeMessage", "Messages", "Erase a message's payload now",
+              "Erase the message's payload and the response excerpts of its deliveries' attempts at once; the rows"
+              " (ids, sizes, states, times, status codes) and the ledger stay. 409 message-live while any of its"
+              " deliveries is pending or sending, with Retry-After (expunge once they have finished); 404 for an id"
+              " that is not one of the account's messages. A second call answers the same. GET /v1/deliveries/{id}"
+              " then says payload_erased_at, and a replay is refused 409", ACCOUNT,
+              {200: r.MessageErased}, (400, 404, 409, 422), v.Empty, body_optional=True,
+              parameters=(_path_id(),)),
     Operation("get", "/v1/deliveries", "listDeliveries", "Deliveries", "List deliveries",
               "List deliveries, newest first", ACCOUNT, {200: r.DeliveryPage}, (422,),
               parameters=(_LIMIT, _ID_CURSOR, _query("state", {"enum": list(DELIVERY_STATES)}),
@@ -181,8 +200,9 @@ OPERATIONS: tuple[Operation, ...] = (
               "Read a delivery with its attempts and ledger entries", ACCOUNT,
               {200: r.DeliveryDetail}, (404,), parameters=(_path_id(),)),
     Operation("post", "/v1/deliveries/{id}/replay", "replayDelivery", "Deliveries", "Replay a delivery",
-              "Send a dead or delivered delivery again (a new, charged delivery whose replay_of is this one;"
-              " a recovery leaves this one out)",
+              "Send a dead or delivered delivery again: a new, charged delivery whose replay_of is this one, sent"
+              " under this one's webhook-id (its webhook_id), so a receiver that deduplicates drops it if it"
+              " processed this one; a recovery leaves this one out",
               ACCOUNT, {202: r.MessageAccepted}, (400, 402, 404, 409, 422, 503), v.Empty, body_optional=True,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
     Operation("get", "/healthz", "getHealth", "Health", "Liveness",

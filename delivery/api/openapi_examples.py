@@ -25,29 +25,35 @@ _KEY = uuid.UUID("0190c5f2-4b7e-7c1a-9d1e-6f3a2b1c0d06")
 _JOB = uuid.UUID("0190c5f2-4b7e-7c1a-9d1e-6f3a2b1c0d07")
 _AT = datetime(2026, 1, 31, 12, 0, 0, tzinfo=UTC)
 _LATER = datetime(2026, 1, 31, 12, 0, 1, 250000, tzinfo=UTC)
-_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+_PUBLIC_KEY = "whpk_Lbp3Xl3Wc+9KDSTuy1PPv7DNnTC7Ni2vQ9gCbqDTYfU="
+_HEADERS = {"X-Tenant": "acme-eu"}
 
-_ACCOUNT_BODY = r.Account(id=_ACCOUNT, name="Acme", status="active", balance=9_998, price_per_delivery=1)
+_ACCOUNT_BODY = r.Account(id=_ACCOUNT, name="Acme", status="active", balance=9_998, price_per_delivery=1,
+                          payload_retention_days=30)
 _KEY_CREATED = r.ApiKeyCreated(id=_KEY, prefix="hl_live_3kQ9", created_at=_AT,
                                key="hl_live_3kQ9Zb7xW2mN5pR8sT1vY4aC6dE0fG")
 _ENDPOINT_BODY = r.Endpoint(id=_ENDPOINT, url="https://hooks.example.com/hookledger", description="Orders",
                             event_types=["invoice.paid", "invoice.failed"], enabled=True, disabled_reason=None,
-                            timeout_ms=15_000, created_at=_AT, updated_at=_AT)
+                            timeout_ms=15_000, created_at=_AT, updated_at=_AT, signing_key_type="hmac",
+                            headers=_HEADERS)
 _DELIVERY_BODY = r.Delivery(id=_DELIVERY, account_id=_ACCOUNT, message_id=_MESSAGE, endpoint_id=_ENDPOINT,
                             event_type="invoice.paid", state="delivered", attempt=1, attempts_max=8, price=1,
                             next_attempt_at=_AT, dead_reason=None, created_at=_AT, finished_at=_LATER,
-                            replay_of=None)
+                            replay_of=None, webhook_id=_DELIVERY)
 _CHARGE = r.LedgerEntry(id=f"charge:{_DELIVERY}", seq=41, kind="charge", amount=-1, delivery_id=_DELIVERY, note=None,
                         created_at=_AT)
 _RECOVERED = recover.RecoveredDelivery(dead_delivery_id=_DEAD, delivery_id=_DELIVERY)
 
 _INSTANCES: tuple[msgspec.Struct, ...] = (
-    v.AccountCreate(name="Acme", price_per_delivery=1),
+    v.AccountCreate(name="Acme", price_per_delivery=1, payload_retention_days=30),
+    v.AccountPatch(payload_retention_days=90),
+    r.MessageErased(id=_MESSAGE, event_type="invoice.paid", payload_erased_at=_LATER,
+                    payload_erased_by=f"api_key:{_KEY}"),
     v.TopupCreate(order_id="order-2026-0131", amount=10_000),
     v.EndpointCreate(url="https://hooks.example.com/hookledger", description="Orders",
-                     event_types=["invoice.paid", "invoice.failed"], timeout_ms=15_000),
+                     event_types=["invoice.paid", "invoice.failed"], timeout_ms=15_000, headers=_HEADERS),
     v.EndpointPatch(enabled=False),
-    v.SecretRotate(secret=None),
+    v.SecretRotate(signing_key_type="ed25519"),
     v.MessageCreate(event_type="invoice.paid", payload=msgspec.Raw(b'{"invoice_id":"in_1042","amount_cents":4900}')),
     v.Empty(),
     recover.RecoverCreate(since=_AT, confirm_total=3),
@@ -62,7 +68,7 @@ _INSTANCES: tuple[msgspec.Struct, ...] = (
     r.LedgerPage(data=[_CHARGE], next_cursor="41"),
     _ENDPOINT_BODY,
     r.EndpointList(data=[_ENDPOINT_BODY]),
-    r.EndpointSecret(secret=_SECRET),
+    r.EndpointSecret(secret=_PUBLIC_KEY, signing_key_type="ed25519"),
     r.EndpointDeleted(id=_ENDPOINT, deleted=True, refunded_now=2),
     r.CreatedDelivery(id=_DELIVERY, endpoint_id=_ENDPOINT, price=1),
     r.MessageAccepted(id=_MESSAGE, event_type="invoice.paid",
@@ -73,7 +79,7 @@ _INSTANCES: tuple[msgspec.Struct, ...] = (
     r.DeliveryDetail(**msgspec.structs.asdict(_DELIVERY_BODY),
                      attempts=[r.Attempt(attempt=1, started_at=_AT, finished_at=_LATER, status_code=200,
                                          latency_ms=1250, error=None, response_excerpt="ok", stale=False)],
-                     ledger_entries=[_CHARGE]),
+                     ledger_entries=[_CHARGE], endpoint_headers=_HEADERS, payload_erased_at=None),
     r.DeliveryPage(data=[_DELIVERY_BODY], next_cursor=str(_DELIVERY)),
     r.Health(status="ok"),
     r.Readiness(status="ready", postgres=True, redis=True),

@@ -8,7 +8,7 @@ one row more than its limit to know whether there is a next page.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 
 import asyncpg
 
@@ -17,7 +17,8 @@ from billing.tables import DELIVERY_STATES
 
 _DELIVERY_COLUMNS = (
     "d.id, d.account_id, d.message_id, d.endpoint_id, m.event_type, d.state, d.attempt, d.attempts_max, d.price,"
-    " d.next_attempt_at, d.dead_reason, d.created_at, d.finished_at, d.replay_of"
+    " d.next_attempt_at, d.dead_reason, d.created_at, d.finished_at, d.replay_of,"
+    " coalesce(d.webhook_id, d.id) AS webhook_id"
 )
 
 # One page of an account's deliveries, newest first: the conditions of the filters given only
@@ -32,7 +33,7 @@ _DELIVERIES_CONDITIONS = (
     "d.created_at < ${}::timestamptz", "d.id < ${}::uuid",
 )
 # One delivery of an account.
-_DELIVERY = f"SELECT {_DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1 AND d.account_id = $2"
+_DELIVERY = f"SELECT {_DELIVERY_COLUMNS}, m.payload_erased_at FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1 AND d.account_id = $2"
 # Every recorded attempt of a delivery, in order (bounded by attempts_max <= 50).
 _ATTEMPTS = (
     "SELECT attempt, started_at, finished_at, status_code, latency_ms, error, response_excerpt, stale"
@@ -55,9 +56,12 @@ _DEAD_PAGE = (
     " WHERE d.state = 'dead' AND d.id < coalesce($1::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')"
     " ORDER BY d.id DESC LIMIT $2"
 )
+# The custom headers of an account's endpoint (NULL: none, or no such endpoint), for a delivery's detail.
+_ENDPOINT_HEADERS = "SELECT headers FROM endpoints WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL"
 # The message a delivery carries, for a replay.
 _MESSAGE_OF_DELIVERY = (
-    "SELECT d.state, d.endpoint_id, m.event_type, m.payload FROM deliveries d JOIN messages m ON m.id = d.message_id"
+    "SELECT d.state, d.endpoint_id, m.event_type, m.payload, m.payload_erased_at FROM deliveries d"
+    " JOIN messages m ON m.id = d.message_id"
     " WHERE d.id = $1 AND d.account_id = $2"
 )
 # Pending deliveries due now: the queue depth gauge.
@@ -128,8 +132,18 @@ async def dead_page(executor: Executor, *, before_id: uuid.UUID | None, limit: i
     return await executor.fetch(_DEAD_PAGE, before_id, limit + 1)
 
 
+async def endpoint_headers(executor: Executor, account_id: uuid.UUID, endpoint_id: uuid.UUID) -> str | None:
+    """The endpoint's custom headers as stored (JSON text; delivery.store.endpoint_headers reads it)."""
+    return await executor.fetchval(_ENDPOINT_HEADERS, endpoint_id, account_id)
+
+
 async def message_of_delivery(executor: Executor, account_id: uuid.UUID, delivery_id: uuid.UUID) -> asyncpg.Record | None:
     return await executor.fetchrow(_MESSAGE_OF_DELIVERY, delivery_id, account_id)
+
+
+def erased_text(erased_at: datetime | None) -> str:
+    """How a refusal or a page names an erased payload: "erased on <date>" (UTC), or "erased"."""
+    return f"erased on {erased_at.astimezone(UTC):%Y-%m-%d}" if erased_at is not None else "erased"
 
 
 async def queue_lag(executor: Executor) -> asyncpg.Record:

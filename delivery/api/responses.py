@@ -9,10 +9,16 @@ import msgspec
 from aiohttp import web
 
 from billing.tables import DEAD_REASONS, DELIVERY_STATES
-from typing import Literal
+from delivery.store.signing_keys import KeyTypeField
+from typing import Annotated, Literal
 
 DeliveryState = Literal[DELIVERY_STATES]  # type: ignore[valid-type]
 DeadReason = Literal[DEAD_REASONS]  # type: ignore[valid-type]
+CustomHeaders = Annotated[dict[str, str] | None, msgspec.Meta(
+    description="The endpoint's custom headers, sent with every request outside the signature; null: none.")]
+WebhookId = Annotated[uuid.UUID, msgspec.Meta(description=(
+    "The webhook-id the delivery is sent under, the receiver's idempotency key: the delivery's own id, or for"
+    " a replay that of the delivery it replays (the first of a chain of replays)."))]
 
 
 class Account(msgspec.Struct):
@@ -21,6 +27,7 @@ class Account(msgspec.Struct):
     status: str
     balance: int
     price_per_delivery: int
+    payload_retention_days: int
 
 
 class ApiKey(msgspec.Struct):
@@ -84,6 +91,8 @@ class Endpoint(msgspec.Struct):
     timeout_ms: int
     created_at: datetime
     updated_at: datetime
+    signing_key_type: KeyTypeField
+    headers: CustomHeaders
 
 
 class EndpointList(msgspec.Struct):
@@ -91,7 +100,10 @@ class EndpointList(msgspec.Struct):
 
 
 class EndpointSecret(msgspec.Struct):
-    secret: str
+    secret: Annotated[str, msgspec.Meta(description=(
+        "What a receiver verifies with: the whsec_ secret, or for an ed25519 key its whpk_ public key"
+        " (the whsk_ private key is never shown)."))]
+    signing_key_type: KeyTypeField
 
 
 class EndpointDeleted(msgspec.Struct):
@@ -130,6 +142,7 @@ class Delivery(msgspec.Struct):
     # The delivery this one sends again (a replay: POST /v1/deliveries/{id}/replay, a recovery, an
     # operator's replay); null for a delivery of a message sent.
     replay_of: uuid.UUID | None
+    webhook_id: WebhookId
 
 
 class Attempt(msgspec.Struct):
@@ -146,6 +159,22 @@ class Attempt(msgspec.Struct):
 class DeliveryDetail(Delivery):
     attempts: list[Attempt]
     ledger_entries: list[LedgerEntry]
+    endpoint_headers: Annotated[dict[str, str] | None, msgspec.Meta(description=(
+        "The custom headers the endpoint carries now (null: none, or the endpoint is deleted); each attempt"
+        " sends the endpoint's headers as they are when it starts, beside the Standard Webhooks headers."))]
+    # When the message's payload and its attempts' response excerpts were erased (an expunge,
+    # retention or the account's deletion); null while they are kept.
+    payload_erased_at: datetime | None = None
+
+
+class MessageErased(msgspec.Struct):
+    """A message whose payload and response excerpts are erased: when, and by whom (an API key
+    `api_key:<id>`, `retention`, or `account_deletion`)."""
+
+    id: uuid.UUID
+    event_type: str
+    payload_erased_at: datetime
+    payload_erased_by: str
 
 
 class DeliveryPage(msgspec.Struct):
@@ -175,7 +204,7 @@ class AccountDeletion(msgspec.Struct):
 
 RESPONSE_BODIES = (
     AccountDeletion, Account, AccountCreated, ApiKeyCreated, ApiKeyList, Topup, Balance, LedgerPage, Endpoint, EndpointList,
-    EndpointSecret, EndpointDeleted, MessageAccepted, DeliveryDetail, DeliveryPage, Health, Readiness,
+    EndpointSecret, EndpointDeleted, MessageAccepted, MessageErased, DeliveryDetail, DeliveryPage, Health, Readiness,
 )
 
 _ENCODER = msgspec.json.Encoder()

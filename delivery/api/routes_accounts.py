@@ -5,12 +5,13 @@ from __future__ import annotations
 from aiohttp import web
 
 from billing import accounts as billing_accounts
+from billing.accounts import PAYLOAD_RETENTION_DAYS_DEFAULT
 from billing.database import Executor, OutcomeUnknown, resolved_transaction
 from delivery.operations import deletion
 from delivery.api import api_keys, idempotency, reads, responses
 from delivery.api.context import ApiContext, context
 from delivery.api.problems import not_found
-from delivery.api.validation import AccountCreate, Query, TopupCreate, decode, path_id
+from delivery.api.validation import AccountCreate, AccountPatch, Query, TopupCreate, decode, path_id
 from delivery.store.idempotent_responses import OPERATOR_PRINCIPAL
 
 routes = web.RouteTableDef()
@@ -37,16 +38,19 @@ async def create_account(request: web.Request) -> web.Response:
     if price is None:
         price = ctx.settings.ledger.price_per_delivery_default
     return await idempotency.once(request, OPERATOR_PRINCIPAL,
-                                  lambda executor: create_account_answer(ctx, executor, body.name, price))
+                                  lambda executor: create_account_answer(ctx, executor, body.name, price,
+                                                                         body.payload_retention_days))
 
 
-async def create_account_answer(ctx: ApiContext, executor: Executor, name: str, price: int) -> web.Response:
+async def create_account_answer(ctx: ApiContext, executor: Executor, name: str, price: int,
+                                retention_days: int = PAYLOAD_RETENTION_DAYS_DEFAULT) -> web.Response:
     """201 with the account and its first API key (shown once): for POST /v1/accounts and the dashboard."""
     # The account and its first key in one transaction: never an account nobody can use. Its
     # COMMIT answer lost is resolved, not guessed: an operator told "failed" would create another.
     try:
         async with resolved_transaction(executor, wait_seconds=ctx.settings.api.commit_outcome_wait_seconds) as connection:
-            account = await billing_accounts.create_account(connection, name, price_per_delivery=price)
+            account = await billing_accounts.create_account(connection, name, price_per_delivery=price,
+                                                            payload_retention_days=retention_days)
             key = await api_keys.create_key(connection, account.id)
     except OutcomeUnknown as unknown:  # raised only at COMMIT, so the block has run: account is set
         unknown.look_for = (f"account {account.id} (GET /v1/accounts/{account.id}); if it exists, its first API key"
@@ -62,6 +66,17 @@ async def get_account(request: web.Request) -> web.Response:
     await ctx.operator(request)
     account_id = _account_id(request)
     return responses.json(_account(await billing_accounts.get_account(ctx.pool, account_id)))
+
+
+@routes.patch("/v1/accounts/{id}")
+async def update_account(request: web.Request) -> web.Response:
+    """The operator's settings of an account: payload_retention_days (applied by the retention job)."""
+    ctx = context(request)
+    await ctx.operator(request)
+    account_id = _account_id(request)
+    body = decode(await request.read(), AccountPatch)
+    return responses.json(_account(await billing_accounts.set_payload_retention(ctx.pool, account_id,
+                                                                                body.payload_retention_days)))
 
 
 def _deletion(state) -> responses.AccountDeletion:

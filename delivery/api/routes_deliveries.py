@@ -14,6 +14,7 @@ from delivery.api.context import context
 from delivery.api.problems import FieldError, Problem, not_found
 from delivery.api.routes_messages import accepted, message_idempotency_key, submit
 from delivery.api.validation import Empty, Query, decode, path_id
+from delivery.store import endpoint_headers
 
 routes = web.RouteTableDef()
 
@@ -66,10 +67,13 @@ async def get_delivery(request: web.Request) -> web.Response:
         raise not_found("delivery")
     attempts = await reads.attempts(ctx.pool, account_id, delivery_id)
     entries = await reads.delivery_ledger(ctx.pool, account_id, delivery_id)
+    headers = endpoint_headers.loaded(await reads.endpoint_headers(ctx.pool, account_id, row["endpoint_id"]))
     detail = responses.DeliveryDetail(
         **{name: row[name] for name in responses.Delivery.__struct_fields__},
         attempts=[responses.from_row(responses.Attempt, attempt) for attempt in attempts],
         ledger_entries=[responses.from_row(responses.LedgerEntry, entry) for entry in entries],
+        endpoint_headers=headers,
+        payload_erased_at=row["payload_erased_at"],
     )
     return responses.json(detail)
 
@@ -78,10 +82,12 @@ async def get_delivery(request: web.Request) -> web.Response:
 async def replay_delivery(request: web.Request) -> web.Response:
     """Send a dead or delivered delivery's message again to its endpoint: a NEW delivery, charged anew.
 
-    The old delivery keeps its state and its refund (if any); the new one has its own id, so a
-    receiver deduping on webhook-id does not swallow it (hookdeck/outpost #670), and its
-    replay_of names the old one: a recovery (routes_recover) or an operator's bulk replay then
-    leaves the old one out instead of replaying and charging it again. An Idempotency-Key makes a
+    The old delivery keeps its state and its refund (if any); the new one has its own id, attempts
+    and charge, so a replay is never silently ignored (hookdeck/outpost #670), but is sent under
+    the old one's webhook-id (its webhook_id), as Standard Webhooks asks: a receiver deduping on
+    webhook-id drops it if it processed the old one (an answer lost to a timeout), and processes
+    it otherwise. Its replay_of names the old one: a recovery (routes_recover) or an operator's
+    bulk replay then leaves the old one out instead of replaying and charging it again. An Idempotency-Key makes a
     retried replay answer the first one's response (as POST /v1/messages); without one, each call
     replays again, a delivery that a recovery replayed already too: asked for by id, one more
     replay is what the caller wants. The body is empty or `{}`.
@@ -97,7 +103,8 @@ async def replay_delivery(request: web.Request) -> web.Response:
     if row["state"] not in REPLAYABLE_STATES:
         raise Problem(409, f"the delivery is {row['state']}; only dead or delivered deliveries can be replayed", "not-replayable")
     if row["payload"] is None:
-        raise Problem(409, "the message's payload was erased; it cannot be replayed", "not-replayable")
+        raise Problem(409, f"the message's payload was {reads.erased_text(row['payload_erased_at'])};"
+                      " it cannot be replayed", "not-replayable")
     request_ = MessageRequest(account_id, row["event_type"], bytes(row["payload"]), key,
                               endpoint_ids=(row["endpoint_id"],), replay_of=delivery_id)
     return accepted(await submit(ctx, request_))

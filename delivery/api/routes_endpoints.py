@@ -1,5 +1,6 @@
-"""Endpoints: create (URL checked against the SSRF policy, secret sealed at rest), list, read,
-patch, soft-delete, rotate and read the signing secret."""
+"""Endpoints: create (URL checked against the SSRF policy, signing key sealed at rest, custom
+headers checked), list, read, patch, soft-delete, rotate the signing key (to an HMAC secret or an
+Ed25519 key) and read what a receiver verifies with."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import msgspec
 from aiohttp import web
 
 from billing.database import Executor
+from delivery.store import endpoint_headers, signing_keys
 from delivery.store import endpoints as store
 from delivery.api import idempotency, responses
 from delivery.api.context import ApiContext, context
@@ -16,7 +18,7 @@ from delivery.api.problems import FieldError, Problem, not_found, validation
 from delivery.api.validation import EndpointCreate, EndpointPatch, SecretRotate, decode, path_id
 from delivery.errors import InvalidEndpointUrlError
 from delivery.engine.ssrf import validate_endpoint_url
-from signing import SigningError, generate_secret, parse_signing_key
+from signing import SigningError, parse_signing_key
 
 routes = web.RouteTableDef()
 
@@ -39,6 +41,27 @@ def _check_secret(secret: str | None) -> None:
         parse_signing_key(secret)
     except SigningError as error:
         raise validation([FieldError("secret", str(error))], "the secret is not a valid whsec_ secret") from None
+
+
+def _check_key_type(secret: str | None, key_type: str | None) -> None:
+    """422 for an Ed25519 type with a secret: an Ed25519 private key is made here and never
+    leaves (delivery.store.signing_keys); only an HMAC secret may be chosen."""
+    if secret is not None and key_type is not None and key_type != signing_keys.key_type_of(secret):
+        raise validation([FieldError("signing_key_type", (
+            f"{key_type} takes no secret: an Ed25519 key is made by hookledger and only its whpk_ public key"
+            " is shown; leave out secret"))], "the signing key type does not match the secret")
+
+
+def _key_to_make(secret: str | None, key_type: str | None, current: str) -> str:
+    """The signing key a create or a rotation sets: `secret` as given, else a new key of
+    `key_type` (absent: `current`)."""
+    return secret if secret is not None else signing_keys.new_key(key_type or current)
+
+
+def _check_headers(headers: dict[str, str] | None) -> None:
+    found = endpoint_headers.refusals(headers or {})
+    if found:
+        raise validation([FieldError(field, why) for field, why in found], "the custom headers are not acceptable")
 
 
 def _check_event_types(event_types: list[str] | None) -> None:
@@ -64,15 +87,19 @@ async def create_endpoint(request: web.Request) -> web.Response:
     _check_url(ctx, body.url)
     _check_event_types(body.event_types)
     _check_secret(body.secret)
+    _check_key_type(body.secret, body.signing_key_type)
+    _check_headers(body.headers)
     return await idempotency.once(request, str(account_id), lambda executor: _create(ctx, executor, account_id, body))
 
 
 async def _create(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, body: EndpointCreate) -> web.Response:
+    secret = _key_to_make(body.secret, body.signing_key_type, signing_keys.HMAC)
     try:
         endpoint = await store.create_endpoint(
-            executor, account_id, body.url, secret=body.secret or generate_secret(), keyring=ctx.keyring,
+            executor, account_id, body.url, secret=secret, keyring=ctx.keyring,
             event_types=body.event_types, description=body.description, timeout_ms=body.timeout_ms,
-            enabled=body.enabled, outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds,
+            enabled=body.enabled, headers=body.headers or None,
+            outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds,
         )
     except store.EndpointLimitReached as error:
         raise Problem(409, str(error), "limit-reached") from None
@@ -104,6 +131,9 @@ async def patch_endpoint(request: web.Request) -> web.Response:
     if "url" in changes:
         _check_url(ctx, changes["url"])
     _check_event_types(changes.get("event_types"))
+    if "headers" in changes:
+        _check_headers(changes["headers"])
+        changes["headers"] = changes["headers"] or None  # {} and null both clear them
     endpoint = await store.update_endpoint(ctx.pool, account_id, endpoint_id, changes)
     if endpoint is None:
         raise not_found("endpoint")
@@ -121,30 +151,43 @@ async def delete_endpoint(request: web.Request) -> web.Response:
 
 @routes.post("/v1/endpoints/{id}/secret/rotate")
 async def rotate_secret(request: web.Request) -> web.Response:
-    """The old secret keeps signing beside the new one for the configured overlap (24 h by default)."""
+    """The old key keeps signing beside the new one for the configured overlap (24 h by default),
+    whatever the kinds of the two: an HMAC secret and an Ed25519 key then both sign (v1 and v1a)."""
     ctx, account_id, endpoint_id = await endpoint_ids(request)
     body = decode(await request.read(), SecretRotate, optional=True)
     _check_secret(body.secret)
+    _check_key_type(body.secret, body.signing_key_type)
     return await idempotency.once(request, str(account_id),
-                                  lambda executor: _rotate(ctx, executor, account_id, endpoint_id, body.secret))
+                                  lambda executor: _rotate(ctx, executor, account_id, endpoint_id, body))
 
 
 async def _rotate(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, endpoint_id: uuid.UUID,
-                  secret: str | None) -> web.Response:
-    secret = secret or generate_secret()
+                  body: SecretRotate) -> web.Response:
+    current = signing_keys.HMAC
+    if body.secret is None and body.signing_key_type is None:
+        endpoint = await store.get_endpoint(executor, account_id, endpoint_id)
+        if endpoint is None:
+            raise not_found("endpoint")
+        current = endpoint.signing_key_type  # a rotation keeps the kind unless told otherwise
+    secret = _key_to_make(body.secret, body.signing_key_type, current)
     rotated = await store.rotate_secret(
         executor, account_id, endpoint_id, secret=secret, keyring=ctx.keyring,
         overlap_seconds=ctx.settings.api.secret_rotation_overlap_seconds,
     )
     if not rotated:
         raise not_found("endpoint")
-    return responses.json(responses.EndpointSecret(secret))
+    return responses.json(_secret(signing_keys.shown(secret)))
 
 
 @routes.get("/v1/endpoints/{id}/secret")
 async def read_secret(request: web.Request) -> web.Response:
     ctx, account_id, endpoint_id = await endpoint_ids(request)
-    secret = await store.read_secret(ctx.pool, account_id, endpoint_id, ctx.keyring)
-    if secret is None:
+    shown = await store.read_secret(ctx.pool, account_id, endpoint_id, ctx.keyring)
+    if shown is None:
         raise not_found("endpoint")
-    return responses.json(responses.EndpointSecret(secret))
+    return responses.json(_secret(shown))
+
+
+def _secret(shown: str) -> responses.EndpointSecret:
+    """What a receiver verifies with (a whsec_ secret or a whpk_ public key; never a whsk_)."""
+    return responses.EndpointSecret(shown, signing_keys.shown_key_type(shown))

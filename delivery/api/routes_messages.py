@@ -8,18 +8,22 @@ Keys are kept as long as their message (forever, in `messages`), so at least 24 
 
 from __future__ import annotations
 
+import math
 import uuid
+from datetime import UTC, datetime
 
 from aiohttp import web
 
 from billing.errors import BillingError
 from billing.messages import MessageCreated, MessageRequest
-from delivery.api import group_commit, problems, responses
+from delivery.api import api_keys, group_commit, problems, responses
 from delivery.operations.dead_letters import REPLAY_KEY_PREFIX
 from delivery.api.context import ApiContext, context
 from delivery.api.idempotency import idempotency_key
 from delivery.api.problems import FieldError, Problem, validation
-from delivery.api.validation import decode_message
+from delivery.api.problems import not_found
+from delivery.api.validation import Empty, decode, decode_message, path_id
+from delivery.operations import retention
 
 routes = web.RouteTableDef()
 
@@ -76,6 +80,37 @@ def message_idempotency_key(request: web.Request) -> str | None:
 
 def _too_large(limit: int) -> Problem:
     return Problem(413, f"the payload is larger than {limit} bytes", "payload-too-large")
+
+
+@routes.post("/v1/messages/{id}/expunge")
+async def expunge_message(request: web.Request) -> web.Response:
+    """Erase a message's payload and its attempts' response excerpts now (delivery.operations.retention).
+
+    409 while any of its deliveries is pending or sending, with Retry-After and the time the
+    soonest of them is next tried; 404 for an id that is not one of the account's messages. Twice:
+    the same answer. The erasure is recorded (when, and the API key that asked), not what was erased.
+    """
+    ctx = context(request)
+    account_id: uuid.UUID = await ctx.account(request)
+    message_id = path_id(request.match_info["id"])
+    decode(await request.read(), Empty, optional=True)
+    if message_id is None:
+        raise not_found("message")
+    key_id = await api_keys.key_id(ctx.pool, account_id, ctx.auth.digest(request))
+    erased_by = f"api_key:{key_id}" if key_id is not None else f"account:{account_id}"
+    try:
+        erased = await retention.expunge(ctx.pool, account_id, message_id, erased_by)
+    except retention.MessageNotFound:
+        raise not_found("message") from None
+    except retention.MessageLive as live:
+        when = live.next_change_at
+        wait_seconds = max(1, math.ceil((when - datetime.now(UTC)).total_seconds())) if when else 1
+        raise Problem(409, f"{live.live} deliveries of the message are still pending or sending; it can be expunged"
+                      f" once they have finished (delivered or dead); the soonest is next tried at"
+                      f" {when.isoformat() if when else 'once claimed'}", "message-live",
+                      headers={"Retry-After": str(wait_seconds)}) from None
+    return responses.json(responses.MessageErased(erased.message_id, erased.event_type, erased.payload_erased_at,
+                                                  erased.payload_erased_by))
 
 
 @routes.post("/v1/messages")

@@ -71,6 +71,8 @@ class InspectedDelivery(msgspec.Struct):
     payload_bytes: int | None  # None: the payload was erased
     created_at: datetime
     finished_at: datetime | None
+    webhook_id: uuid.UUID  # what the receiver sees as webhook-id: the replayed delivery's, for a replay
+    replay_of: uuid.UUID | None
     attempts: list[responses.Attempt]  # latest first, at most dead_letters.ATTEMPTS_SHOWN_MAX
     ledger_entries: list[InspectedLedgerEntry]
 
@@ -130,6 +132,7 @@ _DEAD = DeadDelivery(
 _INSPECTED = InspectedDelivery(
     **{name: getattr(_DEAD, name) for name in DeadDelivery.__struct_fields__},
     endpoint_enabled=True, endpoint_deleted_at=None, state="dead", attempts_max=8, payload_bytes=17,
+    webhook_id=uuid.UUID("0190c5f2-4b7e-7c1a-9d1e-6f3a2b1c0d05"), replay_of=None,
     attempts=[responses.Attempt(attempt=8, started_at=_AT, finished_at=_AT, status_code=503, latency_ms=41,
                                 error=None, response_excerpt="upstream unavailable", stale=False)],
     ledger_entries=[InspectedLedgerEntry(id=f"charge:{_DEAD.id}", kind="charge", amount=-1, note=None, created_at=_AT),

@@ -21,6 +21,7 @@ import msgspec
 from billing import accounts as billing_accounts
 from billing.ids import parse_id
 from billing.messages import EVENT_TYPE_LENGTH_MAX
+from billing.tables import PAYLOAD_RETENTION_DAYS_DEFAULT, PAYLOAD_RETENTION_DAYS_MAX, PAYLOAD_RETENTION_DAYS_MIN
 from delivery.api.problems import FieldError, Problem, validation
 from delivery.store.endpoints import (
     DESCRIPTION_LENGTH_MAX,
@@ -30,6 +31,8 @@ from delivery.store.endpoints import (
     SECRET_TEXT_LENGTH_MAX,
 )
 from delivery.engine.ssrf import URL_CHARS_MAX
+from delivery.store.endpoint_headers import Headers
+from delivery.store.signing_keys import KeyTypeField
 
 PAGE_LIMIT_MAX = 100
 PAGE_LIMIT_DEFAULT = 50
@@ -71,6 +74,10 @@ EventType = Annotated[
 ]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=billing_accounts.NAME_LENGTH_MAX, pattern=_NO_CONTROLS)]
 Price = Annotated[int, msgspec.Meta(ge=0, le=billing_accounts.PRICE_MAX, description="Credits per delivery.")]
+RetentionDays = Annotated[int, msgspec.Meta(
+    ge=PAYLOAD_RETENTION_DAYS_MIN, le=PAYLOAD_RETENTION_DAYS_MAX,
+    description="Days a message's payload and its attempts' response excerpts are kept once its deliveries"
+                " have finished; then they are erased (the rows and the ledger stay).")]
 Amount = Annotated[int, msgspec.Meta(ge=1, le=billing_accounts.AMOUNT_MAX, description="Credits.")]
 OrderId = Annotated[
     str, msgspec.Meta(min_length=1, max_length=billing_accounts.ORDER_ID_LENGTH_MAX, pattern=_IDENTIFIER)
@@ -94,6 +101,11 @@ SecretText = Annotated[
 class AccountCreate(msgspec.Struct, forbid_unknown_fields=True):
     name: Name
     price_per_delivery: Price | None = None
+    payload_retention_days: RetentionDays = PAYLOAD_RETENTION_DAYS_DEFAULT
+
+
+class AccountPatch(msgspec.Struct, forbid_unknown_fields=True):
+    payload_retention_days: RetentionDays
 
 
 class TopupCreate(msgspec.Struct, forbid_unknown_fields=True):
@@ -112,6 +124,8 @@ class EndpointCreate(msgspec.Struct, forbid_unknown_fields=True):
     timeout_ms: TimeoutMs = 15_000
     enabled: bool = True
     secret: SecretText | None = None
+    signing_key_type: KeyTypeField | None = None  # absent: that of `secret`, else hmac
+    headers: Headers | None = None
 
 
 class EndpointPatch(msgspec.Struct, forbid_unknown_fields=True):
@@ -120,10 +134,12 @@ class EndpointPatch(msgspec.Struct, forbid_unknown_fields=True):
     event_types: EventTypes | None | msgspec.UnsetType = msgspec.UNSET
     enabled: bool | msgspec.UnsetType = msgspec.UNSET
     timeout_ms: TimeoutMs | msgspec.UnsetType = msgspec.UNSET
+    headers: Headers | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class SecretRotate(msgspec.Struct, forbid_unknown_fields=True):
     secret: SecretText | None = None
+    signing_key_type: KeyTypeField | None = None  # absent: that of `secret`, else the endpoint's current kind
 
 
 class MessageCreate(msgspec.Struct, forbid_unknown_fields=True):
@@ -133,7 +149,7 @@ class MessageCreate(msgspec.Struct, forbid_unknown_fields=True):
         f"Any JSON value, nesting arrays and objects at most {PAYLOAD_DEPTH_MAX} levels deep; sent byte for byte."))]
 
 
-REQUEST_BODIES = (AccountCreate, TopupCreate, EndpointCreate, EndpointPatch, SecretRotate, MessageCreate)
+REQUEST_BODIES = (AccountCreate, AccountPatch, TopupCreate, EndpointCreate, EndpointPatch, SecretRotate, MessageCreate)
 
 _decoders: dict[type, msgspec.json.Decoder] = {}
 _FIELD_AT = re.compile(r" - at `\$\.?(.*)`$")

@@ -39,7 +39,8 @@ _REFUNDS_BY_REASON = (
 _LEDGER_BY_KIND = "SELECT kind, count(*) AS n, sum(amount) AS credits FROM ledger_entries GROUP BY kind"
 _BALANCES = "SELECT coalesce(sum(balance), 0) FROM accounts"
 _DELIVERED_PRICE = "SELECT coalesce(sum(price), 0) FROM deliveries WHERE state = 'delivered'"
-_DELIVERED_IDS = "SELECT id::text FROM deliveries WHERE state = 'delivered'"
+# What each delivered delivery was sent under: its own id, or for a replay the replayed one's.
+_DELIVERED_IDS = "SELECT coalesce(webhook_id, id)::text FROM deliveries WHERE state = 'delivered'"
 _ALL_IDS = "SELECT id::text FROM deliveries"
 _TOPUPS = "SELECT substr(id, length('topup:') + 1) AS order_id, amount FROM ledger_entries WHERE kind = 'topup'"
 _REVERSALS = ("SELECT substr(id, length('topup_reversal:') + 1) AS order_id, amount FROM ledger_entries"

@@ -350,7 +350,9 @@ def show(
     output.print_fields(console, [
         ("delivery", found.id), ("state", found.state + (f" ({found.dead_reason})" if found.dead_reason else "")),
         ("account", found.account_id), ("endpoint", found.endpoint_id), ("url", endpoint), ("message", found.message_id),
-        ("event", found.event_type), ("price", found.price), ("attempt", f"{found.attempt}/{found.attempts_max}"),
+        ("event", found.event_type), ("webhook-id", found.webhook_id),
+        *([("replays", found.replay_of)] if found.replay_of else []),
+        ("price", found.price), ("attempt", f"{found.attempt}/{found.attempts_max}"),
         ("payload bytes", "erased" if found.payload_bytes is None else found.payload_bytes),
         ("created", _time(found.created_at)), ("finished", _time(found.finished_at)),
     ])

@@ -80,6 +80,8 @@ class Endpoint(msgspec.Struct, frozen=True):
     timeout_ms: int
     created_at: datetime
     updated_at: datetime
+    signing_key_type: str = "hmac"  # hmac (a whsec_ secret, v1) | ed25519 (receivers verify v1a with a whpk_ key)
+    headers: dict[str, str] | None = None  # custom headers sent with every request, outside the signature
 
 
 class EndpointDeleted(msgspec.Struct, frozen=True):
@@ -186,6 +188,8 @@ class Delivery(msgspec.Struct, frozen=True):
     created_at: datetime
     finished_at: datetime | None
     replay_of: uuid.UUID | None = None  # the delivery this one replays; None for a message's own
+    # What it is sent under (receivers dedupe on it): its own id, or a replay's replayed delivery's.
+    webhook_id: uuid.UUID | None = None
 
 
 class DeliveryDetail(Delivery, frozen=True):
@@ -239,6 +243,8 @@ class InspectedDelivery(msgspec.Struct, frozen=True):
     finished_at: datetime | None
     attempts: tuple[Attempt, ...] = ()
     ledger_entries: tuple[InspectedLedgerEntry, ...] = ()
+    webhook_id: uuid.UUID | None = None  # the webhook-id receivers see: the replayed delivery's, for a replay
+    replay_of: uuid.UUID | None = None
 
 
 class AccountDeletion(msgspec.Struct, frozen=True):

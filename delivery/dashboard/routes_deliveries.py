@@ -96,15 +96,18 @@ async def show_delivery(request: web.Request) -> web.Response:
     attempts = await reads.attempts(pool, account_id, delivery["id"])
     entries = await reads.delivery_ledger(pool, account_id, delivery["id"])
     account = await billing_accounts.get_account(pool, account_id)
-    payload = _payload(await queries.payload_head(pool, account_id, delivery["id"], PAYLOAD_SHOWN_BYTES_MAX))
+    erased = delivery["payload_erased_at"] is not None
+    payload = _payload(None if erased else await queries.payload_head(pool, account_id, delivery["id"],
+                                                                       PAYLOAD_SHOWN_BYTES_MAX))
     return pages.render(request, "delivery.html", {
         "delivery": delivery, "endpoint": endpoint, "attempts": attempts, "entries": entries,
         "payload": payload, "payload_shown_bytes_max": PAYLOAD_SHOWN_BYTES_MAX,
-        "headers": outgoing_headers(delivery["id"], attempts),
+        "headers": outgoing_headers(delivery["webhook_id"], attempts),
         "replays": await queries.replays_of(pool, account_id, delivery["id"], REPLAYS_SHOWN_MAX),
         "refund": refund_mark(entries),
         "replayable": delivery["state"] in REPLAYABLE_STATES,
-        "replay_blocker": replay_blocker(endpoint, account, payload["bytes"]),
+        "replay_blocker": replay_blocker(endpoint, account, _kept_bytes(delivery, payload)),
+        "erased": reads.erased_text(delivery["payload_erased_at"]) if delivery["payload_erased_at"] else None,
         "replayed_from": path_id(request.query.get("replayed_from", "")),
     })
 
@@ -119,7 +122,7 @@ def _payload(row) -> dict:
     return {"text": head.decode("utf-8", "replace"), "bytes": row["bytes"], "cut": cut}
 
 
-def outgoing_headers(delivery_id: uuid.UUID, attempts) -> list[tuple[str, str, str]]:
+def outgoing_headers(webhook_id: uuid.UUID, attempts) -> list[tuple[str, str, str]]:
     """The headers each attempt sends, as (name, value, note); the signature is never shown."""
     last = attempts[-1] if attempts else None
     if last is None:
@@ -131,7 +134,8 @@ def outgoing_headers(delivery_id: uuid.UUID, attempts) -> list[tuple[str, str, s
     return [
         ("content-type", "application/json", ""),
         ("user-agent", USER_AGENT, ""),
-        ("webhook-id", str(delivery_id), "this delivery's id, the same on every attempt: receivers dedupe on it"),
+        ("webhook-id", str(webhook_id), "the same on every attempt, and on a replay the replayed delivery's:"
+                                        " receivers dedupe on it"),
         ("webhook-timestamp", timestamp, when),
         ("webhook-signature", "v1,…", "HMAC-SHA256 of id.timestamp.body with the endpoint's secret (not shown)"),
     ]
@@ -166,7 +170,14 @@ async def _blocker(request: web.Request, account_id: uuid.UUID, delivery) -> str
     endpoint = await store.get_endpoint(pool, account_id, delivery["endpoint_id"])
     account = await billing_accounts.get_account(pool, account_id)
     payload = await queries.payload_head(pool, account_id, delivery["id"], 0)
-    return replay_blocker(endpoint, account, payload["bytes"] if payload else None)
+    return replay_blocker(endpoint, account, _kept_bytes(delivery, payload))
+
+
+def _kept_bytes(delivery, payload) -> int | None:
+    """The payload's size, or None when it was erased (by an expunge, retention or the account's deletion)."""
+    if delivery["payload_erased_at"] is not None or not payload:
+        return None
+    return payload["bytes"]
 
 
 async def _replay_page(request: web.Request, delivery, *, error: str | None = None, status: int = 200) -> web.Response:
@@ -221,6 +232,8 @@ async def _replay_dead(ctx, delivery_id: uuid.UUID) -> uuid.UUID:
         if ctx.queue is not None:
             await ctx.queue.wake([new_id])  # else the sweeper finds it
         return new_id
+    if delivery_id in result.refused:  # its payload was erased meanwhile
+        raise Problem(409, result.refused[delivery_id], "not-replayable")
     return result.already[delivery_id]  # replayed before (a second click): nothing charged now
 
 
@@ -229,7 +242,8 @@ async def _replay_delivered(ctx, account_id: uuid.UUID, delivery_id: uuid.UUID, 
     if source is None:
         raise not_found("delivery")
     if source["payload"] is None:
-        raise Problem(409, "the message's payload was erased; it cannot be replayed", "not-replayable")
+        raise Problem(409, f"the message's payload was {reads.erased_text(source['payload_erased_at'])};"
+                      " it cannot be replayed", "not-replayable")
     created = await submit(ctx, MessageRequest(
         account_id, source["event_type"], bytes(source["payload"]), f"dashboard-replay:{delivery_id}:{nonce}",
         endpoint_ids=(source["endpoint_id"],), replay_of=delivery_id,

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from billing.errors import AccountNotActive
 from delivery.store import endpoints as store
+from delivery.store import signing_keys
 from delivery.api.problems import Problem, not_found
 from delivery.api.validation import EndpointCreate, EndpointPatch, decode, path_id
 from delivery.dashboard import pages, queries
@@ -188,9 +189,10 @@ async def rotate_secret(request: web.Request) -> web.Response:
     """A new secret now; the old one keeps signing beside it for the configured overlap."""
     account_id, endpoint = await _endpoint(request)
     ctx = pages.api(request)
-    secret = generate_secret()
+    secret = signing_keys.new_key(endpoint.signing_key_type)  # of the kind it has; an Ed25519 one shows its whpk_
     rotated = await store.rotate_secret(ctx.pool, account_id, endpoint.id, secret=secret, keyring=ctx.keyring,
                                         overlap_seconds=ctx.settings.api.secret_rotation_overlap_seconds)
     if not rotated:
         raise not_found("endpoint")
-    return pages.render(request, "secret.html", {"endpoint": endpoint, "secret": secret, "rotated": True})
+    return pages.render(request, "secret.html",
+                        {"endpoint": endpoint, "secret": signing_keys.shown(secret), "rotated": True})

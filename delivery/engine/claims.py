@@ -62,16 +62,17 @@ _TAKE_DUE = (
     " UPDATE deliveries d SET state = 'sending', attempt = d.attempt + 1,"
     "   leased_until = now() + $2 * interval '1 millisecond'"
     " WHERE d.id = ANY(ARRAY(SELECT id FROM due))"
-    " RETURNING d.id, d.account_id, d.message_id, d.endpoint_id, d.attempt, d.attempts_max"
+    " RETURNING d.id, d.account_id, d.message_id, d.endpoint_id, d.attempt, d.attempts_max, d.webhook_id"
 )
 _CLAIM_DUE = _DUE + _TAKE_DUE
 _CLAIM_IDS = _DUE_IDS + _TAKE_DUE
 # What the pre-send check and the sender need, joined to a delivery `d` (delivery.engine.presend reads
-# these columns by name). Here, so that a claim can return them in the same round trip.
+# these columns by name). Here, so that a claim can return them in the same round trip. The
+# delivery's own webhook_id (a replay's: NULL for every other delivery) comes with `d` itself.
 SEND_COLUMNS = (
     "a.status AS account_status, e.url, e.timeout_ms, e.enabled, e.deleted_at IS NOT NULL AS endpoint_deleted,"
     " e.secret, CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,"
-    " m.event_type, m.payload"
+    " m.event_type, m.payload, e.headers"
 )
 SEND_JOINS = (
     " JOIN accounts a ON a.id = d.account_id JOIN endpoints e ON e.id = d.endpoint_id"

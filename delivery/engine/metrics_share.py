@@ -168,6 +168,9 @@ class _Exposition(Collector):
         for metric in metrics.WORKER_SUMMED:
             yield _summed(metric, snapshots)
         yield _per_worker(metrics.REDIS_REACHABLE, snapshots)
+        # Per worker: the retention cron runs on one worker at a time, and each keeps its last run's figures.
+        yield _per_worker(metrics.RETENTION_BACKLOG, snapshots)
+        yield _per_worker(metrics.RETENTION_ERASED, snapshots)
         yield from _latest_audit(snapshots)
         if self._snapshots is not None:
             yield GaugeMetricFamily(

@@ -38,6 +38,7 @@ from delivery.engine.recorder import Batch, Pending, Recorder
 from delivery.engine.results import AttemptResult, RecordSummary, expire_leases, reclaim_late_successes
 from delivery.engine.send_budget import SendBudget
 from delivery.engine.sender import NOT_SENT_LATE, Sender, SendRequest, SendResult
+from delivery.store import endpoint_headers
 from delivery.store.signer_cache import SignerCache
 from signing import Signer
 
@@ -50,8 +51,10 @@ _UNSIGNED = SendResult(None, 0, "not sent: the endpoint has no signing secret", 
 _UNDECRYPTABLE = SendResult(None, 0, "not sent: the endpoint's signing secret cannot be decrypted", "", None, False, False)
 
 
-def _signed_headers(signer: Signer, delivery_id: str, payload: bytes) -> dict[str, str]:
-    return signer.headers(delivery_id, int(time.time()), payload)
+def _signed_headers(signer: Signer, webhook_id: str, payload: bytes, custom: str | None = None) -> dict[str, str]:
+    """The Standard Webhooks headers, after the endpoint's custom ones (which cannot name them)."""
+    signed = signer.headers(webhook_id, int(time.time()), payload)
+    return signed if custom is None else {**endpoint_headers.for_sending(custom), **signed}
 
 
 def _settled_future(result: SendResult) -> asyncio.Future[SendResult]:
@@ -245,7 +248,9 @@ class Engine:
             return _settled_future(_UNSIGNED)
         # Signed as the send starts: a send queued behind its endpoint's others for a while must
         # not arrive with a webhook-timestamp that receivers' tolerance (5 minutes) refuses.
-        headers = functools.partial(_signed_headers, signer, delivery_id, item.payload)
+        # A replay goes out under the webhook-id of the delivery it replays, signed as such.
+        webhook_id = delivery_id if item.webhook_id is None else str(item.webhook_id)
+        headers = functools.partial(_signed_headers, signer, webhook_id, item.payload, item.headers)
         return self.sender.submit(
             SendRequest(delivery_id, item.claimed.attempt, item.url, item.payload, headers,
                         item.timeout_ms, str(item.claimed.endpoint_id), not_after)

@@ -31,9 +31,14 @@ class Outgoing(NamedTuple):
     previous_secret: bytes | None  # still signs until it expires (rotation)
     event_type: str
     payload: bytes
+    # The id the delivery is sent under when it is not its own (a replay: that of the delivery it
+    # replays); None for every other delivery.
+    webhook_id: uuid.UUID | None = None
+    headers: str | None = None  # the endpoint's custom headers as stored (delivery.store.endpoint_headers)
 
 
-_LOAD = "SELECT d.id, " + claims.SEND_COLUMNS + " FROM deliveries d" + claims.SEND_JOINS + " WHERE d.id = ANY($1::uuid[])"
+_LOAD = ("SELECT d.id, d.webhook_id, " + claims.SEND_COLUMNS + " FROM deliveries d" + claims.SEND_JOINS
+         + " WHERE d.id = ANY($1::uuid[])")
 
 
 def reason_not_to_send(row) -> DeadReason | None:
@@ -72,7 +77,7 @@ async def check_loaded(
             continue
         outgoing.append(
             Outgoing(item, row["url"], row["timeout_ms"], row["secret"], row["previous_secret"],
-                     row["event_type"], row["payload"])
+                     row["event_type"], row["payload"], row["webhook_id"], row["headers"])
         )
     return outgoing, settled
 

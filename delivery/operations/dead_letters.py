@@ -7,6 +7,10 @@ delivery stays dead and keeps its refund. Each replay carries the idempotency ke
 dead delivery once; replaying it again on purpose is explicit (`again=True`, no key) and never
 silently ignored (Outpost lost manual retries to a static key, hookdeck/outpost #670).
 
+A replay is sent under the webhook-id of the delivery it replays (deliveries.webhook_id, set by
+the create path from replay_of), so that a receiver deduplicating on webhook-id drops a replay of
+a webhook it processed (its answer lost to a timeout) and processes one it never did.
+
 Every replay records the delivery it replays on the new delivery (deliveries.replay_of): these,
 keyed or not, and the API's (POST /v1/deliveries/{id}/replay, under the caller's Idempotency-Key
 or none). Bulk replays and the API's recovery leave out a dead delivery that any replay replays,
@@ -117,7 +121,8 @@ def _dead_page(filters: DeadFilter, after: uuid.UUID | None, limit: int) -> tupl
 
 _DELIVERY = (
     "SELECT d.id, d.account_id, d.endpoint_id, d.message_id, d.price, d.state, d.dead_reason, d.attempt,"
-    "   d.attempts_max, d.created_at, d.finished_at, e.url, e.enabled, e.deleted_at AS endpoint_deleted_at,"
+    "   d.attempts_max, d.created_at, d.finished_at, d.replay_of, coalesce(d.webhook_id, d.id) AS webhook_id,"
+    "   e.url, e.enabled, e.deleted_at AS endpoint_deleted_at,"
     "   m.event_type, octet_length(m.payload) AS payload_bytes"
     " FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id JOIN messages m ON m.id = d.message_id"
     " WHERE d.id = $1"
@@ -147,7 +152,7 @@ _BULK_CANDIDATES = (
     " ORDER BY d.id LIMIT $4"
 )
 _SOURCES = (
-    "SELECT d.id, d.account_id, d.endpoint_id, m.event_type, m.payload FROM deliveries d"
+    "SELECT d.id, d.account_id, d.endpoint_id, m.event_type, m.payload, m.payload_erased_at FROM deliveries d"
     " JOIN messages m ON m.id = d.message_id WHERE d.id = ANY($1::uuid[]) AND d.state IN ('dead', 'delivered')"
     " ORDER BY d.id"
 )
@@ -258,7 +263,9 @@ async def _replay(pool: asyncpg.Pool, delivery_ids: list[uuid.UUID], *, attempts
             if source is None:
                 result.refused[old_id] = f"delivery {old_id} does not exist, or is neither dead nor delivered"
             elif source["payload"] is None:
-                result.refused[old_id] = f"the payload of delivery {old_id} was erased (account deleted)"
+                erased_at = source["payload_erased_at"]
+                erased = f"erased on {erased_at:%Y-%m-%d}" if erased_at is not None else "erased"
+                result.refused[old_id] = f"the payload of delivery {old_id} was {erased}; it cannot be replayed"
             else:
                 key = f"{REPLAY_KEY_PREFIX}{old_id}" if keyed else None
                 requests.append(MessageRequest(source["account_id"], source["event_type"], source["payload"], key,

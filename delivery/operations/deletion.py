@@ -6,7 +6,8 @@
     delete_account / run_deletion
         begin_closing   the account turns closing: no new messages, pre-send checks settle
         bulk_settle     locking pre-check + one statement with the three-count check
-        close_out       erase payloads and secrets, revoke keys, closeout:<account>, deleted
+        close_out       erase payloads, response excerpts, secrets, stored answers and sign-ins,
+                        revoke keys, closeout:<account>, deleted
         report          counts, credits refunded, amount owed to the customer, duration, steps
 
 Each step is one transaction that also records its step and counts in account_deletions, so a
@@ -237,14 +238,31 @@ async def _bulk_settle(connection, account_id):
     }
 
 
+# What the closeout leaves that is the customer's or signs in as them: the receivers' response
+# excerpts (the attempts' rows stay, for the ledger's and the audit's sake) and dashboard sign-ins.
+_ERASE_ACCOUNT_EXCERPTS = (
+    "WITH erased AS (UPDATE delivery_attempts SET response_excerpt = NULL"
+    " WHERE account_id = $1 AND response_excerpt IS NOT NULL RETURNING 1) SELECT count(*) FROM erased"
+)
+_END_ACCOUNT_SESSIONS = (
+    "WITH ended AS (DELETE FROM dashboard_sessions WHERE account_id = $1 RETURNING 1) SELECT count(*) FROM ended"
+)
+
+
 async def _close_out(connection, account_id):
     closed = await closeout.close_out(connection, account_id)
+    # In the step's transaction, and again on a resumed run (both are idempotent): an answer recorded
+    # late for an attempt of the account may have brought an excerpt since.
+    excerpts = await connection.fetchval(_ERASE_ACCOUNT_EXCERPTS, account_id)
+    sessions = await connection.fetchval(_END_ACCOUNT_SESSIONS, account_id)
     if closed.already_deleted:
         return closed, {}
     return closed, {
         "closeout_entry": closed.entry_id,
         "owed_to_customer": closed.owed_to_customer,
         "payloads_erased": closed.payloads_erased,
+        "response_excerpts_erased": excerpts,
+        "sessions_ended": sessions,
         "keys_revoked": closed.keys_revoked,
     }
 

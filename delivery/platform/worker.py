@@ -6,6 +6,8 @@ Two kinds of work:
 - the `sweep` cron: expired leases, exhausted deliveries, and every due delivery whose job
   Redis lost. Redis is never the source of truth; this is what guarantees liveness.
 - `delete_account` jobs (delivery.operations.deletion) and the `audit_cron` (metrics from billing.audit).
+- the `retention` cron, once a minute: payloads and response excerpts past each account's
+  retention are erased in small batches (delivery.operations.retention).
 
 On SIGTERM the worker stops claiming, lets in-flight sends finish within the grace period,
 records what finished, and cancels the rest (their leases expire; they are tried again).
@@ -28,7 +30,7 @@ from redis.exceptions import ResponseError, WatchError
 from billing.audit import audit
 from billing.ids import parse_id
 from delivery import event_loop, gc_tuning, metrics
-from delivery.operations import deletion
+from delivery.operations import deletion, retention
 from delivery.engine import metrics_share, queue as job_queue
 from delivery.platform.config import Settings
 from delivery.platform.database import open_pool
@@ -43,6 +45,7 @@ logger = logging.getLogger(__name__)
 SWEEP_TIMEOUT_SECONDS = 600
 DELETION_TIMEOUT_SECONDS = 3600
 AUDIT_TIMEOUT_SECONDS = 1800
+RETENTION_TIMEOUT_SECONDS = 300  # a run is at most retention.BATCHES_PER_RUN_MAX short batches
 AUDIT_NOTICES_LOGGED_MAX = 20  # one warning each, then one line with the count
 QUEUE_READ_MAX = 1000  # job ids read from the queue's head per poll: room for 50 workers' running jobs
 # Slots for operator jobs (account deletion), beside HOOKLEDGER_WORKER_JOBS for deliveries and crons:
@@ -123,6 +126,25 @@ async def _audit(ctx: dict) -> int:
     if len(report.notices) > AUDIT_NOTICES_LOGGED_MAX:
         logger.warning("audit: %d notices in all; `hookledger audit` lists them", len(report.notices))
     return len(report.violations)
+
+
+async def retention_cron(ctx: dict) -> int:
+    """Erase the payloads and response excerpts past each account's retention (a bounded run of
+    small batches: delivery.operations.retention), then publish the backlog. Returns how many."""
+    try:
+        run = await retention.run_retention(ctx["pool"])
+        backlog = await retention.backlog(ctx["pool"])
+    except Exception as error:
+        if not database_lost(error):
+            raise
+        logger.warning("retention stopped: PostgreSQL is unavailable (%r); the next run goes on", error)
+        return 0
+    metrics.RETENTION_ERASED.set(run.erased)
+    metrics.RETENTION_BACKLOG.set(backlog)
+    if run.erased:
+        logger.info("retention erased %d payloads in %d batches (%.2f s); %d past retention left",
+                    run.erased, run.batches, run.seconds, backlog)
+    return run.erased
 
 
 def _audit_cron(minutes: int) -> list:
@@ -453,6 +475,8 @@ def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = T
             cron(sweep, name="sweep", second=set(range(0, 60, worker_settings.sweep_interval_seconds)),
                  run_at_startup=True, unique=True, timeout=SWEEP_TIMEOUT_SECONDS, max_tries=1),
             *_audit_cron(worker_settings.audit_interval_minutes),
+            cron(retention_cron, name="retention", second=30, unique=True, timeout=RETENTION_TIMEOUT_SECONDS,
+                 max_tries=1),
         ],
         redis_settings=job_queue.redis_settings(redis_url),
         redis_pool=redis_pool,

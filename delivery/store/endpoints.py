@@ -1,9 +1,11 @@
 """Endpoint storage: create, list, read, update, soft-delete, rotate and read an account's endpoints.
 
 Every statement is scoped by account id, so another account's endpoint is as invisible as a
-missing one. Secrets are stored encrypted (signing.at_rest), bound to their endpoint by the
-associated data `delivery.store.signer_cache.endpoint_secret_context`, which is what the worker
-decrypts with. Callers validate the URL (delivery.engine.ssrf) before anything is written.
+missing one. Signing keys (a `whsec_` secret or an Ed25519 `whsk_` private key) are stored
+encrypted (signing.at_rest), bound to their endpoint by the associated data
+`delivery.store.signer_cache.endpoint_secret_context`, which is what the worker decrypts with.
+Callers validate the URL (delivery.engine.ssrf) and the custom headers
+(delivery.store.endpoint_headers) before anything is written.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from billing import accounts, ids
 from billing.database import OUTCOME_WAIT_SECONDS, Executor, OutcomeUnknown, resolved_transaction, transaction
 from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, settle
+from delivery.store import endpoint_headers, signing_keys
 from delivery.store.signer_cache import endpoint_secret_context
 from signing import Keyring, decrypt_secret, encrypt_secret
 
@@ -49,9 +52,16 @@ class Endpoint:
     timeout_ms: int
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    signing_key_type: str = signing_keys.HMAC
+    headers: dict[str, str] | None = None  # custom headers (delivery.store.endpoint_headers); None: none
+
+    @classmethod
+    def from_row(cls, row) -> Endpoint:
+        return cls(**{**dict(row), "headers": endpoint_headers.loaded(row["headers"])})
 
 
-_COLUMNS = "id, account_id, url, description, event_types, enabled, disabled_reason, timeout_ms, created_at, updated_at"
+_COLUMNS = ("id, account_id, url, description, event_types, enabled, disabled_reason, timeout_ms, created_at,"
+            " updated_at, signing_key_type, headers")
 
 
 def seal_secret(secret: str, keyring: Keyring, endpoint_id: uuid.UUID) -> bytes:
@@ -73,14 +83,18 @@ async def insert_endpoint(
     timeout_ms: int = 15000,
     endpoint_id: uuid.UUID | None = None,
     enabled: bool = True,
+    signing_key_type: str = signing_keys.HMAC,
+    headers: dict[str, str] | None = None,
 ) -> Endpoint:
-    """Insert a validated endpoint (callers validate the URL and encrypt the secret first)."""
+    """Insert a validated endpoint (callers validate the URL and headers, and encrypt the secret first)."""
     row = await pool.fetchrow(
-        "INSERT INTO endpoints (id, account_id, url, description, event_types, secret, timeout_ms, enabled)"
-        f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {_COLUMNS}",
+        "INSERT INTO endpoints (id, account_id, url, description, event_types, secret, timeout_ms, enabled,"
+        "   signing_key_type, headers)"
+        f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb) RETURNING {_COLUMNS}",
         endpoint_id or ids.new_id(), account_id, url, description, event_types, secret_ciphertext, timeout_ms, enabled,
+        signing_key_type, endpoint_headers.stored(headers),
     )
-    return Endpoint(**dict(row))
+    return Endpoint.from_row(row)
 
 
 async def create_endpoint(
@@ -94,9 +108,13 @@ async def create_endpoint(
     description: str = "",
     timeout_ms: int = 15000,
     enabled: bool = True,
+    headers: dict[str, str] | None = None,
     outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS,
 ) -> Endpoint:
     """Create an endpoint under the per-account bound; raises EndpointLimitReached past it.
+
+    `secret` is its signing key: a `whsec_` secret or an Ed25519 `whsk_` private key
+    (delivery.store.signing_keys), sealed at rest either way.
 
     The account row is locked first (the platform's one lock order), so two concurrent creates
     cannot both pass the count. A COMMIT whose answer is lost is resolved (resolved_transaction):
@@ -118,6 +136,7 @@ async def create_endpoint(
             return await insert_endpoint(
                 connection, account_id, url, secret_ciphertext=ciphertext, event_types=event_types,
                 description=description, timeout_ms=timeout_ms, endpoint_id=endpoint_id, enabled=enabled,
+                signing_key_type=signing_keys.key_type_of(secret), headers=headers,
             )
     except OutcomeUnknown as unknown:
         unknown.look_for = f"endpoint {endpoint_id} (GET /v1/endpoints/{endpoint_id})"
@@ -130,7 +149,7 @@ async def list_endpoints(pool: Executor, account_id: uuid.UUID) -> list[Endpoint
         f"SELECT {_COLUMNS} FROM endpoints WHERE account_id = $1 AND deleted_at IS NULL ORDER BY id LIMIT $2",
         account_id, ENDPOINTS_PER_ACCOUNT_MAX,
     )
-    return [Endpoint(**dict(row)) for row in rows]
+    return [Endpoint.from_row(row) for row in rows]
 
 
 async def get_endpoint(pool: Executor, account_id: uuid.UUID, endpoint_id: uuid.UUID) -> Endpoint | None:
@@ -138,10 +157,10 @@ async def get_endpoint(pool: Executor, account_id: uuid.UUID, endpoint_id: uuid.
         f"SELECT {_COLUMNS} FROM endpoints WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL",
         endpoint_id, account_id,
     )
-    return None if row is None else Endpoint(**dict(row))
+    return None if row is None else Endpoint.from_row(row)
 
 
-_UPDATABLE = ("url", "description", "event_types", "enabled", "timeout_ms")
+_UPDATABLE = ("url", "description", "event_types", "enabled", "timeout_ms", "headers")
 
 
 async def update_endpoint(
@@ -152,7 +171,8 @@ async def update_endpoint(
     assert not unknown, f"not updatable: {unknown}"
     # One fixed statement: each column takes $n when its flag says it was given, else keeps its value.
     given = [name in changes for name in _UPDATABLE]
-    values = [changes.get(name) for name in _UPDATABLE]
+    values = [endpoint_headers.stored(changes.get(name)) if name == "headers" else changes.get(name)
+              for name in _UPDATABLE]
     row = await pool.fetchrow(
         "UPDATE endpoints SET"
         "   url = CASE WHEN $3 THEN $4 ELSE url END,"
@@ -161,12 +181,13 @@ async def update_endpoint(
         "   enabled = CASE WHEN $9 THEN $10 ELSE enabled END,"
         "   disabled_reason = CASE WHEN $9 AND $10 THEN NULL ELSE disabled_reason END,"
         "   timeout_ms = CASE WHEN $11 THEN $12 ELSE timeout_ms END,"
+        "   headers = CASE WHEN $13 THEN $14::jsonb ELSE headers END,"
         "   updated_at = now()"
         f" WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL RETURNING {_COLUMNS}",
         endpoint_id, account_id,
         *[item for pair in zip(given, values) for item in pair],
     )
-    return None if row is None else Endpoint(**dict(row))
+    return None if row is None else Endpoint.from_row(row)
 
 
 async def delete_endpoint(pool: asyncpg.Pool, account_id: uuid.UUID, endpoint_id: uuid.UUID) -> int | None:
@@ -216,7 +237,11 @@ async def rotate_secret(
     keyring: Keyring,
     overlap_seconds: int,
 ) -> bool:
-    """New secret now; the old one keeps signing for overlap_seconds. False when there is no such endpoint.
+    """New signing key now; the old one keeps signing for overlap_seconds. False when there is no such endpoint.
+
+    `secret` is a `whsec_` secret or an Ed25519 `whsk_` private key (delivery.store.signing_keys),
+    of either kind whatever the old one's: during the overlap both sign, so a request then carries
+    a `v1` and a `v1a` signature, and a receiver holding either the old or the new key verifies.
 
     Rotating to the secret that is already current changes nothing, so a caller that chose the
     secret can retry a rotation whose answer it lost: rotating again would have moved the new
@@ -238,9 +263,10 @@ async def rotate_secret(
             "UPDATE endpoints SET previous_secret = secret,"
             "   previous_secret_expires_at = CASE WHEN secret IS NULL THEN NULL"
             "       ELSE now() + make_interval(secs => $2) END,"
-            "   secret = $3, updated_at = now()"
+            "   secret = $3, signing_key_type = $4, updated_at = now()"
             " WHERE id = $1",
             endpoint_id, float(overlap_seconds), seal_secret(secret, keyring, endpoint_id),
+            signing_keys.key_type_of(secret),
         )
     return True
 
@@ -248,9 +274,11 @@ async def rotate_secret(
 async def read_secret(
     pool: Executor, account_id: uuid.UUID, endpoint_id: uuid.UUID, keyring: Keyring
 ) -> str | None:
-    """The endpoint's current secret in clear text, or None when there is no such endpoint (or no secret)."""
+    """What a receiver verifies the endpoint's current key with, or None when there is no such
+    endpoint (or no key): its `whsec_` secret, or the `whpk_` public key of its Ed25519 key.
+    The `whsk_` private key is never returned (delivery.store.signing_keys)."""
     ciphertext = await pool.fetchval(
         "SELECT secret FROM endpoints WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL",
         endpoint_id, account_id,
     )
-    return None if ciphertext is None else open_secret(ciphertext, keyring, endpoint_id)
+    return None if ciphertext is None else signing_keys.shown(open_secret(ciphertext, keyring, endpoint_id))

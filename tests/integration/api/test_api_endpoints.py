@@ -60,12 +60,14 @@ async def test_secrets_are_sealed_at_rest_readable_by_the_owner_and_rotate_with_
     keyring = parse_keyring(api.settings.secret_keyring)
     assert decrypt_secret(bytes(row["secret"]), keyring, context=b"endpoint:" + str(endpoint_id).encode()) == secret
     path = f"/v1/endpoints/{endpoint_id}/secret"
-    assert (await (await api.client.get(path, headers=headers)).json()) == {"secret": secret}
+    assert (await (await api.client.get(path, headers=headers)).json()) == {"secret": secret,
+                                                                          "signing_key_type": "hmac"}
     assert (await api.client.get(path, headers=other_headers)).status == 404
     rotated = await api.client.post(f"/v1/endpoints/{endpoint_id}/secret/rotate", headers=headers)
     new_secret = (await rotated.json())["secret"]
     assert rotated.status == 200 and new_secret.startswith("whsec_") and new_secret != secret
-    assert (await (await api.client.get(path, headers=headers)).json()) == {"secret": new_secret}
+    assert (await (await api.client.get(path, headers=headers)).json()) == {"secret": new_secret,
+                                                                          "signing_key_type": "hmac"}
     row = await api.pool.fetchrow(
         "SELECT previous_secret, extract(epoch FROM previous_secret_expires_at - now()) AS left FROM endpoints WHERE id = $1",
         endpoint_id,
@@ -74,7 +76,7 @@ async def test_secrets_are_sealed_at_rest_readable_by_the_owner_and_rotate_with_
     assert 86_000 < row["left"] <= 86_400
     chosen = generate_secret()
     rotated = await api.client.post(f"/v1/endpoints/{endpoint_id}/secret/rotate", json={"secret": chosen}, headers=headers)
-    assert (await rotated.json()) == {"secret": chosen}
+    assert (await rotated.json()) == {"secret": chosen, "signing_key_type": "hmac"}
 
 
 async def test_a_retried_rotation_to_a_chosen_secret_changes_nothing(api):
@@ -93,7 +95,7 @@ async def test_a_retried_rotation_to_a_chosen_secret_changes_nothing(api):
     assert decrypt_secret(bytes(row["secret"]), keyring, context=context) == chosen
     assert decrypt_secret(bytes(row["previous_secret"]), keyring, context=context) == original
     again = await api.client.post(path, json={"secret": chosen}, headers=headers)
-    assert again.status == 200 and (await again.json()) == {"secret": chosen}
+    assert again.status == 200 and (await again.json()) == {"secret": chosen, "signing_key_type": "hmac"}
     after = await api.pool.fetchrow("SELECT previous_secret, previous_secret_expires_at FROM endpoints WHERE id = $1",
                                     endpoint_id)
     assert after["previous_secret_expires_at"] == row["previous_secret_expires_at"]  # the overlap did not restart
