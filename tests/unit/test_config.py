@@ -18,7 +18,7 @@ def test_defaults_without_any_setting() -> None:
     assert settings.ledger.attempts_max == 8
     assert settings.worker.sender.timeout_ms_default == 15_000
     assert settings.worker.engine.lease_ms == 90_000
-    assert settings.worker.poll_ms == 10
+    assert settings.worker.poll_ms == 250  # a fallback: workers are woken by a message on each job due now
     assert settings.redis.start_wait_seconds == 30
     assert settings.api.commit_outcome_wait_seconds == 10
     assert config.load({"HOOKLEDGER_COMMIT_OUTCOME_WAIT_SECONDS": "3"}).api.commit_outcome_wait_seconds == 3
@@ -44,7 +44,7 @@ def test_an_empty_environment_gives_each_settings_class_its_own_defaults() -> No
     """Each default is written once, on its settings class: load() falls back to it, not to a copy."""
     assert _defaults_differing(config.load({})) == []
     # The guard catches a difference: a setting given in the environment is not its default.
-    assert _defaults_differing(config.load({"HOOKLEDGER_WORKER_POLL_MS": "11"})) == ["worker.poll_ms: 11 != 10"]
+    assert _defaults_differing(config.load({"HOOKLEDGER_WORKER_POLL_MS": "11"})) == ["worker.poll_ms: 11 != 250"]
     assert (config.ApiSettings.group_commit_batch_max, config.ApiSettings.group_commit_queue_max) == (
         group_commit.BATCH_MAX, group_commit.QUEUE_MAX)
     top = str(group_commit.BATCH_MAX_LIMIT)
