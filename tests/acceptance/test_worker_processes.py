@@ -136,8 +136,10 @@ async def test_sigterm_finishes_the_send_in_flight_and_records_it(pool, database
     assert len(receiver.received) == 1
 
 
-async def test_flushall_loses_no_delivery(pool, database_url, redis_url, keyring, receiver_factory):
-    """Redis loses every key twice (queued wake-ups, deferred retries): every delivery still finishes."""
+async def test_redis_losing_every_key_loses_no_delivery(pool, database_url, redis_url, keyring, receiver_factory):
+    """Redis loses every key twice (queued wake-ups, deferred retries): every delivery still finishes.
+    FLUSHDB empties the database the test and its worker use; FLUSHALL would empty every database on
+    a server that may be the user's own (REDIS_URL)."""
 
     _, account_id = await _failing_each_first_try(pool, keyring, receiver_factory)
     environment = fast_environment(database_url, redis_url, keyring, HOOKLEDGER_RETRY_SCHEDULE="0,1,1")
@@ -147,12 +149,12 @@ async def test_flushall_loses_no_delivery(pool, database_url, redis_url, keyring
 
     arq_redis = await job_queue.connect(redis_url)
     await job_queue.Queue(arq_redis).wake(delivery_ids)
-    await client.flushall()  # the wake-up jobs are gone before any worker saw them
+    await client.flushdb()  # the wake-up jobs are gone before any worker saw them
     worker = start_worker(environment)
     try:
         await wait_for(lambda: pool.fetchval(
             "SELECT count(*) > 0 FROM deliveries WHERE state = 'pending' AND attempt >= 1"), timeout_seconds=30)
-        await client.flushall()  # now the deferred retries are gone too
+        await client.flushdb()  # now the deferred retries are gone too
         await wait_for(lambda: all_finished(pool, delivery_ids), timeout_seconds=60)
     finally:
         stop(worker)
