@@ -20,8 +20,10 @@ async def _worker(settings, pool):
     finally:
         await worker.close()
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        # Cancelled is how it is meant to end; an exception (it crashed, mid-test or while closing) fails the test.
+        await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is not None:
+            raise AssertionError(f"the worker ended with {task.exception()!r}") from task.exception()
 
 
 async def test_operator_deletes_an_account_and_reads_the_report(api):

@@ -124,18 +124,26 @@ async def add_endpoint(pool, account_id: uuid.UUID, receiver: Receiver, keyring:
 
 
 @contextlib.asynccontextmanager
-async def running_worker(settings: config.Settings, pool):
-    """A real arq worker in this event loop, on the real Redis, sharing the test's pool."""
+async def running_worker(settings: config.Settings, pool, redis_pool=None):
+    """A real arq worker in this event loop, on the real Redis, sharing the test's pool (and the
+    test's Redis client when given: the worker closes it)."""
     worker = build_worker(settings, settings.redis.url, handle_signals=False, pool=pool,
-                          redis_pool=await job_queue.connect(settings.redis.url))
+                          redis_pool=redis_pool or await job_queue.connect(settings.redis.url))
     task = asyncio.create_task(worker.async_run())
     try:
         yield worker
     finally:
         await worker.close()
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        await worker_task_ended(task)
+
+
+async def worker_task_ended(task: asyncio.Task) -> None:
+    """Wait for an in-process worker's task, cancelled at teardown. Cancellation is how it is meant to
+    end; any exception it ended with (the worker crashed, mid-test or while closing) fails the test."""
+    await asyncio.wait([task])
+    if not task.cancelled() and task.exception() is not None:
+        raise AssertionError(f"the worker ended with {task.exception()!r}") from task.exception()
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from delivery.platform.worker import build_worker
+from engine_helpers import wait_for, worker_task_ended
 
 
 async def test_close_survives_a_job_cancelled_while_arq_finished_it(settings, pool):
@@ -12,10 +13,7 @@ async def test_close_survives_a_job_cancelled_while_arq_finished_it(settings, po
     finish_job raised CancelledError out of close() and on_shutdown (sender, pool) never ran. It flaked CI."""
     worker = build_worker(settings, settings.redis.url, handle_signals=False, pool=pool)
     running = asyncio.create_task(worker.async_run())
-    for _ in range(200):
-        if "engine" in worker.ctx:
-            break
-        await asyncio.sleep(0.02)
+    await wait_for(lambda: asyncio.sleep(0, "engine" in worker.ctx))
     sender = worker.ctx["sender"]
 
     async def finishing_forever():
@@ -25,7 +23,7 @@ async def test_close_survives_a_job_cancelled_while_arq_finished_it(settings, po
     worker.tasks["finishing"] = job
     await worker.close()  # cancels the job; with arq's close this raised CancelledError
     running.cancel()
-    await asyncio.gather(running, return_exceptions=True)
+    await worker_task_ended(running)  # cancelled, not crashed
     assert job.cancelled()
     assert worker.ctx["engine"].accepting is False
     assert sender.closed
