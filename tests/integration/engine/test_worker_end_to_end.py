@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import types
 
 from aiohttp import web
 
@@ -60,15 +61,35 @@ async def test_always_failing_receiver_dies_after_the_schedule_and_is_refunded_o
     receiver = await receiver_factory(lambda number: 503)
     account_id = await add_account(pool)
     await add_endpoint(pool, account_id, receiver, keyring)
-    async with running_worker(settings, pool):
+    async with running_worker(settings, pool) as worker:
+        await wait_for(lambda: asyncio.sleep(0, "engine" in worker.ctx))
+        sweeps = _count_sweeps(worker.ctx["engine"])
         (delivery_id,) = await _send(pool, settings, account_id, arq_queue)
         await wait_for(lambda: all_finished(pool, [delivery_id]))
-        await asyncio.sleep(1.5)  # a sweep runs meanwhile: it must add nothing
+        # A whole sweep runs after the delivery died (counted, not hoped for in a sleep): it must add nothing.
+        started_before = sweeps.started
+        await wait_for(lambda: asyncio.sleep(0, any(number > started_before for number in sweeps.finished)))
     row = (await states(pool, [delivery_id]))[delivery_id]
     assert (row["state"], row["dead_reason"], row["attempt"]) == ("dead", "out_of_retries", 3)
     assert len(receiver.received) == 3
     assert await ledger_of(pool, delivery_id) == {"charge": -PRICE, "refund": PRICE}
     assert (await audit(pool)).clean
+
+
+def _count_sweeps(engine) -> types.SimpleNamespace:
+    """Number the engine's sweeps as they start (the sweep cron calls engine.sweep) and list those that ended."""
+    sweeps = types.SimpleNamespace(started=0, finished=[])
+    sweep = engine.sweep
+
+    async def counted() -> int:
+        sweeps.started += 1
+        number = sweeps.started
+        processed = await sweep()
+        sweeps.finished.append(number)
+        return processed
+
+    engine.sweep = counted
+    return sweeps
 
 
 async def test_gone_disables_the_endpoint_and_its_pending_deliveries_die_refunded(
@@ -181,7 +202,7 @@ async def test_worker_metrics_count_attempts_outcomes_refunds_and_latency(
         # The worker counts a batch just after its record commits, so the rows can be final a
         # moment before the counters are; stopping the worker in that moment cancels the count.
         with contextlib.suppress(AssertionError):
-            await wait_for(counted, timeout_seconds=5)
+            await wait_for(counted, timeout_seconds=30)
     assert moved() == expected
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import types
 import uuid
 
 import asyncpg
@@ -88,34 +89,91 @@ async def test_a_redis_failure_while_starting_a_job_gives_its_slot_back(pool, da
     assert all(row["state"] == "delivered" for row in found.values())
 
 
+SWEEP_SECONDS = 2  # four of the poll's RETRY_SECONDS: the retries come between the sweeps
+
+
 async def test_while_redis_is_down_and_nothing_is_due_the_worker_sweeps_once_per_interval(
         pool, database_url, keyring, receiver_factory, private_redis):
     """One in-process sweep at once, and once nothing more is due one per sweep interval, never two at
-    a time; the gauge says Redis is down; once Redis answers a PING, the sweeps stop."""
+    a time; the gauge says Redis is down; once Redis answers a PING, the sweeps stop.
+
+    Judged from the worker's own records, not from counts within a fixed sleep: every call of the
+    outage's `failed` (each failed poll, with the loop time the worker passed) and every sweep it ran.
+    A loaded machine only spaces those out; the rule they must follow does not change."""
     account_id = await _account_with_endpoint(pool, keyring, receiver_factory)
-    settings = _settings(database_url, private_redis, keyring, HOOKLEDGER_SWEEP_SECONDS="1")
+    settings = _settings(database_url, private_redis, keyring, HOOKLEDGER_SWEEP_SECONDS=str(SWEEP_SECONDS))
     async with running_worker(settings, pool) as worker:
         await wait_for(lambda: asyncio.sleep(0, "engine" in worker.ctx))
+        await wait_for(lambda: asyncio.sleep(0, worker.job_counter == 0))  # the startup sweep is done
+        outage = worker._outage()  # the one the worker's poll uses from now on
+        polls, sweeps = _record_polls_and_sweeps(worker, outage)
         private_redis.stop()
+        await wait_for(lambda: asyncio.sleep(0, outage.down))
+        assert metrics.REDIS_REACHABLE._value.get() == 0
         created = await _create(pool, account_id, 4)
-        await wait_for(lambda: all_finished(pool, created))
-        outage = worker._redis_outage
-        assert outage.down and metrics.REDIS_REACHABLE._value.get() == 0
-        sweeps = outage.sweeps
-        await asyncio.sleep(2.2)
-        assert 2 <= outage.sweeps - sweeps <= 3  # at 1 s, not at every 0.5 s retry
+        await wait_for(lambda: all_finished(pool, created))  # by the sweeps the outage runs
+        assert outage.down
+        # Three sweeps that found nothing due, however long a loaded machine takes to run them.
+        await wait_for(lambda: asyncio.sleep(0, [s["processed"] for s in sweeps.done].count(0) >= 3),
+                       timeout_seconds=30)
+        down_polls = list(polls.failed)
+        started = [(now, task) for now, task in down_polls if task is not None]
+        assert started[0][0] == down_polls[0][0]  # the first failed poll sweeps at once
+        results = {task: task.result() for _, task in started if task.done()}
+        for (earlier, task), (later, _) in zip(started, started[1:]):
+            if results.get(task) == 0:  # nothing was due: the next waits a whole interval
+                assert later - earlier >= SWEEP_SECONDS, (earlier, later)
+        # The poll kept retrying every RETRY_SECONDS in between, and those retries swept nothing.
+        assert len(down_polls) > len(started), down_polls
+        assert sweeps.peak == 1  # never two at a time
+
         private_redis.start()
         await wait_for(lambda: asyncio.sleep(0, not outage.down))
         assert metrics.REDIS_REACHABLE._value.get() == 1
-        after = outage.sweeps
-        await asyncio.sleep(1.5)
-        assert outage.sweeps == after
+        await wait_for(lambda: asyncio.sleep(0, all(task.done() for _, task in started)))  # one may have been running
+        failed_calls, sweeps_run, up_at, polls_up = len(polls.failed), sweeps.started, worker.loop.time(), polls.count
+        # Two sweep intervals of loop time, and polls that went through meanwhile: no poll failed, so no sweep.
+        await wait_for(lambda: asyncio.sleep(0, worker.loop.time() >= up_at + 2 * SWEEP_SECONDS
+                                             and polls.count >= polls_up + 5), timeout_seconds=30)
+        assert (len(polls.failed), sweeps.started) == (failed_calls, sweeps_run)
         assert SWEEP_TASK_NAME not in worker.tasks or worker.tasks[SWEEP_TASK_NAME].done()
         later = await _create(pool, account_id, 2)
         await job_queue.Queue(worker.pool).wake(later)
         await wait_for(lambda: all_finished(pool, later))
     found = await states(pool, created + later)
     assert all(row["state"] == "delivered" for row in found.values())
+
+
+def _record_polls_and_sweeps(worker, outage):
+    """Wrap the worker's poll, the outage's `failed` and its sweep to keep what they did: the number
+    of polls, each failed poll's loop time and the sweep task it started (or None), and the sweeps
+    (how many started, the most at once, what each found)."""
+    polls = types.SimpleNamespace(count=0, failed=[])
+    sweeps = types.SimpleNamespace(started=0, running=0, peak=0, done=[])
+    poll, failed, sweep = worker._poll_iteration, outage.failed, outage._sweep
+
+    async def counted_poll():
+        polls.count += 1
+        await poll()
+
+    def recorded_failed(error, now):
+        task = failed(error, now)
+        polls.failed.append((now, task))
+        return task
+
+    async def recorded_sweep():
+        sweeps.started += 1
+        sweeps.running += 1
+        sweeps.peak = max(sweeps.peak, sweeps.running)
+        try:
+            processed = await sweep()
+        finally:
+            sweeps.running -= 1
+        sweeps.done.append({"processed": processed})
+        return processed
+
+    worker._poll_iteration, outage.failed, outage._sweep = counted_poll, recorded_failed, recorded_sweep
+    return polls, sweeps
 
 
 async def test_jobs_log_one_line_while_postgresql_is_unreachable(settings, caplog):
@@ -143,11 +201,19 @@ async def test_a_redis_that_stops_answering_is_an_outage_not_a_hang(pool, databa
     settings = _settings(database_url, private_redis, keyring, HOOKLEDGER_SWEEP_SECONDS="1")
     async with running_worker(settings, pool) as worker:
         await wait_for(lambda: asyncio.sleep(0, "engine" in worker.ctx))
+        # The startup sweep is done: a sweep that began before the freeze could deliver what is made
+        # during it, which would show nothing about the poll.
+        await wait_for(lambda: asyncio.sleep(0, worker.job_counter == 0))
         private_redis.pause()
         try:
+            # The poll gives up after COMMAND_TIMEOUT_SECONDS: an outage (a poll without a timeout
+            # would still be waiting when this wait fails).
+            await wait_for(lambda: asyncio.sleep(0, worker._redis_outage is not None and worker._redis_outage.down),
+                           timeout_seconds=job_queue.COMMAND_TIMEOUT_SECONDS + 20)
+            assert not worker.ctx["engine"].queue_reachable
             created = await _create(pool, account_id, 3)
-            await wait_for(lambda: all_finished(pool, created), timeout_seconds=job_queue.COMMAND_TIMEOUT_SECONDS + 10)
-            assert worker._redis_outage.down and not worker.ctx["engine"].queue_reachable
+            await wait_for(lambda: all_finished(pool, created), timeout_seconds=30)
+            assert worker._redis_outage.down  # delivered from PostgreSQL while Redis was still frozen
         finally:
             private_redis.resume()
         await wait_for(lambda: asyncio.sleep(0, not worker._redis_outage.down), timeout_seconds=15)
