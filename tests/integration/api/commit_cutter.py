@@ -88,6 +88,7 @@ class CommitCutter:
         self._delay = 0.0
         self._released = asyncio.Event()
         self.cuts = 0
+        self.cuts_done = 0  # cuts whose COMMIT (or write) went on, or was dropped, and whose server side ended
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task] = set()
         self.port = 0
@@ -122,6 +123,14 @@ class CommitCutter:
     def release(self) -> None:
         self._blackout = False
         self._released.set()
+
+    async def until_cuts_done(self, seconds: float = 30) -> None:
+        """Every cut so far has played out: what it held back reached the server (or was dropped), and
+        the server ended that connection. A test that asks the database afterwards sees the end state,
+        on a loaded machine too, instead of guessing how long a delayed COMMIT takes."""
+        async with asyncio.timeout(seconds):
+            while self.cuts_done < self.cuts:
+                await asyncio.sleep(0.01)
 
     async def close(self) -> None:
         self._released.set()
@@ -160,7 +169,10 @@ class CommitCutter:
                         await server_writer.drain()
                         await _answered(server_reader)
                     client_writer.transport.abort()
-                    await self._cut(mode, data, server_reader, server_writer)
+                    try:
+                        await self._cut(mode, data, server_reader, server_writer)
+                    finally:
+                        self.cuts_done += 1
                     return
                 if self._blackout:
                     await self._released.wait()

@@ -13,11 +13,32 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from billing.database import create_pool
-from delivery.api import api_keys
+from delivery.api import api_keys, auth
+from delivery.api.context import CONTEXT
 from delivery.platform.web_app import create_app
 from delivery.api.openapi import ACCOUNT, OPERATIONS, OPERATOR
 
 GUARDED = [op for op in OPERATIONS if op.auth is not None]
+REFUSED_WITHIN_SECONDS = 20  # a revoked key must be refused within this (the notice takes milliseconds)
+LISTENING_WITHIN_SECONDS = 30  # the listeners start with the app, or RELISTEN_DELAY_SECONDS after a loss
+
+
+class _Clock:
+    """The authenticator's clock (delivery.api.auth reads time.monotonic() for its cache), set by the
+    test: cache entries expire when the test moves it, never because a loaded machine was slow."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> _Clock:
+    clock = _Clock()
+    monkeypatch.setattr(auth, "time", clock)  # the module's `time`, not the event loop's
+    return clock
 
 
 def _path(template: str) -> str:
@@ -87,26 +108,33 @@ def test_every_account_and_operator_route_is_covered():
     assert len(GUARDED) >= 20
 
 
-async def test_a_revocation_reaches_every_api_process_at_commit(api, settings, pool, queue):
+async def test_a_revocation_reaches_every_api_process_at_commit(api, settings, pool, queue, clock):
     """Another process (a second app on the same database) had the key cached; it refuses the key as
     soon as the revocation commits, well inside its 30 s cache, whether the revocation came through
-    the API or straight from SQL (as an account's closeout revokes its keys)."""
+    the API or straight from SQL (as an account's closeout revokes its keys). The cache's clock
+    stands still, so no entry expires: only the revocation's notice can have dropped the key."""
     other_app = create_app(settings, pool, queue)
     async with TestClient(TestServer(other_app, host="127.0.0.1")) as other:
+        await _until_listening(pool)  # first: (re)starting to listen empties the cache
         _, headers = await api.account()
         keys = [await (await api.client.post("/v1/api-keys", headers=headers)).json() for _ in range(2)]
         for key in keys:  # cached by the other process
             assert (await other.get("/v1/balance", headers=api.bearer(key["key"]))).status == 200
-        await _until_listening(pool)
+        assert _cached(other, keys[0]["key"]) and _cached(other, keys[1]["key"])
 
         assert (await api.client.delete(f"/v1/api-keys/{keys[0]['id']}", headers=headers)).status == 204
         await _until_refused(other, api.bearer(keys[0]["key"]))
 
-        # The listening connections die (a PostgreSQL restart, a proxy timeout): they listen again.
-        await pool.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                           " WHERE datname = current_database() AND query LIKE 'LISTEN%'")
-        await asyncio.sleep(0.1)
-        await _until_listening(pool)
+        # The listening connections die (a PostgreSQL restart, a proxy timeout): they listen again,
+        # on new connections (the ended ones may linger in pg_stat_activity a moment: not counted).
+        ended = await pool.fetch("SELECT pg_terminate_backend(pid), pid FROM pg_stat_activity"
+                                 " WHERE datname = current_database() AND query LIKE 'LISTEN%'")
+        assert len(ended) == 2 and all(row["pg_terminate_backend"] for row in ended)
+        await _until_listening(pool, not_on=[row["pid"] for row in ended])
+        # Listening again emptied the cache: cache the second key anew, so only a notice heard on the
+        # new connection can drop it.
+        assert (await other.get("/v1/balance", headers=api.bearer(keys[1]["key"]))).status == 200
+        assert _cached(other, keys[1]["key"])
         await pool.execute("UPDATE api_keys SET revoked_at = now() WHERE id = $1", uuid.UUID(keys[1]["id"]))
         await _until_refused(other, api.bearer(keys[1]["key"]))
         assert (await other.get("/v1/balance", headers=headers)).status == 200  # the account's first key still works
@@ -125,46 +153,72 @@ async def test_a_pool_too_small_to_spare_a_connection_does_not_listen(settings, 
         await small.close()
 
 
-async def _until_listening(pool, apps: int = 2) -> None:
-    """The apps (both, by default) hold their LISTEN (it starts with the app, on a connection of their own)."""
-    for _ in range(200):
+async def _until_listening(pool, apps: int = 2, not_on: list[int] = ()) -> None:
+    """The apps (both, by default) hold their LISTEN (it starts with the app, on a connection of their
+    own), on connections other than `not_on`."""
+    started = time.monotonic()
+    while time.monotonic() - started < LISTENING_WITHIN_SECONDS:
         listeners = await pool.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'")
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+            " AND NOT (pid = ANY($1::int[]))", list(not_on))
         if listeners >= apps:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the revocation listeners did not start")
 
 
+def _cached(client, key: str) -> bool:
+    """Whether the app behind this client holds the key in its cache."""
+    return api_keys.key_hash(key) in client.app[CONTEXT].auth._cache
+
+
 async def _until_refused(client, headers) -> None:
     started = time.monotonic()
     while (await client.get("/v1/balance", headers=headers)).status != 401:
-        assert time.monotonic() - started < 5, "the other process still accepts a revoked key after 5 s"
+        assert time.monotonic() - started < REFUSED_WITHIN_SECONDS, \
+            f"the other process still accepts a revoked key after {REFUSED_WITHIN_SECONDS} s"
         await asyncio.sleep(0.02)
 
 
 class _Lookups:
     """api_keys.account_of_key as the app calls it, counted per key; the real query runs. Lookups
-    of `held` wait for `release` after their query answered, with `answered` set meanwhile."""
+    of `held` (or of every key, with held_all) wait for `release` after their query answered, with
+    `answered` set meanwhile. `asked` counts the requests that reached Authenticator.account: one
+    counted there has, before its first pause, either joined a lookup in flight, started one, or
+    answered from the cache."""
 
-    def __init__(self, monkeypatch, held: str | None = None, delay: float = 0.0) -> None:
+    def __init__(self, monkeypatch, held: str | None = None, held_all: bool = False) -> None:
         self.count = 0
+        self.asked = 0
         self.held = None if held is None else api_keys.key_hash(held)
-        self.delay = delay
+        self.held_all = held_all
         self.answered, self.release = asyncio.Event(), asyncio.Event()
         self._real = api_keys.account_of_key
         monkeypatch.setattr(api_keys, "account_of_key", self._look_up)
+        account = auth.Authenticator.account
+
+        async def asked(authenticator, request):
+            self.asked += 1
+            return await account(authenticator, request)
+
+        monkeypatch.setattr(auth.Authenticator, "account", asked)
 
     async def _look_up(self, executor, digest):
-        held = digest == self.held
+        held = self.held_all or digest == self.held
         if held or self.held is None:
             self.count += 1
-        await asyncio.sleep(self.delay)
         account_id = await self._real(executor, digest)
         if held:
             self.answered.set()
             await self.release.wait()
         return account_id
+
+    async def until_asked(self, number: int) -> None:
+        for _ in range(2000):
+            if self.asked >= number:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{self.asked} requests reached the authenticator, not {number}")
 
 
 @contextlib.asynccontextmanager
@@ -182,26 +236,35 @@ async def _new_key(api) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("repeat", range(5))
 async def test_requests_that_find_a_key_expired_at_once_make_one_lookup(api, settings, pool, queue, monkeypatch,
-                                                                        repeat):
+                                                                        clock, repeat):
     """A hot key's cache entry expires under load: the fifty requests that find it so together
-    make one query, not fifty on the pool the group commit writes through; all are answered."""
+    make one query, not fifty on the pool the group commit writes through; all are answered.
+
+    The lookup is held until all fifty have reached the authenticator, so every one of them found
+    the key missing (or expired) with the lookup in flight; the cache's clock moves only when the
+    test moves it past the TTL."""
     key, _ = await _new_key(api)
     async with _app(settings, pool, queue, ttl_ms=200) as client:
         await _until_listening(pool)
-        lookups = _Lookups(monkeypatch, delay=0.05)
+        lookups = _Lookups(monkeypatch, held_all=True)
         headers = api.bearer(key["key"])
         for _ in range(2):  # unknown to the cache, then expired in it
-            lookups.count = 0
-            responses = await asyncio.gather(*(client.get("/v1/balance", headers=headers) for _ in range(50)))
+            lookups.count = lookups.asked = 0
+            lookups.release.clear()
+            requests = [asyncio.create_task(client.get("/v1/balance", headers=headers)) for _ in range(50)]
+            await lookups.until_asked(50)
+            lookups.release.set()
+            responses = await asyncio.gather(*requests)
             assert [response.status for response in responses] == [200] * 50
             assert lookups.count == 1
-            await asyncio.sleep(0.25)
+            clock.now += 0.25  # past the 200 ms TTL
+        lookups.release.set()
         wrong = api.bearer("hl_live_not-a-real-key")
         responses = await asyncio.gather(*(client.get("/v1/balance", headers=wrong) for _ in range(20)))
         assert [response.status for response in responses] == [401] * 20
 
 
-async def test_a_key_revoked_while_it_was_being_looked_up_is_not_cached(api, pool, monkeypatch):
+async def test_a_key_revoked_while_it_was_being_looked_up_is_not_cached(api, pool, monkeypatch, clock):
     """The lookup read the key before its revocation committed, and the revocation's notice came
     and went while it was in flight, with nothing cached to drop. The request in flight is
     answered; one that came after the notice, while that lookup was still held, and the next one
@@ -218,9 +281,11 @@ async def test_a_key_revoked_while_it_was_being_looked_up_is_not_cached(api, poo
     await pool.execute("UPDATE api_keys SET revoked_at = now() WHERE id = ANY($1::uuid[])",
                        [uuid.UUID(key["id"]), uuid.UUID(marker["id"])])
     await _until_refused(api.client, api.bearer(marker["key"]))
-    # After the notices, a request must not join the lookup that read the key before them.
+    # After the notices, a request must not join the lookup that read the key before them. It is
+    # let through only once it reached the authenticator, while that lookup is still held.
+    asked = lookups.asked
     after = asyncio.create_task(api.client.get("/v1/balance", headers=api.bearer(key["key"])))
-    await asyncio.sleep(0.1)
+    await lookups.until_asked(asked + 1)
     lookups.release.set()
     assert (await in_flight).status == 200
     assert (await after).status == 401
@@ -229,27 +294,45 @@ async def test_a_key_revoked_while_it_was_being_looked_up_is_not_cached(api, poo
 
 
 async def test_a_key_in_use_is_looked_up_again_before_it_expires_not_on_the_request(api, settings, pool, queue,
-                                                                                     monkeypatch):
+                                                                                     monkeypatch, clock):
     """In the last quarter of its TTL a key in use is looked up again in the background: the
     request that starts it answers from the cache (here while that lookup is held), and the
-    refreshed entry answers past the first one's expiry with no lookup of its own."""
+    refreshed entry answers past the first one's expiry with no lookup of its own. The cache's
+    clock is the test's: 1.6 s and 2.2 s into a 2 s TTL are exactly that, however slow the machine."""
     key, _ = await _new_key(api)
     headers = api.bearer(key["key"])
     async with _app(settings, pool, queue, ttl_ms=2000) as client:
         await _until_listening(pool)  # (re)starting to listen empties the cache, and a lookup across it caches nothing
         lookups = _Lookups(monkeypatch, held=key["key"])
         lookups.release.set()
+        cached_at = clock.now
         assert (await client.get("/v1/balance", headers=headers)).status == 200
-        cached_at = time.monotonic()
         assert lookups.count == 1
+        clock.now = cached_at + 1.4  # not yet in the last quarter: answered from the cache, no lookup
+        assert (await client.get("/v1/balance", headers=headers)).status == 200 and lookups.count == 1
         lookups.answered.clear()
         lookups.release.clear()
-        await asyncio.sleep(1.6 - (time.monotonic() - cached_at))
+        clock.now = cached_at + 1.6
         # Held: were this request waiting on the lookup, it would not be answered.
         response = await asyncio.wait_for(client.get("/v1/balance", headers=headers), 10)
         assert response.status == 200 and lookups.count == 2
         await asyncio.wait_for(lookups.answered.wait(), 10)
         lookups.release.set()
-        await asyncio.sleep(2.2 - (time.monotonic() - cached_at))  # past the first entry's expiry
+        await _until_no_lookup_in_flight(client)
+        clock.now = cached_at + 2.2  # past the first entry's expiry, well before the refreshed one's (3.6 s)
         assert (await client.get("/v1/balance", headers=headers)).status == 200
         assert lookups.count == 2
+        clock.now = cached_at + 3.7  # past the refreshed entry's expiry too: the request looks the key up
+        assert (await client.get("/v1/balance", headers=headers)).status == 200
+        assert lookups.count == 3
+
+
+async def _until_no_lookup_in_flight(client) -> None:
+    """The app's background refresh has written its entry (it leaves _lookups when done)."""
+    authenticator = client.app[CONTEXT].auth
+    for _ in range(1000):
+        if not authenticator._lookups:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("a key lookup is still in flight")
+
