@@ -17,8 +17,9 @@ from operator_helpers import balance_and_ledger, refunds_per_delivery
 SLOW_REPLY_SECONDS = 1.2  # under the endpoint's 2 s timeout: the send succeeds, but after the deletion
 
 
-async def _creator(pool, account_id, endpoint_ids, stop: asyncio.Event) -> int:
-    """Create messages in a loop until the account refuses them (AccountNotActive)."""
+async def _creator(pool, account_id, endpoint_ids, stop: asyncio.Event, creating: asyncio.Event) -> int:
+    """Create messages in a loop until the account refuses them (AccountNotActive); `creating` is set
+    once the first of them is in."""
     created = 0
     while not stop.is_set():
         requests = [MessageRequest(account_id, "load", b"{}", endpoint_ids=(endpoint_id,)) for endpoint_id in endpoint_ids]
@@ -26,6 +27,8 @@ async def _creator(pool, account_id, endpoint_ids, stop: asyncio.Event) -> int:
         if any(isinstance(result, AccountNotActive) for result in results):
             return created
         created += sum(1 for result in results if not isinstance(result, Exception))
+        if created:
+            creating.set()
         await asyncio.sleep(0.005)
     return created
 
@@ -70,9 +73,9 @@ async def test_deletion_while_the_worker_runs(pool, database_url, redis_url, key
         before = dict(await pool.fetch("SELECT state, count(*) FROM deliveries WHERE account_id = $1 GROUP BY state",
                                        account_id))
         assert before.get("pending") and before.get("sending") and before.get("delivered") and before.get("dead"), before
-        stop = asyncio.Event()
-        creator = asyncio.create_task(_creator(pool, account_id, [fine_id, failing_id], stop))
-        await asyncio.sleep(0.05)
+        stop, creating = asyncio.Event(), asyncio.Event()
+        creator = asyncio.create_task(_creator(pool, account_id, [fine_id, failing_id], stop, creating))
+        await asyncio.wait_for(creating.wait(), 30)  # creates are going in (however slow the machine) when the deletion starts
         state = await deletion.run_deletion(pool, account_id)
         stop.set()
         created_during = await creator

@@ -42,7 +42,8 @@ async def test_concurrent_claims_on_separate_connections_succeed_exactly_once(po
 
 
 async def test_a_rolled_back_claim_lets_the_waiting_copy_through(pool):
-    """If the first transaction rolls back, the copy blocked behind it claims the id."""
+    """If the first transaction rolls back, the copy blocked behind it claims the id. The first rolls
+    back only once PostgreSQL shows the second waiting on its lock, so the second was blocked."""
     async with pool.acquire() as connection:
         await create_receipts_table(connection)
     first_claimed = asyncio.Event()
@@ -52,7 +53,7 @@ async def test_a_rolled_back_claim_lets_the_waiting_copy_through(pool):
             async with pool.acquire() as connection, connection.transaction():
                 assert await PostgresDedupeStore(connection).claim("evt_rollback")
                 first_claimed.set()
-                await asyncio.sleep(0.05)
+                await _until_a_backend_waits_on_a_lock(pool)
                 raise RuntimeError("handler failed")
 
     async def waiting_second() -> bool:
@@ -62,6 +63,13 @@ async def test_a_rolled_back_claim_lets_the_waiting_copy_through(pool):
 
     _, second = await asyncio.gather(failing_first(), waiting_second())
     assert second is True
+
+
+async def _until_a_backend_waits_on_a_lock(pool, seconds: float = 30) -> None:
+    async with asyncio.timeout(seconds):
+        while not await pool.fetchval("SELECT count(*) > 0 FROM pg_stat_activity"
+                                      " WHERE datname = current_database() AND wait_event_type = 'Lock'"):
+            await asyncio.sleep(0.01)
 
 
 async def test_claiming_outside_a_transaction_is_refused(pool):
