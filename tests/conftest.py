@@ -84,12 +84,16 @@ class DatabaseSupply:
     """
 
     AHEAD = 2  # copies made ahead of the one in use: enough to keep up with a run of quick tests
+    # Drops run on this many threads. Each DROP DATABASE waits for a checkpoint of the whole server,
+    # which a loaded machine, or others' work on a shared server, stretches to seconds (half a
+    # minute seen); drops that wait together share one checkpoint.
+    DROPPERS = 4
 
     def __init__(self, server_url: str, template: str) -> None:
         self._server_url = server_url
         self._template = template
         self._creator = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hookledger-db-create")
-        self._dropper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hookledger-db-drop")
+        self._dropper = concurrent.futures.ThreadPoolExecutor(self.DROPPERS, thread_name_prefix="hookledger-db-drop")
         self._ready: collections.deque[concurrent.futures.Future[str]] = collections.deque()
         self._drops: list[concurrent.futures.Future[None]] = []
 
@@ -108,20 +112,33 @@ class DatabaseSupply:
         return await asyncio.wrap_future(self._ready.popleft())
 
     def give_back(self, name: str) -> None:
-        """Drop a copy taken before (on the dropper's thread; close() waits for it)."""
+        """Drop a copy taken before (on a dropper thread; finish() waits for it)."""
         self._drops.append(self._dropper.submit(self._drop, name))
 
     def close(self) -> None:
-        """Drop the copies made and not taken, wait until every drop is done, and raise the first
-        drop that failed (as the test's own teardown raised it before)."""
+        """Make no more copies, and drop the ones made and not taken."""
         self._creator.shutdown(wait=True)
         for future in self._ready:
             if future.exception() is None:
                 self.give_back(future.result())
         self._ready.clear()
+
+    def finish(self, seconds_max: float) -> None:
+        """Wait until every drop is done, and raise the first drop that failed (or a TimeoutError
+        naming how many were still running after seconds_max)."""
+        _, running = concurrent.futures.wait(self._drops, timeout=seconds_max)
+        if running:
+            raise TimeoutError(f"{len(running)} test databases were still being dropped after {seconds_max} s")
         self._dropper.shutdown(wait=True)
         for future in self._drops:
             future.result()
+
+
+# The drops still running once the last test has ended are waited for in pytest_sessionfinish: they
+# are the run's cleanup, not the last test's, whose timeout they overran when a loaded server fell
+# behind. A drop that hangs still fails the run, after DROPS_SECONDS_MAX.
+DROPS_SECONDS_MAX = 1800
+_closed_supplies: list[DatabaseSupply] = []
 
 
 @pytest.fixture(scope="session")
@@ -129,6 +146,21 @@ def database_supply(postgres_server_url: str, template_database: str):
     supply = DatabaseSupply(postgres_server_url, template_database)
     yield supply
     supply.close()
+    _closed_supplies.append(supply)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    while _closed_supplies:
+        try:
+            _closed_supplies.pop().finish(DROPS_SECONDS_MAX)
+        except Exception as error:  # noqa: BLE001 - reported, and the run fails
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            message = f"dropping the tests' databases failed: {error!r}"
+            if reporter is not None:
+                reporter.write_line(message, red=True)
+            else:
+                print(message)
 
 
 @pytest.fixture
