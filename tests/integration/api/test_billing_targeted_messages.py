@@ -66,14 +66,38 @@ async def test_targeting_a_deleted_disabled_or_foreign_endpoint_is_refused_and_w
     assert await _counts(pool) == before
 
 
+TARGET_COUNT = f"endpoint_ids must be a tuple of 1 to {messages.TARGET_ENDPOINTS_MAX} endpoint ids"
+TARGET_KINDS = "endpoint_ids must be distinct UUIDs"
+
+
 async def test_malformed_targets_are_refused(pool):
-    """An empty, oversized, repeated or non-UUID endpoint_ids is refused before any transaction."""
+    """An empty, oversized, repeated or non-UUID endpoint_ids, or a list, is refused before any
+    transaction: each with the message that names its fault, and nothing written (the balance too)."""
     account_id = await _account(pool, 100)
     endpoint_id = await _endpoint(pool, account_id)
-    for targets in [(), (endpoint_id, endpoint_id), ("not-a-uuid",), tuple(uuid.uuid4() for _ in range(101)), [endpoint_id]]:
+    cases = [
+        ((), TARGET_COUNT),
+        (tuple(uuid.uuid4() for _ in range(messages.TARGET_ENDPOINTS_MAX + 1)), TARGET_COUNT),
+        ([endpoint_id], TARGET_COUNT),
+        ((endpoint_id, endpoint_id), TARGET_KINDS),
+        (("not-a-uuid",), TARGET_KINDS),
+    ]
+    before = await _counts(pool), await _balance(pool, account_id)
+    for targets, detail in cases:
         request = messages.MessageRequest(account_id, "t", b"{}", endpoint_ids=targets)
         (result,) = await messages.create_messages(pool, [request], attempts_max=3)
-        assert isinstance(result, InvalidInput)
+        assert isinstance(result, InvalidInput), (targets, result)
+        assert result.detail == detail, (targets, result.detail)
+        assert (await _counts(pool), await _balance(pool, account_id)) == before, targets
+    # The same request with a well-formed target is accepted: the refusals were the targets' alone.
+    request = messages.MessageRequest(account_id, "t", b"{}", endpoint_ids=(endpoint_id,))
+    (created,) = await messages.create_messages(pool, [request], attempts_max=3)
+    assert not isinstance(created, Exception), created
+    assert await _counts(pool) == (before[0][0] + 1, before[0][1] + 1, before[0][2] + 1)
+
+
+async def _balance(pool, account_id) -> int:
+    return await pool.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id)
 
 
 async def test_the_target_is_part_of_the_idempotency_hash(pool):
