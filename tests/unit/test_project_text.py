@@ -1,5 +1,6 @@
 """The project's text says what is, never when it came: nothing is labelled by the order of the
-work that made it ("the ninth session's figures", "until the twelfth ..."). History lives in git.
+work that made it (an ordinal before the word session, "until the" before an ordinal). History
+lives in git. The examples below are put together from pieces, so this file passes its own scan.
 
 Every tracked text file is read (README, docs, code, comments, tests, scripts); a line that
 matches one of the patterns below fails the test with its place.
@@ -15,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 _ORDINAL = (r"(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|[a-z]+teenth"
             r"|twentieth|thirtieth|fortieth|fiftieth|twenty-[a-z]+|thirty-[a-z]+|forty-[a-z]+|[0-9]+(st|nd|rd|th))")
 PATTERNS = tuple(re.compile(pattern, re.IGNORECASE) for pattern in (
-    _ORDINAL + r" sessions?\b",  # "the twenty-eighth session's measurements"
-    r"\buntil the " + _ORDINAL + r"\b",  # "until the ninth ..., a SIGTERM left all five running"
+    _ORDINAL + r" sessions?\b",  # an ordinal, then the word session
+    r"\buntil the " + _ORDINAL + r"\b",  # "until the", then an ordinal
     r"\b(this|that|an? earlier|the previous|a later|the next|each) session('s)? (measur|run|figure|found|made|change)",
     r"\bsession [0-9]+\b",  # "Session 30"
     r"\b(stop|run) #?[0-9]+ (landed|measured|found)",
@@ -52,12 +53,13 @@ def test_no_text_labels_anything_by_the_order_of_the_work():
 
 
 def test_the_patterns_catch_what_they_are_for():
+    session = "sess" + "ion"
     labelled = (
-        "The twenty-eighth session's measurements beside the thirtieth's.",
-        "until the ninth, a SIGTERM left all five running",
-        "In this session's run the share was 75%.",
-        "## Session 30 (stop 39)",
-        "figures from the 12th session",
+        f"The twenty-eighth {session}'s measurements beside the thirtieth's.",
+        "until " + "the ninth, a SIGTERM left all five running",
+        f"In this {session}'s run the share was 75%.",
+        f"## {session.title()} 30 (stop 39)",
+        f"figures from the 12th {session}",
     )
     for line in labelled:
         assert offending_lines(line) == [(1, line)], line
