@@ -18,12 +18,16 @@ async def _worker(settings, pool):
     try:
         yield
     finally:
-        await worker.close()
-        task.cancel()
-        # Cancelled is how it is meant to end; an exception (it crashed, mid-test or while closing) fails the test.
-        await asyncio.wait([task])
-        if not task.cancelled() and task.exception() is not None:
-            raise AssertionError(f"the worker ended with {task.exception()!r}") from task.exception()
+        # As the worker process stops: its poll loop ends first (cancelled), then close() runs.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait([task], timeout=0.5)
+        try:
+            await worker.close()
+        finally:
+            # Cancelled is how it is meant to end; an exception (it crashed mid-test) fails the test.
+            if not task.cancelled() and task.exception() is not None:
+                raise AssertionError(f"the worker ended with {task.exception()!r}") from task.exception()
 
 
 async def test_operator_deletes_an_account_and_reads_the_report(api):

@@ -133,9 +133,25 @@ async def running_worker(settings: config.Settings, pool, redis_pool=None):
     try:
         yield worker
     finally:
-        await worker.close()
+        # Stopped as the worker process stops (arq's run(): the signal cancels the poll loop, then
+        # close() runs). close() while the loop still polls closes the Redis pool under it, and under
+        # load the loop went on to fail on that pool (close() had set it to None).
+        await _cancel_until_done(task)
+        try:
+            await worker.close()
+        finally:
+            await worker_task_ended(task)
+
+
+async def _cancel_until_done(task: asyncio.Task, seconds_max: float = 30) -> None:
+    """Cancel the task until it has ended (a cancellation that lands as a library call ends can be
+    lost, and the loop then goes on); fail if it has not ended within seconds_max."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds_max
+    while not task.done():
+        assert loop.time() < deadline, f"the worker's poll loop did not end within {seconds_max} s of its cancellation"
         task.cancel()
-        await worker_task_ended(task)
+        await asyncio.wait([task], timeout=0.5)
 
 
 async def worker_task_ended(task: asyncio.Task) -> None:
