@@ -38,6 +38,9 @@ DEAD_REASONS = (
     "account_deleted",
 )
 SIGNING_KEY_TYPES = ("hmac", "ed25519")
+# Bounds on endpoints.rate_limit_per_second (requests per second, every worker together).
+RATE_LIMIT_PER_SECOND_MIN = 1
+RATE_LIMIT_PER_SECOND_MAX = 10_000
 LEDGER_KINDS = (
     "charge",
     "refund",
@@ -132,6 +135,9 @@ endpoints = sa.Table(
     # Custom headers sent with every request (0013), a JSON object of name -> value; NULL when
     # none. Checked by delivery.store.endpoint_headers; bounded here in bytes.
     sa.Column("headers", pg.JSONB),
+    # The most requests per second every worker together sends to the endpoint (0014); NULL: no
+    # limit. The workers share a token bucket in Redis (delivery.engine.throttle).
+    sa.Column("rate_limit_per_second", sa.Integer),
     sa.CheckConstraint(_length("url", 1, 2048), name="url_length"),
     sa.CheckConstraint(_length("description", 0, 1000), name="description_length"),
     sa.CheckConstraint("disabled_reason IS NULL OR " + _length("disabled_reason", 1, 500), name="disabled_reason_length"),
@@ -141,6 +147,8 @@ endpoints = sa.Table(
     sa.CheckConstraint(_in("signing_key_type", SIGNING_KEY_TYPES), name="signing_key_type"),
     sa.CheckConstraint("jsonb_typeof(headers) = 'object' AND octet_length(headers::text) <= 16384",
                        name="headers_size"),
+    sa.CheckConstraint(f"rate_limit_per_second BETWEEN {RATE_LIMIT_PER_SECOND_MIN} AND {RATE_LIMIT_PER_SECOND_MAX}",
+                       name="rate_limit_range"),
     sa.Index(None, "account_id"),
     comment="Where an account's webhooks go. Secrets are encrypted at rest (signing.at_rest); event_types NULL means every type.",
 )

@@ -35,7 +35,7 @@ _KEY_CREATED = r.ApiKeyCreated(id=_KEY, prefix="hl_live_3kQ9", created_at=_AT,
 _ENDPOINT_BODY = r.Endpoint(id=_ENDPOINT, url="https://hooks.example.com/hookledger", description="Orders",
                             event_types=["invoice.paid", "invoice.failed"], enabled=True, disabled_reason=None,
                             timeout_ms=15_000, created_at=_AT, updated_at=_AT, signing_key_type="hmac",
-                            headers=_HEADERS)
+                            headers=_HEADERS, rate_limit_per_second=50)
 _DELIVERY_BODY = r.Delivery(id=_DELIVERY, account_id=_ACCOUNT, message_id=_MESSAGE, endpoint_id=_ENDPOINT,
                             event_type="invoice.paid", state="delivered", attempt=1, attempts_max=8, price=1,
                             next_attempt_at=_AT, dead_reason=None, created_at=_AT, finished_at=_LATER,

@@ -16,6 +16,8 @@ DeliveryState = Literal[DELIVERY_STATES]  # type: ignore[valid-type]
 DeadReason = Literal[DEAD_REASONS]  # type: ignore[valid-type]
 CustomHeaders = Annotated[dict[str, str] | None, msgspec.Meta(
     description="The endpoint's custom headers, sent with every request outside the signature; null: none.")]
+RateLimitShown = Annotated[int | None, msgspec.Meta(description=(
+    "The most requests per second all workers together send to the endpoint; null: no limit."))]
 WebhookId = Annotated[uuid.UUID, msgspec.Meta(description=(
     "The webhook-id the delivery is sent under, the receiver's idempotency key: the delivery's own id, or for"
     " a replay that of the delivery it replays (the first of a chain of replays)."))]
@@ -93,6 +95,7 @@ class Endpoint(msgspec.Struct):
     updated_at: datetime
     signing_key_type: KeyTypeField
     headers: CustomHeaders
+    rate_limit_per_second: RateLimitShown = None
 
 
 class EndpointList(msgspec.Struct):

@@ -98,7 +98,7 @@ async def _create(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, bo
         endpoint = await store.create_endpoint(
             executor, account_id, body.url, secret=secret, keyring=ctx.keyring,
             event_types=body.event_types, description=body.description, timeout_ms=body.timeout_ms,
-            enabled=body.enabled, headers=body.headers or None,
+            enabled=body.enabled, headers=body.headers or None, rate_limit_per_second=body.rate_limit_per_second,
             outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds,
         )
     except store.EndpointLimitReached as error:

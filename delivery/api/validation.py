@@ -21,7 +21,8 @@ import msgspec
 from billing import accounts as billing_accounts
 from billing.ids import parse_id
 from billing.messages import EVENT_TYPE_LENGTH_MAX
-from billing.tables import PAYLOAD_RETENTION_DAYS_DEFAULT, PAYLOAD_RETENTION_DAYS_MAX, PAYLOAD_RETENTION_DAYS_MIN
+from billing.tables import (PAYLOAD_RETENTION_DAYS_DEFAULT, PAYLOAD_RETENTION_DAYS_MAX, PAYLOAD_RETENTION_DAYS_MIN,
+                            RATE_LIMIT_PER_SECOND_MAX, RATE_LIMIT_PER_SECOND_MIN)
 from delivery.api.problems import FieldError, Problem, validation
 from delivery.store.endpoints import (
     DESCRIPTION_LENGTH_MAX,
@@ -89,6 +90,10 @@ EventTypes = Annotated[
     msgspec.Meta(min_length=1, max_length=EVENT_TYPES_PER_ENDPOINT_MAX, description="null or absent: every event type."),
 ]
 TimeoutMs = Annotated[int, msgspec.Meta(ge=ENDPOINT_TIMEOUT_MS_MIN, le=ENDPOINT_TIMEOUT_MS_MAX)]
+RateLimit = Annotated[int, msgspec.Meta(
+    ge=RATE_LIMIT_PER_SECOND_MIN, le=RATE_LIMIT_PER_SECOND_MAX,
+    description="The most requests per second all workers together send to the endpoint; null: no limit."
+                " A delivery the limit holds back waits, pending, and spends no attempt.")]
 SecretText = Annotated[
     str,
     msgspec.Meta(
@@ -126,6 +131,7 @@ class EndpointCreate(msgspec.Struct, forbid_unknown_fields=True):
     secret: SecretText | None = None
     signing_key_type: KeyTypeField | None = None  # absent: that of `secret`, else hmac
     headers: Headers | None = None
+    rate_limit_per_second: RateLimit | None = None
 
 
 class EndpointPatch(msgspec.Struct, forbid_unknown_fields=True):
@@ -135,6 +141,7 @@ class EndpointPatch(msgspec.Struct, forbid_unknown_fields=True):
     enabled: bool | msgspec.UnsetType = msgspec.UNSET
     timeout_ms: TimeoutMs | msgspec.UnsetType = msgspec.UNSET
     headers: Headers | None | msgspec.UnsetType = msgspec.UNSET
+    rate_limit_per_second: RateLimit | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class SecretRotate(msgspec.Struct, forbid_unknown_fields=True):

@@ -54,6 +54,7 @@ class Endpoint:
     updated_at: datetime | None = None
     signing_key_type: str = signing_keys.HMAC
     headers: dict[str, str] | None = None  # custom headers (delivery.store.endpoint_headers); None: none
+    rate_limit_per_second: int | None = None  # every worker together sends at most this many a second; None: no limit
 
     @classmethod
     def from_row(cls, row) -> Endpoint:
@@ -61,7 +62,7 @@ class Endpoint:
 
 
 _COLUMNS = ("id, account_id, url, description, event_types, enabled, disabled_reason, timeout_ms, created_at,"
-            " updated_at, signing_key_type, headers")
+            " updated_at, signing_key_type, headers, rate_limit_per_second")
 
 
 def seal_secret(secret: str, keyring: Keyring, endpoint_id: uuid.UUID) -> bytes:
@@ -85,14 +86,15 @@ async def insert_endpoint(
     enabled: bool = True,
     signing_key_type: str = signing_keys.HMAC,
     headers: dict[str, str] | None = None,
+    rate_limit_per_second: int | None = None,
 ) -> Endpoint:
     """Insert a validated endpoint (callers validate the URL and headers, and encrypt the secret first)."""
     row = await pool.fetchrow(
         "INSERT INTO endpoints (id, account_id, url, description, event_types, secret, timeout_ms, enabled,"
-        "   signing_key_type, headers)"
-        f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb) RETURNING {_COLUMNS}",
+        "   signing_key_type, headers, rate_limit_per_second)"
+        f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11) RETURNING {_COLUMNS}",
         endpoint_id or ids.new_id(), account_id, url, description, event_types, secret_ciphertext, timeout_ms, enabled,
-        signing_key_type, endpoint_headers.stored(headers),
+        signing_key_type, endpoint_headers.stored(headers), rate_limit_per_second,
     )
     return Endpoint.from_row(row)
 
@@ -109,6 +111,7 @@ async def create_endpoint(
     timeout_ms: int = 15000,
     enabled: bool = True,
     headers: dict[str, str] | None = None,
+    rate_limit_per_second: int | None = None,
     outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS,
 ) -> Endpoint:
     """Create an endpoint under the per-account bound; raises EndpointLimitReached past it.
@@ -137,6 +140,7 @@ async def create_endpoint(
                 connection, account_id, url, secret_ciphertext=ciphertext, event_types=event_types,
                 description=description, timeout_ms=timeout_ms, endpoint_id=endpoint_id, enabled=enabled,
                 signing_key_type=signing_keys.key_type_of(secret), headers=headers,
+                rate_limit_per_second=rate_limit_per_second,
             )
     except OutcomeUnknown as unknown:
         unknown.look_for = f"endpoint {endpoint_id} (GET /v1/endpoints/{endpoint_id})"
@@ -160,7 +164,7 @@ async def get_endpoint(pool: Executor, account_id: uuid.UUID, endpoint_id: uuid.
     return None if row is None else Endpoint.from_row(row)
 
 
-_UPDATABLE = ("url", "description", "event_types", "enabled", "timeout_ms", "headers")
+_UPDATABLE = ("url", "description", "event_types", "enabled", "timeout_ms", "headers", "rate_limit_per_second")
 
 
 async def update_endpoint(
@@ -182,6 +186,7 @@ async def update_endpoint(
         "   disabled_reason = CASE WHEN $9 AND $10 THEN NULL ELSE disabled_reason END,"
         "   timeout_ms = CASE WHEN $11 THEN $12 ELSE timeout_ms END,"
         "   headers = CASE WHEN $13 THEN $14::jsonb ELSE headers END,"
+        "   rate_limit_per_second = CASE WHEN $15 THEN $16::int ELSE rate_limit_per_second END,"
         "   updated_at = now()"
         f" WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL RETURNING {_COLUMNS}",
         endpoint_id, account_id,

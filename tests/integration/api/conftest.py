@@ -86,7 +86,7 @@ class Harness:
         accounts = await self.pool.fetch("SELECT id, status, balance, name FROM accounts ORDER BY id")
         endpoints = await self.pool.fetch(
             "SELECT id, url, description, event_types, enabled, timeout_ms, secret, deleted_at, previous_secret,"
-            " signing_key_type, headers FROM endpoints ORDER BY id"
+            " signing_key_type, headers, rate_limit_per_second FROM endpoints ORDER BY id"
         )
         keys = await self.pool.fetch("SELECT id, revoked_at FROM api_keys ORDER BY id")
         return await self.counts(), [tuple(r) for r in accounts], [tuple(r) for r in endpoints], [tuple(r) for r in keys]
