@@ -7,7 +7,8 @@ backlog of thousands costs no task, no semaphore waiter and no wake-up per send:
 tasks queued on three semaphores cost the worker about a third more CPU per send than this.
 
 The rules:
-- at most `per_endpoint` sends of one endpoint run at once, at most `per_host` to one host and
+- at most `per_endpoint` sends of one endpoint run at once (fewer while `limit_of` says so: an
+  endpoint slowed down by delivery.engine.backpressure), at most `per_host` to one host and
   port, at most `total` in all;
 - sends of one endpoint start in the order they were offered;
 - endpoints of one host take turns, and so do hosts that wait for a slot of the total bound;
@@ -19,7 +20,7 @@ hold at most one entry per pending send.
 from __future__ import annotations
 
 import collections
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
@@ -47,10 +48,13 @@ class _Host:
 
 
 class Lanes(Generic[Item]):
-    def __init__(self, *, per_endpoint: int, per_host: int, total: int) -> None:
+    def __init__(self, *, per_endpoint: int, per_host: int, total: int,
+                 limit_of: Callable[[Hashable], int] | None = None) -> None:
         if min(per_endpoint, per_host, total) < 1:
             raise ValueError("every bound must be at least 1")
         self._per_endpoint = per_endpoint
+        # An endpoint's own bound now (at most per_endpoint); when it grows, call next_allowed.
+        self._limit_of = limit_of
         self._per_host = per_host
         self._total = total
         self._endpoints: dict[Hashable, _Endpoint] = {}
@@ -75,7 +79,7 @@ class Lanes(Generic[Item]):
         endpoint = self._endpoints.get((endpoint_key, host_key))
         if endpoint is None:
             endpoint = self._endpoints[(endpoint_key, host_key)] = _Endpoint(endpoint_key, host)
-        if (not endpoint.waiting and endpoint.running < self._per_endpoint and host.running < self._per_host
+        if (not endpoint.waiting and endpoint.running < self._bound(endpoint) and host.running < self._per_host
                 and self.running < self._total):
             self._start(endpoint)
             return True
@@ -99,6 +103,19 @@ class Lanes(Generic[Item]):
         self._forget(endpoint)
         return chosen
 
+    def next_allowed(self) -> tuple[Hashable, Hashable, Item] | None:
+        """A waiting send that its bounds allow now, counted as running (call until None after an
+        endpoint's bound grew); None when there is none."""
+        for endpoint in self._endpoints.values():
+            if endpoint.waiting and not endpoint.listed:
+                self._list(endpoint)
+        return self._next()
+
+    def _bound(self, endpoint: _Endpoint) -> int:
+        if self._limit_of is None:
+            return self._per_endpoint
+        return min(self._per_endpoint, self._limit_of(endpoint.key))
+
     def _start(self, endpoint: _Endpoint) -> None:
         endpoint.running += 1
         endpoint.host.running += 1
@@ -107,7 +124,7 @@ class Lanes(Generic[Item]):
     def _list(self, endpoint: _Endpoint) -> None:
         """Put the endpoint in its host's turn, and the host in the total bound's turn, when they may go."""
         host = endpoint.host
-        if endpoint.waiting and endpoint.running < self._per_endpoint and not endpoint.listed:
+        if endpoint.waiting and endpoint.running < self._bound(endpoint) and not endpoint.listed:
             endpoint.listed = True
             host.ready.append(endpoint)
         if host.ready and host.running < self._per_host and not host.listed:
@@ -118,15 +135,24 @@ class Lanes(Generic[Item]):
         while self._blocked and self.running < self._total:
             host = self._blocked.popleft()
             host.listed = False
-            if host.running >= self._per_host or not host.ready:
+            endpoint = self._ready_endpoint(host) if host.running < self._per_host else None
+            if endpoint is None:
                 continue  # listed again when one of its sends ends
-            endpoint = host.ready.popleft()
-            endpoint.listed = False
             item = endpoint.waiting.popleft()
             self.waiting -= 1
             self._start(endpoint)
             self._list(endpoint)  # to the back of its host's turn, and the host to the back of the total's
             return endpoint.key, host.key, item
+        return None
+
+    def _ready_endpoint(self, host: _Host) -> _Endpoint | None:
+        """The host's next endpoint in turn that its own bound allows (one whose bound shrank
+        since it was listed leaves the turn, listed again when one of its sends ends)."""
+        while host.ready:
+            endpoint = host.ready.popleft()
+            endpoint.listed = False
+            if endpoint.running < self._bound(endpoint):
+                return endpoint
         return None
 
     def _forget(self, endpoint: _Endpoint) -> None:
@@ -158,7 +184,7 @@ class Lanes(Generic[Item]):
         for endpoint in self._endpoints.values():
             assert 0 <= endpoint.running <= self._per_endpoint
             assert endpoint.running or endpoint.waiting, "an idle endpoint was kept"
-            allowed = (endpoint.waiting and endpoint.running < self._per_endpoint
+            allowed = (endpoint.waiting and endpoint.running < self._bound(endpoint)
                        and endpoint.host.running < self._per_host and self.running < self._total)
             assert not allowed, f"endpoint {endpoint.key!r} waits although its bounds allow a send"
         for host in self._hosts.values():

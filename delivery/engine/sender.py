@@ -24,6 +24,7 @@ from yarl import URL
 
 from delivery import event_loop
 from delivery.engine import retry, ssrf
+from delivery.engine.backpressure import CONNECT_TIMEOUT_ERROR_PREFIX, Backpressure
 from delivery.errors import (
     AddressRefusedError,
     InvalidEndpointUrlError,
@@ -146,6 +147,17 @@ class SendResult(NamedTuple):
 
 # A send that waited in its endpoint's queue until it could no longer end before its not_after.
 NOT_SENT_LATE = SendResult(None, 0, "not sent: it could not have ended within its lease", "", None, False, False)
+NOT_SENT_HELD_ERROR = "not sent: held back (the endpoint is paused or at its rate limit)"
+
+
+def not_sent_held(seconds: float) -> SendResult:
+    """A send held back before it left (its endpoint paused, or at its rate limit): never on the
+    wire, so it costs no attempt; retry_after_seconds says when to try it again."""
+    return SendResult(None, 0, NOT_SENT_HELD_ERROR, "", seconds, False, False)
+
+
+def was_held(result: SendResult) -> bool:
+    return result.error is NOT_SENT_HELD_ERROR and not result.sent_at
 
 
 class Sender:
@@ -161,6 +173,8 @@ class Sender:
 
     def __init__(self, settings: SenderSettings | None = None) -> None:
         self._settings = settings or SenderSettings()
+        # Per endpoint: how many sends at once, and whether it is paused (Retry-After).
+        self.backpressure = Backpressure(self._settings.sends_per_endpoint_max)
         self._policy = self._settings.address_policy
         self._session = _create_session(self._settings)
         self._timeouts: dict[int, aiohttp.ClientTimeout] = {}
@@ -169,6 +183,7 @@ class Sender:
             per_endpoint=self._settings.sends_per_endpoint_max,
             per_host=self._settings.connections_per_host_max,
             total=self._settings.connections_max,
+            limit_of=self.backpressure.limit,
         )
         self._runners: set[asyncio.Task] = set()
         self._running_loop = event_loop.RunningLoop()
@@ -252,10 +267,16 @@ class Sender:
             request, url, future = queued
             try:
                 if not future.done():  # a caller that gave up before the send started
-                    if request.not_after is not None and not self._fits(request):
+                    paused_for = self.backpressure.paused_for(endpoint_id)
+                    if paused_for > 0:
+                        result = not_sent_held(paused_for)
+                    elif request.not_after is not None and not self._fits(request):
                         result = NOT_SENT_LATE
                     else:
                         result = await self._attempt(request, url)
+                        if self.backpressure.observe(endpoint_id, result.status_code, result.error,
+                                                     result.retry_after_seconds, result.sent_at):
+                            self._start_allowed()
                     if not future.done():
                         future.set_result(result)
             except asyncio.CancelledError:
@@ -270,6 +291,14 @@ class Sender:
             if following is None:
                 return
             endpoint_id, host, queued = following
+
+    def _start_allowed(self) -> None:
+        """Start a runner for each waiting send that an endpoint's grown bound now allows."""
+        while (allowed := self._lanes.next_allowed()) is not None:
+            self._starting.append(allowed)
+            runner = self._running_loop().create_task(self._run())
+            self._runners.add(runner)
+            runner.add_done_callback(self._runners.discard)
 
     def _abandon(self, following: tuple | None) -> None:
         """Cancel this counted-as-running send and every one its slot would take next, freeing the slots."""
@@ -309,7 +338,9 @@ class Sender:
         if timeout is None:
             if len(self._timeouts) >= TIMEOUTS_CACHED_MAX:
                 self._timeouts.clear()
-            timeout = self._timeouts[bounded_ms] = aiohttp.ClientTimeout(total=bounded_ms / 1000)
+            # A connect that times out is told apart (ConnectionTimeoutError): it slows the endpoint.
+            timeout = self._timeouts[bounded_ms] = aiohttp.ClientTimeout(total=bounded_ms / 1000,
+                                                                         sock_connect=bounded_ms / 1000)
         return bounded_ms, timeout
 
     async def _attempt(self, request: SendRequest, url: URL) -> SendResult:
@@ -429,7 +460,9 @@ def _has_errno(error: BaseException, number: int) -> bool:
 
 def describe_failure(error: BaseException, timeout_ms: int) -> str:
     """A short, bounded, stable text for a failed attempt, as stored in delivery_attempts.error."""
-    # TimeoutError is an OSError in Python 3.11, so it is tested first.
+    # TimeoutError is an OSError in Python 3.11, so it is tested first; a connect's before any other.
+    if isinstance(error, aiohttp.ConnectionTimeoutError):
+        return f"{CONNECT_TIMEOUT_ERROR_PREFIX} after {timeout_ms} ms"
     if isinstance(error, asyncio.TimeoutError):
         return f"timeout after {timeout_ms} ms"
     refused = _find_cause(error, AddressRefusedError)
