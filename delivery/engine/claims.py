@@ -72,7 +72,7 @@ _CLAIM_IDS = _DUE_IDS + _TAKE_DUE
 SEND_COLUMNS = (
     "a.status AS account_status, e.url, e.timeout_ms, e.enabled, e.deleted_at IS NOT NULL AS endpoint_deleted,"
     " e.secret, CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,"
-    " m.event_type, m.payload, e.headers"
+    " m.event_type, m.payload, e.headers, e.rate_limit_per_second"
 )
 SEND_JOINS = (
     " JOIN accounts a ON a.id = d.account_id JOIN endpoints e ON e.id = d.endpoint_id"

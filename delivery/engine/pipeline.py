@@ -37,7 +37,8 @@ from delivery.engine.queue import IDS_PER_JOB_MAX, Queue
 from delivery.engine.recorder import Batch, Pending, Recorder
 from delivery.engine.results import AttemptResult, RecordSummary, expire_leases, reclaim_late_successes
 from delivery.engine.send_budget import SendBudget
-from delivery.engine.sender import NOT_SENT_LATE, Sender, SendRequest, SendResult
+from delivery.engine.sender import NOT_SENT_LATE, Sender, SendRequest, SendResult, was_held
+from delivery.engine.throttle import Throttle
 from delivery.store import endpoint_headers
 from delivery.store.signer_cache import SignerCache
 from signing import Signer
@@ -110,6 +111,11 @@ class Engine:
         self.health = EndpointHealth(pool, settings.retry.auto_disable)
         self.recorder = Recorder(pool, self._after_write)
         self.accepting = True  # cleared on shutdown: claim nothing new
+        # Rate limits and pauses per endpoint, shared by the workers through Redis (delivery.engine.throttle);
+        # a pause lasts at most the longest retry delay.
+        sender.backpressure.pause_seconds_max = min(max(settings.retry.schedule.delays_seconds),
+                                                    settings.retry.delay_cap_seconds)
+        self.throttle = Throttle(None if queue is None else queue.redis, sender.backpressure)
         # Every claim first reserves room in the sender for its whole batch (delivery.engine.send_budget).
         self.budget = SendBudget(sender.sends_pending_max)
         largest_claim = max(IDS_PER_JOB_MAX, settings.batch_size)
@@ -119,6 +125,7 @@ class Engine:
     async def close(self) -> None:
         """Claim nothing more, and write the results held (the worker's shutdown, after the sender closed)."""
         self.accepting = False
+        await self.throttle.close()
         await self.recorder.close()
 
     async def deliver_ids(self, delivery_ids: list[uuid.UUID]) -> BatchReport:
@@ -210,6 +217,7 @@ class Engine:
         not_after = self._sends_end_by(claimed_at)
         lease_ends_at = claimed_at + self.settings.lease_ms / 1000
         batch = Batch(len(outgoing))
+        await self.throttle.read_pauses(item.claimed.endpoint_id for item in outgoing)
         landed = self._landed
         # Futures, not tasks: the sender runs the sends in its own runners (see Sender.submit). Each
         # result goes to the recorder as it lands; a cancelled job leaves them to it (Recorder.close).
@@ -231,6 +239,7 @@ class Engine:
             batch.landed()
             return
         sent = future.result()
+        self.throttle.observed(item.claimed.endpoint_id, sent)
         self.recorder.add(Pending(self._result(item, sent), batch, item.claimed.endpoint_id, sent.gone, lease_ends_at))
 
     def _submit(self, item: Outgoing, not_after: float) -> asyncio.Future[SendResult]:
@@ -251,15 +260,14 @@ class Engine:
         # A replay goes out under the webhook-id of the delivery it replays, signed as such.
         webhook_id = delivery_id if item.webhook_id is None else str(item.webhook_id)
         headers = functools.partial(_signed_headers, signer, webhook_id, item.payload, item.headers)
-        return self.sender.submit(
-            SendRequest(delivery_id, item.claimed.attempt, item.url, item.payload, headers,
-                        item.timeout_ms, str(item.claimed.endpoint_id), not_after)
-        )
+        return self.throttle.submit(item.rate_limit_per_second, SendRequest(
+            delivery_id, item.claimed.attempt, item.url, item.payload, headers, item.timeout_ms,
+            str(item.claimed.endpoint_id), not_after), self.sender.submit)
 
     def _result(self, item: Outgoing, sent: SendResult) -> AttemptResult:
-        if sent is NOT_SENT_LATE:
+        if sent is NOT_SENT_LATE or was_held(sent):  # never on the wire: the attempt is handed back
             return AttemptResult(item.claimed.id, item.claimed.attempt, item.claimed.account_id, False, 0,
-                                 released=True)
+                                 retry_delay_seconds=sent.retry_after_seconds or 0.0, released=True)
         delay = 0.0
         if not sent.success:
             delay = self._next_delay(item.claimed.attempt, sent.retry_after_seconds)
@@ -290,10 +298,12 @@ class Engine:
             return  # without Redis, the sweep finds each of them when it is due
         # Group by whole seconds so one job wakes many deliveries due together.
         by_delay: dict[int, list[uuid.UUID]] = defaultdict(list)
+        released_now = set(released)
         for result in results:
             if result.delivery_id in retrying:
                 by_delay[int(result.retry_delay_seconds + 0.999)].append(result.delivery_id)
-        by_delay[RELEASED_WAKE_SECONDS].extend(released)
+            elif result.delivery_id in released_now:  # held back ones when they are due again
+                by_delay[max(RELEASED_WAKE_SECONDS, int(result.retry_delay_seconds + 0.999))].append(result.delivery_id)
         try:
             for delay, ids in by_delay.items():
                 if ids:

@@ -35,6 +35,7 @@ class Outgoing(NamedTuple):
     # replays); None for every other delivery.
     webhook_id: uuid.UUID | None = None
     headers: str | None = None  # the endpoint's custom headers as stored (delivery.store.endpoint_headers)
+    rate_limit_per_second: int | None = None  # delivery.engine.throttle; None: no limit
 
 
 _LOAD = ("SELECT d.id, d.webhook_id, " + claims.SEND_COLUMNS + " FROM deliveries d" + claims.SEND_JOINS
@@ -77,7 +78,8 @@ async def check_loaded(
             continue
         outgoing.append(
             Outgoing(item, row["url"], row["timeout_ms"], row["secret"], row["previous_secret"],
-                     row["event_type"], row["payload"], row["webhook_id"], row["headers"])
+                     row["event_type"], row["payload"], row["webhook_id"], row["headers"],
+                     row["rate_limit_per_second"])
         )
     return outgoing, settled
 

@@ -57,7 +57,9 @@ class AttemptResult(NamedTuple):
     error: str | None = None
     response_excerpt: str | None = None
     retry_delay_seconds: float = 0.0  # used when the attempt failed and another is left
-    released: bool = False  # never sent (it could not have ended within its lease): the claim is given back
+    # never sent (it could not have ended within its lease, or was held back): the claim is given
+    # back, due again after retry_delay_seconds
+    released: bool = False
     # time.monotonic() when the request left and when its answer or error came in; None: unknown,
     # then started_at is taken as latency_ms before the write and finished_at as the write.
     sent_at: float | None = None
@@ -92,9 +94,11 @@ _SCHEDULE_RETRY = (
 # attempt, past the lease's end too until the sweep expires it (the two take the row lock in
 # turn, and the sweep skips a locked row); once the sweep or another worker's claim moved the
 # delivery on, it matches nothing (tests/integration/engine/test_release_races.py).
+# A claim held back (its endpoint paused or at its rate limit) is due again after its delay.
 _RELEASE = (
-    "UPDATE deliveries d SET state = 'pending', attempt = d.attempt - 1, leased_until = NULL, next_attempt_at = now()"
-    " FROM unnest($1::uuid[], $2::int[]) AS r(id, attempt)"
+    "UPDATE deliveries d SET state = 'pending', attempt = d.attempt - 1, leased_until = NULL,"
+    "   next_attempt_at = now() + r.delay * interval '1 second'"
+    " FROM unnest($1::uuid[], $2::int[], $3::float8[]) AS r(id, attempt, delay)"
     " WHERE d.id = r.id AND d.attempt = r.attempt AND d.state = 'sending' RETURNING d.id"
 )
 # A failure on record (a lease expiry's placeholder, or any other) is replaced by a 2xx of the
@@ -184,7 +188,8 @@ async def _apply(connection, reference: float, results: list[AttemptResult], rel
     current = {row["id"]: row for row in rows}
     if released:
         summary.released = [row["id"] for row in await connection.fetch(
-            _RELEASE, [r.delivery_id for r in released], [r.attempt for r in released])]
+            _RELEASE, [r.delivery_id for r in released], [r.attempt for r in released],
+            [r.retry_delay_seconds for r in released])]
     if successes:
         summary.delivered = [row["id"] for row in await connection.fetch(
             _MARK_DELIVERED, [r.delivery_id for r in successes], [r.attempt for r in successes])]
