@@ -144,7 +144,7 @@ class Throttle:
                 if paused_for > 0:
                     self._give_back(gate, lambda index: paused_for)
                     continue
-                wait = await self._wait_for_token(gate.endpoint_id, gate.rate)
+                wait = await self.take_token(gate.endpoint_id, gate.rate)
                 if wait <= 0:
                     gate.held.popleft()
                     _chain(send(head.request), head.future)
@@ -180,7 +180,7 @@ class Throttle:
             held.future.set_result(not_sent_held(delay))
         gate.held = kept
 
-    async def _wait_for_token(self, endpoint_id: str, rate: int) -> float:
+    async def take_token(self, endpoint_id: str, rate: int) -> float:
         """Take a token of the endpoint's bucket: 0.0 when taken, else the seconds until one is free."""
         spacing = spacing_seconds(rate)
         if self._take is not None and self._clock() >= self._redis_down_until:
@@ -250,6 +250,10 @@ class Throttle:
                 await self._redis.set(key, b"1", px=milliseconds)
         except REDIS_ERRORS as error:
             logger.warning("could not share endpoint %s's pause through Redis (%r)", endpoint_id, error)
+
+    async def pauses_shared(self) -> None:
+        """Wait until the pauses this worker was told are written to Redis (or failed to be)."""
+        await asyncio.gather(*self._background, return_exceptions=True)
 
     async def close(self) -> None:
         """Give back every held send (not sent; the claims are released) and stop the pumps."""

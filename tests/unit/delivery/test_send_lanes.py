@@ -109,3 +109,26 @@ def test_any_sequence_keeps_the_bounds_the_order_and_no_idle_slot(per_endpoint, 
     for items in offered.values():
         assert [position[item] for item in items] == sorted(position[item] for item in items), "FIFO per endpoint"
     assert (lanes.running, lanes.waiting, lanes.endpoints) == (0, 0, 0)
+
+
+def test_an_endpoint_bound_that_shrinks_holds_its_sends_and_one_that_grows_starts_them() -> None:
+    """limit_of (backpressure) lowers one endpoint's bound under per_endpoint: its waiting sends
+    stay queued while it is at its bound, other endpoints go on, and next_allowed starts what a
+    grown bound allows."""
+    bounds = {"a": 4}
+    lanes: Lanes[str] = Lanes(per_endpoint=4, per_host=10, total=10, limit_of=lambda key: bounds.get(key, 4))
+    running = [("a", "h", f"a{n}") for n in range(4) if lanes.offer("a", "h", f"a{n}")]
+    assert len(running) == 4
+    assert not lanes.offer("a", "h", "a4") and not lanes.offer("a", "h", "a5")
+    bounds["a"] = 1  # halved twice while four were on the wire
+    for _ in range(3):
+        endpoint, host, _ = running.pop(0)
+        assert lanes.finish(endpoint, host) is None, "still at or above its bound of 1"
+        lanes.check()
+    assert lanes.offer("b", "h", "b0"), "another endpoint is not slowed"
+    endpoint, host, _ = running.pop(0)
+    assert lanes.finish(endpoint, host) == ("a", "h", "a4")  # one at a time now
+    lanes.check()
+    bounds["a"] = 2
+    assert lanes.next_allowed() == ("a", "h", "a5") and lanes.next_allowed() is None
+    lanes.check()

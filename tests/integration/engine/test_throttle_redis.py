@@ -1,0 +1,110 @@
+"""The throttle's shared state on a real Redis, and its fallbacks: the bucket two workers share,
+each worker's own share when Redis is lost, a pause one worker shares with another, and sends
+held past their hold given back with the time they are due again (a real sender and receiver)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+import time
+import uuid
+
+from redis.asyncio import Redis
+
+from delivery.engine import throttle as throttle_module
+from delivery.engine.backpressure import Backpressure
+from delivery.engine.sender import Sender, SenderSettings, SendRequest, SendResult, was_held
+from delivery.engine.throttle import Throttle, spacing_seconds
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _closed_port() -> int:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        return listener.getsockname()[1]
+
+
+async def test_two_workers_share_one_bucket_per_endpoint(arq_queue):
+    """Worker B finds the token worker A just took: it must wait up to one spacing; both count as
+    live. Then, taking as fast as both can for a while, they are granted no more than the limit
+    allows over that while (load only makes them slower). Another endpoint's bucket is its own."""
+    first, second = (Throttle(arq_queue.redis, Backpressure(16)) for _ in range(2))
+    endpoint, other = str(uuid.uuid4()), str(uuid.uuid4())
+    assert await first.take_token(endpoint, 10) == 0.0
+    wait = await second.take_token(endpoint, 10)
+    assert 0.0 < wait <= spacing_seconds(10)
+    assert second.workers == 2
+    assert await second.take_token(other, 10) == 0.0
+    started = time.monotonic()
+    granted = 0
+    while time.monotonic() - started < 1.0:
+        for worker in (first, second):
+            granted += await worker.take_token(endpoint, 10) == 0.0
+    elapsed = time.monotonic() - started
+    assert 1 <= granted <= elapsed / spacing_seconds(10) + 1, (granted, elapsed)
+
+
+async def test_without_redis_each_worker_sends_its_share_and_never_above_the_limit():
+    """Redis refuses the connection: a worker that last saw 4 workers spaces its sends 4 times
+    as far apart; one alone, as the limit says. It asks Redis again after REDIS_RETRY_SECONDS."""
+    clock = Clock()
+    redis = Redis(host="127.0.0.1", port=_closed_port(), socket_connect_timeout=1)
+    try:
+        throttle = Throttle(redis, Backpressure(16), clock=clock)
+        throttle.workers = 4
+        endpoint = str(uuid.uuid4())
+        assert await throttle.take_token(endpoint, 10) == 0.0
+        assert math.isclose(await throttle.take_token(endpoint, 10), spacing_seconds(10) * 4)
+        clock.now += spacing_seconds(10) * 4
+        assert await throttle.take_token(endpoint, 10) == 0.0
+        throttle.workers = 1
+        clock.now += throttle_module.REDIS_RETRY_SECONDS  # Redis is asked again, and still refuses
+        assert await throttle.take_token(endpoint, 10) == 0.0
+        wait = await throttle.take_token(endpoint, 10)
+        assert math.isclose(wait, spacing_seconds(10)) and wait >= 1 / 10
+    finally:
+        await redis.aclose()
+
+
+async def test_a_pause_one_worker_was_told_holds_the_endpoint_in_another(arq_queue):
+    """Worker A's answer was a 503 with Retry-After: 2; worker B, reading the endpoint's pause
+    before its batch, holds it for what is left of the 2 s. Other endpoints are not paused."""
+    first, second = (Throttle(arq_queue.redis, Backpressure(16)) for _ in range(2))
+    endpoint, other = uuid.uuid4(), uuid.uuid4()
+    first.observed(endpoint, SendResult(503, 5, "http 503", "", 2.0, False, False, 1.0, 1.1))
+    first.observed(other, SendResult(500, 5, "http 500", "", 2.0, False, False, 1.0, 1.1))  # not a slow-down
+    await first.pauses_shared()
+    await second.read_pauses([endpoint, other, endpoint])
+    assert 0.0 < second.backpressure.paused_for(str(endpoint)) <= 2.0
+    assert second.backpressure.paused_for(str(other)) == 0.0
+
+
+async def test_sends_past_their_hold_are_given_back_due_later(receiver_factory):
+    """30 sends at 10/s to a loopback receiver, with no Redis (one worker: its own bucket): those
+    that fit in the hold go out, spaced; the rest come back held, never on the wire, each due
+    again no earlier than the ones before it. The receiver got exactly the ones sent."""
+    receiver = await receiver_factory()
+    async with Sender(SenderSettings(allow_loopback=True)) as sender:
+        throttle = Throttle(None, sender.backpressure)
+        endpoint = str(uuid.uuid4())
+        futures = [throttle.submit(10, SendRequest(str(uuid.uuid4()), 1, receiver.url, b"{}", {}, 1000, endpoint),
+                                   sender.submit) for _ in range(30)]
+        results = await asyncio.gather(*futures)
+        await throttle.close()
+    sent = [result for result in results if not was_held(result)]
+    held = [result for result in results if was_held(result)]
+    assert [result.status_code for result in sent] == [200] * len(sent) and len(receiver.received) == len(sent)
+    assert 1 <= len(sent) <= throttle_module.HOLD_SECONDS_MAX / spacing_seconds(10) + 1
+    assert len(sent) + len(held) == 30
+    delays = [result.retry_after_seconds for result in held]
+    assert delays == sorted(delays) and delays[0] >= throttle_module.RELEASE_DELAY_SECONDS_MIN
+    assert all(result.sent_at == 0.0 for result in held)
+    assert results[:len(sent)] == sent, "in the order they came"
