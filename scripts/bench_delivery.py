@@ -13,6 +13,10 @@ the end) and a dedicated Redis database number (flushed before and after):
    from the create's commit to arrival at the receiver. Then the same load sent as
    POST /v1/messages to a real `hookledger api` process: p50/p99 from each 202 to arrival (what an
    app sees: the API's group commit and its wake-up of the worker included).
+   With --throttled-deliveries, each drain runs again beside that many deliveries of one more
+   endpoint limited to --throttle-rate per second (rate_limit_per_second): the unthrottled
+   deliveries' rate beside the plain drain's, and the most the throttled endpoint received in any
+   second of the receiver's clock.
 4. naive: one arq job per delivery, one transaction per step (claim, load, record each its own),
    a new ClientSession per send (`--naive-worker`, a subprocess), on a smaller N.
 
@@ -28,6 +32,7 @@ CPU PostgreSQL and Redis spent leaves room for.
 
     .venv/bin/python scripts/bench_delivery.py [--deliveries 20000] [--naive-deliveries 2000]
         [--workers 1,2] [--endpoints 24] [--rate 500] [--seconds 10] [--body-bytes 512] [--event-loop auto]
+        [--throttled-deliveries 0] [--throttle-rate 50]
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import bisect
 import json
 import os
 import statistics
@@ -193,6 +199,7 @@ class Bench:
         self.body = _body(arguments.body_bytes)
         self.logs: list[str] = []
         self.receiver_pid = 0
+        self.throttled_endpoint: uuid.UUID | None = None
 
     def environment(self) -> dict[str, str]:
         return {**os.environ, "DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url, "HOOKLEDGER_DEV": "1",
@@ -313,6 +320,56 @@ class Bench:
         finally:
             stop_servers(processes)
         return {**_rates(stats, count, started), **await self.check(delivery_ids, stats),
+                "cpu_ms_per_1000": stats.get("cpu_ms_per_1000", float("nan")), "cpu_shares": stats.get("cpu_shares", {})}
+
+    async def drain_beside_throttled(self, count: int, workers: int, throttled: int, rate_limit: int) -> dict:
+        """The drain again, with `throttled` deliveries of one more endpoint limited to rate_limit per
+        second created first (so they are the oldest due): the unthrottled ones' rate, first to last
+        arrival, and the most of the throttled ones that arrived in any second."""
+        await self.reset_receiver(VERIFIED_PER_PHASE)
+        if self.throttled_endpoint is None:
+            self.throttled_endpoint = ids.new_id()
+            ciphertext = encrypt_secret(self.secret, self.keyring, context=endpoint_secret_context(self.throttled_endpoint))
+            await self.pool.execute(
+                "INSERT INTO endpoints (id, account_id, url, secret, timeout_ms, event_types, rate_limit_per_second)"
+                " VALUES ($1, $2, $3, $4, 15000, $5, $6)", self.throttled_endpoint, self.account_id,
+                f"{self.receiver}/hook/throttled", ciphertext, ["bench.throttled"], rate_limit)
+        throttled_ids = []
+        while len(throttled_ids) < throttled:
+            requests = [MessageRequest(self.account_id, "bench.throttled", self.body)
+                        for _ in range(min(CREATE_BATCH_MAX, throttled - len(throttled_ids)))]
+            throttled_ids += [d.id for created in await create_messages(self.pool, requests, attempts_max=8)
+                              for d in created.deliveries]
+        delivery_ids = await self.create(count)
+        await self.steady_state()
+        await self.queue.wake(throttled_ids)
+        await self.queue.wake(delivery_ids)
+        started = time.time()
+        processes = [self.start(command="worker") for _ in range(workers)]
+        deadline = time.monotonic() + PHASE_TIMEOUT_SECONDS
+        try:
+            stats = await self.wait_for_arrivals(count, processes=processes)
+            wanted = {str(delivery_id) for delivery_id in delivery_ids}
+            while True:
+                async with self.http.get(f"{self.receiver}/arrivals") as response:
+                    arrivals = await response.json()
+                if wanted <= arrivals.keys() or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.5)
+        finally:
+            stop_servers(processes)
+            # The throttled backlog left is parked (a scratch database) so that the next drain is plain.
+            await self.pool.execute("UPDATE deliveries SET next_attempt_at = now() + interval '1 day'"
+                                    " WHERE endpoint_id = $1 AND state = 'pending'", self.throttled_endpoint)
+        times = [arrivals[key] for key in wanted if key in arrivals]
+        throttled_times = sorted(arrivals[str(key)] for key in throttled_ids if str(key) in arrivals)
+        span = max(max(times) - min(times), 1e-9) if times else 1e-9
+        most = max((bisect.bisect_left(throttled_times, start + 1.0) - index
+                    for index, start in enumerate(throttled_times)), default=0)
+        return {"arrived": len(times), "rate": len(times) / span, "wall_rate": len(times) / max(max(times, default=started) - started, 1e-9),
+                "throttled_arrived": len(throttled_times), "throttled_most_in_a_second": most,
+                "delivered": await self.pool.fetchval("SELECT count(*) FROM deliveries WHERE id = ANY($1::uuid[])"
+                                                      " AND state = 'delivered'", delivery_ids),
                 "cpu_ms_per_1000": stats.get("cpu_ms_per_1000", float("nan")), "cpu_shares": stats.get("cpu_shares", {})}
 
     async def latency(self, rate: float, seconds: float) -> dict:
@@ -463,6 +520,12 @@ async def _measure(arguments, database_url: str, redis_url: str) -> None:
             drain["ceiling"] = (ceilings[-2]["rate"] + ceilings[-1]["rate"]) / 2
             results[f"drain{workers}"] = drain
             print(f"drain, {workers} worker(s): {drain}; ceilings {[round(c['rate']) for c in ceilings]}", flush=True)
+            if arguments.throttled_deliveries > 0:
+                beside = await bench.drain_beside_throttled(arguments.deliveries, workers, arguments.throttled_deliveries,
+                                                            arguments.throttle_rate)
+                beside["versus_drain"] = beside["rate"] / drain["rate"]
+                results[f"throttled{workers}"] = beside
+                print(f"drain beside a {arguments.throttle_rate}/s endpoint, {workers} worker(s): {beside}", flush=True)
         results["ceiling"] = {**ceilings[0], "rate": statistics.mean(c["rate"] for c in ceilings),
                               "cpu_ms_per_1000": statistics.mean(c["cpu_ms_per_1000"] for c in ceilings),
                               "wall_rate": statistics.mean(c["wall_rate"] for c in ceilings),
@@ -533,6 +596,13 @@ def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: 
               f" process, 1 worker; from each 202 to arrival): p50 {latency['p50_ms']:.0f} ms, p99 {latency['p99_ms']:.0f} ms,"
               f" max {latency['max_ms']:.0f} ms, arrived {latency['arrived']}, refused {latency['refused']},"
               f" signatures ok {latency['verified']} bad {latency['invalid']}")
+    for workers in arguments.workers:
+        if f"throttled{workers}" in results:
+            row = results[f"throttled{workers}"]
+            print(f"drain beside a {arguments.throttle_rate}/s endpoint with {arguments.throttled_deliveries} due,"
+                  f" {workers} worker(s): {row['arrived']} unthrottled at {row['rate']:.0f}/s"
+                  f" = {row['versus_drain']:.0%} of the plain drain's rate beside it; the throttled endpoint got"
+                  f" {row['throttled_arrived']} meanwhile, at most {row['throttled_most_in_a_second']} in any second")
     print("rate: first to last arrival at the receiver; wall: worker start to last arrival; cpu: CPU time of the"
           " client (ceiling) or the worker processes per 1000 deliveries, less sensitive to a shared machine.")
     print("ceiling measured before and after each drain: " + ", ".join(f"{rate:.0f}" for rate in results["ceiling"]["each"])
@@ -549,6 +619,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=500.0, help="deliveries per second offered in the latency run")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency run (0 skips it)")
     parser.add_argument("--body-bytes", type=int, default=512)
+    parser.add_argument("--throttled-deliveries", type=int, default=0,
+                        help="also run each drain beside this many deliveries of an endpoint at --throttle-rate (0 skips it)")
+    parser.add_argument("--throttle-rate", type=int, default=50, help="that endpoint's rate_limit_per_second")
     add_redis_db_argument(parser)
     parser.add_argument("--serve-receiver", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--naive-worker", action="store_true", help=argparse.SUPPRESS)
