@@ -75,13 +75,35 @@ def _next_page(console: Console, cursor: str | None) -> None:
 
 # ---- endpoints -------------------------------------------------------------------------------------
 
-_ENDPOINT_COLUMNS = (*output.ids("id", "url"), *output.texts("event types", "enabled", "timeout ms", "description"))
+_ENDPOINT_COLUMNS = (*output.ids("id", "url"), *output.texts("event types", "enabled", "timeout ms", "rate limit /s",
+                                                               "signing", "headers", "description"))
+HeaderOption = Annotated[Optional[list[str]], typer.Option(
+    "--header", "-H", metavar="'NAME: VALUE'", help="A custom header sent with every request, outside the signature (repeat).")]
+RateLimitOption = Annotated[Optional[int], typer.Option(
+    "--rate-limit", metavar="PER_SECOND", help="The most requests a second all workers together send it (1 to 10000).")]
+KeyTypeOption = Annotated[Optional[str], typer.Option(
+    "--signing-key-type", metavar="hmac|ed25519", help="hmac (a whsec_ secret) or ed25519 (receivers verify with a whpk_ key).")]
 
 
 def _endpoint_rows(endpoints) -> list[tuple]:
     return [(e.id, e.url, ", ".join(e.event_types) if e.event_types else "(all)",
-             "yes" if e.enabled else f"no ({e.disabled_reason or 'by you'})", e.timeout_ms, e.description)
+             "yes" if e.enabled else f"no ({e.disabled_reason or 'by you'})", e.timeout_ms,
+             e.rate_limit_per_second if e.rate_limit_per_second is not None else "-", e.signing_key_type,
+             ", ".join(e.headers) if e.headers else "-", e.description)
             for e in endpoints]
+
+
+def _headers(given: list[str] | None) -> dict[str, str] | None:
+    """--header 'Name: value' options as a mapping (None when none was given); the API checks names and values."""
+    if not given:
+        return None
+    headers: dict[str, str] = {}
+    for item in given:
+        name, colon, value = item.partition(":")
+        if not colon or not name.strip():
+            raise output.usage(f"--header {item!r}: give it as 'Name: value'")
+        headers[name.strip()] = value.strip()
+    return headers
 
 
 def _print_endpoint(endpoint: models.Endpoint) -> Callable[[Console], None]:
@@ -97,12 +119,17 @@ def endpoints_create(
     timeout_ms: Annotated[Optional[int], typer.Option(metavar="MS", help="Per-attempt timeout in milliseconds.")] = None,
     disabled: Annotated[bool, typer.Option("--disabled", help="Create it disabled.")] = False,
     secret: Annotated[Optional[str], typer.Option("--secret", metavar="SECRET", help="Use this whsec_ secret (default: generated).")] = None,
+    signing_key_type: KeyTypeOption = None, header: HeaderOption = None, rate_limit: RateLimitOption = None,
     api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False,
 ) -> None:
-    """Create an endpoint and print its signing secret, which your receiver verifies with."""
+    """Create an endpoint and print its signing secret (an Ed25519 endpoint's whpk_ public key), which your
+    receiver verifies with."""
+    headers = _headers(header)
     with api(api_url, api_key, as_json) as client:
         endpoint = client.endpoints.create(url, description=description, event_types=event_type or None,
-                                           timeout_ms=timeout_ms, enabled=not disabled, secret=secret)
+                                           timeout_ms=timeout_ms, enabled=not disabled, secret=secret,
+                                           signing_key_type=signing_key_type, headers=headers,
+                                           rate_limit_per_second=rate_limit)
         signing_secret = secret or client.endpoints.get_secret(endpoint.id)
 
     def render(console: Console) -> None:
@@ -143,17 +170,30 @@ def endpoints_update(
     enabled: Annotated[Optional[bool], typer.Option("--enable/--disable", help="Turn deliveries on or off.",
                                                     show_default=False)] = None,
     timeout_ms: Annotated[Optional[int], typer.Option(metavar="MS", help="Per-attempt timeout in milliseconds.")] = None,
+    header: Annotated[Optional[list[str]], typer.Option(
+        "--header", "-H", metavar="'NAME: VALUE'", help="Replace the custom headers with these (repeat).")] = None,
+    clear_headers: Annotated[bool, typer.Option("--clear-headers", help="Send no custom headers.")] = False,
+    rate_limit: RateLimitOption = None,
+    no_rate_limit: Annotated[bool, typer.Option("--no-rate-limit", help="Remove the rate limit.")] = False,
     api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False,
 ) -> None:
     """Change an endpoint; only the options given change."""
     check_ids((endpoint_id, "endpoint"))
     if event_type and all_events:
         raise output.usage("give --event-type or --all-events, not both")
+    if header and clear_headers:
+        raise output.usage("give --header or --clear-headers, not both")
+    if rate_limit is not None and no_rate_limit:
+        raise output.usage("give --rate-limit or --no-rate-limit, not both")
     changes: dict[str, Any] = {name: value for name, value in
                                (("url", url), ("description", description), ("enabled", enabled),
                                 ("timeout_ms", timeout_ms), ("event_types", event_type or None)) if value is not None}
     if all_events:
         changes["event_types"] = None
+    if header or clear_headers:
+        changes["headers"] = _headers(header)
+    if rate_limit is not None or no_rate_limit:
+        changes["rate_limit_per_second"] = rate_limit
     if not changes:
         raise output.usage("nothing to change: give at least one option (see --help)")
     with api(api_url, api_key, as_json) as client:
@@ -177,6 +217,7 @@ def endpoints_delete(endpoint_id: EndpointId, api_url: ApiUrl = API_URL_DEFAULT,
 def endpoints_rotate_secret(
     endpoint_id: EndpointId,
     secret: Annotated[Optional[str], typer.Option("--secret", metavar="SECRET", help="Rotate to this whsec_ secret (default: generated).")] = None,
+    signing_key_type: KeyTypeOption = None,
     api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False,
 ) -> None:
     """Rotate the signing secret; the old one keeps signing beside it for the overlap (24 h by default).
@@ -185,7 +226,7 @@ def endpoints_rotate_secret(
     """
     check_ids((endpoint_id, "endpoint"))
     with api(api_url, api_key, as_json) as client:
-        new_secret = client.endpoints.rotate_secret(endpoint_id, secret=secret)
+        new_secret = client.endpoints.rotate_secret(endpoint_id, secret=secret, signing_key_type=signing_key_type)
     _emit({"secret": new_secret}, as_json, lambda console: console.print(new_secret, markup=False, soft_wrap=True))
 
 

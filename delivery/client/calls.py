@@ -199,12 +199,17 @@ def revoke_api_key(key_id: Id) -> Call[None]:
 
 
 def create_endpoint(url: str, *, description: str, event_types: Sequence[str] | None, timeout_ms: int | None,
-                    enabled: bool, secret: str | None, idempotency_key: str) -> Call[models.Endpoint]:
+                    enabled: bool, secret: str | None, idempotency_key: str, signing_key_type: str | None = None,
+                    headers: Mapping[str, str] | None = None,
+                    rate_limit_per_second: int | None = None) -> Call[models.Endpoint]:
     body = _json({
         "url": url, "description": description,
         "event_types": list(event_types) if event_types is not None else UNSET,
         "timeout_ms": timeout_ms if timeout_ms is not None else UNSET, "enabled": enabled,
         "secret": secret if secret is not None else UNSET,
+        "signing_key_type": signing_key_type if signing_key_type is not None else UNSET,
+        "headers": dict(headers) if headers is not None else UNSET,
+        "rate_limit_per_second": rate_limit_per_second if rate_limit_per_second is not None else UNSET,
     })
     return Call("POST", "/v1/endpoints", True, _reads(models.Endpoint), body=body, headers=_keyed(idempotency_key))
 
@@ -218,7 +223,8 @@ def get_endpoint(endpoint_id: Id) -> Call[models.Endpoint]:
 
 
 def update_endpoint(endpoint_id: Id, changes: Mapping[str, Any]) -> Call[models.Endpoint]:
-    fields = {name: (list(value) if name == "event_types" and value is not None and value is not UNSET else value)
+    fields = {name: (list(value) if name == "event_types" and value is not None and value is not UNSET
+                     else dict(value) if name == "headers" and value is not None and value is not UNSET else value)
               for name, value in changes.items()}
     return Call("PATCH", f"/v1/endpoints/{_segment(endpoint_id)}", True, _reads(models.Endpoint), body=_json(fields))
 
@@ -227,10 +233,13 @@ def delete_endpoint(endpoint_id: Id) -> Call[models.EndpointDeleted]:
     return Call("DELETE", f"/v1/endpoints/{_segment(endpoint_id)}", True, _reads(models.EndpointDeleted))
 
 
-def rotate_secret(endpoint_id: Id, secret: str | None, idempotency_key: str) -> Call[str]:
+def rotate_secret(endpoint_id: Id, secret: str | None, idempotency_key: str,
+                  signing_key_type: str | None = None) -> Call[str]:
     # Idempotent only through its key: a second rotation would push the secret receivers still
     # use out of the overlap, so a retry must answer the first rotation's secret instead.
-    body = _json({"secret": secret}) if secret is not None else None
+    fields = {"secret": secret if secret is not None else UNSET,
+              "signing_key_type": signing_key_type if signing_key_type is not None else UNSET}
+    body = _json(fields) if secret is not None or signing_key_type is not None else None
     return Call("POST", f"/v1/endpoints/{_segment(endpoint_id)}/secret/rotate", True, _reads_secret, body=body,
                 headers=_keyed(idempotency_key))
 

@@ -82,6 +82,7 @@ class Endpoint(msgspec.Struct, frozen=True):
     updated_at: datetime
     signing_key_type: str = "hmac"  # hmac (a whsec_ secret, v1) | ed25519 (receivers verify v1a with a whpk_ key)
     headers: dict[str, str] | None = None  # custom headers sent with every request, outside the signature
+    rate_limit_per_second: int | None = None  # the most requests a second all workers send it; None: no limit
 
 
 class EndpointDeleted(msgspec.Struct, frozen=True):
