@@ -10,8 +10,11 @@ a second more than the ones after them.
 A delivery the throttle holds back stays pending and spends nothing: the worker holds it before
 its send starts, at most HOLD_SECONDS_MAX (far inside its lease); one that would wait longer has
 its claim given back at once (the attempt it took is handed back too, delivery.engine.results)
-and is due again when the bucket should have room for it. So a backlog of a throttled endpoint
-never fills a worker, and the other endpoints' sends go on beside it.
+and is due again when the bucket should have room for it: the claims given back book slots one
+spacing apart after the last slot booked (a second key per endpoint, the booking horizon), so a
+backlog is spread over the time the limit needs for it and each delivery comes back about once,
+not again and again. So a backlog of a throttled endpoint never fills a worker, and the other
+endpoints' sends go on beside it.
 
 If Redis cannot be reached, each worker keeps a bucket of its own for the endpoint, spaced for its
 share: the limit divided by the workers that last used the shared buckets (each names itself in
@@ -51,6 +54,7 @@ WORKERS_LIVE_SECONDS = 30  # a worker that took no token for this long no longer
 REDIS_RETRY_SECONDS = 1.0  # after a Redis error, the worker's own buckets for this long before asking again
 PAUSE_ENDPOINTS_READ_MAX = 1000  # endpoints whose pause one batch reads from Redis
 BUCKET_KEY_PREFIX = "hookledger:throttle:"  # + endpoint id: its theoretical arrival time, microseconds
+BOOKED_KEY_PREFIX = "hookledger:throttle-booked:"  # + endpoint id: the end of the slots booked for claims given back
 PAUSE_KEY_PREFIX = "hookledger:paused:"  # + endpoint id: exists while the endpoint is paused
 WORKERS_KEY = "hookledger:throttle:workers"
 
@@ -72,6 +76,18 @@ end
 redis.call('ZADD', KEYS[2], string.format('%.0f', now), ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', string.format('%.0f', now - tonumber(ARGV[3])))
 return {math.floor(wait), redis.call('ZCARD', KEYS[2])}
+"""
+
+# KEYS: the endpoint's booking horizon. ARGV: spacing in microseconds, slots to book, earliest start
+# in microseconds from now. Returns the microseconds from now to the first slot booked.
+_BOOK = """
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local start = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'), now + tonumber(ARGV[3]))
+local finish = start + tonumber(ARGV[1]) * tonumber(ARGV[2])
+redis.call('SET', KEYS[1], string.format('%.0f', finish), 'PX', math.floor((finish - now) / 1000) + 1000)
+return math.floor(start - now)
 """
 
 
@@ -101,11 +117,13 @@ class Throttle:
     def __init__(self, redis, backpressure: Backpressure, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._redis = redis
         self._take = None if redis is None else redis.register_script(_TAKE)
+        self._book = None if redis is None else redis.register_script(_BOOK)
         self.backpressure = backpressure
         self._clock = clock
         self._name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._gates: dict[str, _Gate] = {}
         self._local_arrivals: dict[str, float] = {}  # endpoint -> this worker's own next send time
+        self._local_booked: dict[str, float] = {}  # endpoint -> the end of the slots this worker booked
         self.workers = 1  # workers taking tokens, as Redis last said
         self._redis_down_until = float("-inf")
         self._closing = False
@@ -149,10 +167,7 @@ class Throttle:
                     gate.held.popleft()
                     _chain(send(head.request), head.future)
                     continue
-                now = self._clock()
-                spacing_all = spacing_seconds(gate.rate) * max(1, self.workers)
-                self._give_back(gate, lambda index: wait + index * spacing_all,
-                                late=lambda index, held: now + wait + index * spacing_all > held.deadline)
+                await self._give_back_late(gate, wait)
                 if gate.held:
                     await asyncio.sleep(max(0.0, min(wait, gate.held[0].deadline - now)))
         except Exception:  # noqa: BLE001 - a bug here must not strand the sends it holds
@@ -165,20 +180,55 @@ class Throttle:
             elif not gate.held:
                 self._gates.pop(gate.endpoint_id, None)
 
-    def _give_back(self, gate: _Gate, delay_of: Callable[[int], float],
-                   late: Callable[[int, _Held], bool] | None = None) -> None:
-        """Answer held sends as not sent, due again after delay_of(their place): all of them, or
-        those that `late` says would wait past their deadline."""
+    async def _give_back_late(self, gate: _Gate, wait: float) -> None:
+        """The bucket is empty for `wait` seconds: give back the held sends that this worker's share
+        of the limit would not start before their deadline, each due at a slot booked for it."""
+        now = self._clock()
+        spacing_here = spacing_seconds(gate.rate) * max(1, self.workers)  # this worker's share
         kept: collections.deque[_Held] = collections.deque()
-        for index, held in enumerate(gate.held):
+        late: list[_Held] = []
+        for held in gate.held:
             if held.future.done():
                 continue
-            if late is not None and not late(index, held) and self._clock() < held.deadline:
+            if now + wait + len(kept) * spacing_here <= held.deadline:
                 kept.append(held)
-                continue
-            delay = min(RELEASE_DELAY_SECONDS_MAX, max(RELEASE_DELAY_SECONDS_MIN, delay_of(index)))
-            held.future.set_result(not_sent_held(delay))
+            else:
+                late.append(held)
         gate.held = kept
+        if not late:
+            return
+        first, slot = await self._book_slots(gate.endpoint_id, gate.rate, len(late), wait + len(kept) * spacing_here)
+        for index, held in enumerate(late):
+            if not held.future.done():
+                held.future.set_result(not_sent_held(_bounded_delay(first + index * slot)))
+
+    async def _book_slots(self, endpoint_id: str, rate: int, count: int, earliest: float) -> tuple[float, float]:
+        """Book `count` slots of the endpoint, after the last one booked and no sooner than `earliest`
+        seconds from now: (seconds from now to the first, seconds between two)."""
+        spacing = spacing_seconds(rate)
+        if self._book is not None and self._clock() >= self._redis_down_until:
+            try:
+                first_us = await self._book(keys=[BOOKED_KEY_PREFIX + endpoint_id],
+                                            args=[max(1, round(spacing * 1_000_000)), count,
+                                                  max(0, round(earliest * 1_000_000))])
+                return int(first_us) / 1_000_000, spacing
+            except REDIS_ERRORS as error:
+                logger.warning("could not book the throttle's slots in Redis (%r)", error)
+                self._redis_down_until = self._clock() + REDIS_RETRY_SECONDS
+        now = self._clock()  # without Redis: this worker's own slots, spaced for its share
+        spacing *= max(1, self.workers)
+        start = max(self._local_booked.get(endpoint_id, now), now + earliest)
+        if len(self._local_booked) >= 100_000:
+            self._local_booked.clear()
+        self._local_booked[endpoint_id] = start + count * spacing
+        return start - now, spacing
+
+    def _give_back(self, gate: _Gate, delay_of: Callable[[int], float]) -> None:
+        """Answer every held send as not sent, due again after delay_of(its place)."""
+        for index, held in enumerate(gate.held):
+            if not held.future.done():
+                held.future.set_result(not_sent_held(_bounded_delay(delay_of(index))))
+        gate.held.clear()
 
     async def take_token(self, endpoint_id: str, rate: int) -> float:
         """Take a token of the endpoint's bucket: 0.0 when taken, else the seconds until one is free."""
@@ -270,6 +320,10 @@ class Throttle:
     def held(self) -> int:
         """Sends held back now, waiting for their endpoint's bucket."""
         return sum(len(gate.held) for gate in self._gates.values())
+
+
+def _bounded_delay(seconds: float) -> float:
+    return min(RELEASE_DELAY_SECONDS_MAX, max(RELEASE_DELAY_SECONDS_MIN, seconds))
 
 
 def _chain(source: asyncio.Future[SendResult], target: asyncio.Future[SendResult]) -> None:

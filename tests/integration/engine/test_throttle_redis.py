@@ -108,3 +108,16 @@ async def test_sends_past_their_hold_are_given_back_due_later(receiver_factory):
     assert delays == sorted(delays) and delays[0] >= throttle_module.RELEASE_DELAY_SECONDS_MIN
     assert all(result.sent_at == 0.0 for result in held)
     assert results[:len(sent)] == sent, "in the order they came"
+
+
+async def test_claims_given_back_book_slots_after_those_booked_before(arq_queue):
+    """Two workers give back 10 and then 5 sends of one endpoint at 10/s: the second worker's first
+    slot comes after the first worker's tenth (the backlog is spread, not stacked on one time)."""
+    first, second = (Throttle(arq_queue.redis, Backpressure(16)) for _ in range(2))
+    endpoint = str(uuid.uuid4())
+    began = time.monotonic()
+    start, slot = await first._book_slots(endpoint, 10, 10, 0.5)
+    later, _ = await second._book_slots(endpoint, 10, 5, 0.0)
+    between = time.monotonic() - began  # Redis's clock moved on by no more than this between the two
+    assert math.isclose(slot, spacing_seconds(10)) and start == 0.5
+    assert later >= start + 10 * slot - between - 0.001, (start, later, between)
