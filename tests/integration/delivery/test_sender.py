@@ -130,17 +130,22 @@ async def test_gone_says_disable_the_endpoint(receiver: Receiver, sender: Sender
 
 
 async def test_retry_after_is_parsed_on_429_and_503_only(receiver: Receiver, sender: Sender) -> None:
-    """Retry-After is honoured on 429 (seconds) and 503 (HTTP-date), and ignored on a 500."""
+    """Retry-After is honoured on 429 (seconds) and 503 (HTTP-date), and ignored on a 500. Each is
+    its own endpoint: a Retry-After pauses the endpoint that answered it (delivery.engine.backpressure),
+    and a send to that endpoint then comes back held, never sent, for what is left of the pause."""
     receiver.route("/busy", answer(429, headers={"Retry-After": "120"}))
     receiver.route("/down", answer(503, headers={"Retry-After": "Fri, 01 Jan 2100 00:00:00 GMT"}))
     receiver.route("/broken", answer(500, headers={"Retry-After": "120"}))
     await receiver.start()
-    busy = await sender.send(request_to(receiver.url("/busy")))
+    busy = await sender.send(request_to(receiver.url("/busy"), endpoint_id="ep_busy"))
     assert busy.status_code == 429 and busy.retry_after_seconds == 120.0 and not busy.success
-    down = await sender.send(request_to(receiver.url("/down")))
+    down = await sender.send(request_to(receiver.url("/down"), endpoint_id="ep_down"))
     assert down.retry_after_seconds is not None and down.retry_after_seconds > 365 * 86400
-    broken = await sender.send(request_to(receiver.url("/broken")))
+    broken = await sender.send(request_to(receiver.url("/broken"), endpoint_id="ep_broken"))
     assert broken.retry_after_seconds is None
+    held = await sender.send(request_to(receiver.url("/busy"), endpoint_id="ep_busy"))
+    assert held.status_code is None and held.sent_at == 0.0 and 0 < held.retry_after_seconds <= 120.0
+    assert receiver.hits["/busy"] == 1, "the paused endpoint's send never left"
 
 
 async def test_an_http_date_retry_after_is_measured_against_the_receivers_date(receiver: Receiver, sender: Sender) -> None:
