@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import asyncpg
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import pool as sa_pool
@@ -87,3 +88,32 @@ async def test_0010_marks_the_keyed_replays_made_before_it(database_url: str) ->
     assert {name: replay_of[delivery_id] for name, delivery_id in made.items()} == {
         "dead": None, "replay": dead, "elsewhere": None, "missing": None, "malformed": None, "plain": None}
     assert await _differences(database_url) == []
+
+
+async def test_0014_rate_limit_upgrades_and_downgrades_on_a_populated_database(database_url: str) -> None:
+    """From 0013, an endpoint with its rows upgrades with no rate limit (NULL), takes one in 1..10,000
+    and refuses 0; downgrading to 0013 drops the column and keeps the endpoint, its message and delivery."""
+    await migrate.downgrade_async(database_url, "0013")
+    connection = await asyncpg.connect(database_url)
+    try:
+        account_id = uuid.uuid4()
+        await connection.execute("INSERT INTO accounts (id, name) VALUES ($1, 'a')", account_id)
+        await connection.execute("INSERT INTO endpoints (id, account_id, url) VALUES ($1, $1, 'https://example.com')",
+                                 account_id)
+        await connection.execute("INSERT INTO messages (id, account_id, event_type, payload) VALUES ($1, $1, 't', '{}')",
+                                 account_id)
+        await connection.execute("INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"
+                                 " VALUES ($1, $1, $1, $1, 1, 3)", account_id)
+        await migrate.upgrade_async(database_url)
+        assert await connection.fetchval("SELECT rate_limit_per_second FROM endpoints WHERE id = $1", account_id) is None
+        await connection.execute("UPDATE endpoints SET rate_limit_per_second = 10000 WHERE id = $1", account_id)
+        with pytest.raises(asyncpg.CheckViolationError):
+            await connection.execute("UPDATE endpoints SET rate_limit_per_second = 0 WHERE id = $1", account_id)
+        await migrate.downgrade_async(database_url, "0013")
+        columns = await connection.fetch("SELECT column_name FROM information_schema.columns WHERE table_name = 'endpoints'")
+        assert "rate_limit_per_second" not in {row["column_name"] for row in columns}
+        assert await connection.fetchval("SELECT count(*) FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id"
+                                         " WHERE d.id = $1", account_id) == 1
+        await migrate.upgrade_async(database_url)
+    finally:
+        await connection.close()
