@@ -169,7 +169,7 @@ class Throttle:
                     continue
                 await self._give_back_late(gate, wait)
                 if gate.held:
-                    await asyncio.sleep(max(0.0, min(wait, gate.held[0].deadline - now)))
+                    await asyncio.sleep(max(0.0, min(wait, gate.held[0].deadline - self._clock())))
         except Exception:  # noqa: BLE001 - a bug here must not strand the sends it holds
             logger.exception("the throttle of endpoint %s failed; its held sends are given back", gate.endpoint_id)
             self._give_back(gate, lambda index: RELEASE_DELAY_SECONDS_MIN)

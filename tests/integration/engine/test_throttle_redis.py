@@ -5,6 +5,7 @@ held past their hold given back with the time they are due again (a real sender 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import socket
 import time
@@ -87,27 +88,33 @@ async def test_a_pause_one_worker_was_told_holds_the_endpoint_in_another(arq_que
     assert second.backpressure.paused_for(str(other)) == 0.0
 
 
-async def test_sends_past_their_hold_are_given_back_due_later(receiver_factory):
+async def test_sends_past_their_hold_are_given_back_due_later(receiver_factory, caplog):
     """30 sends at 10/s to a loopback receiver, with no Redis (one worker: its own bucket): those
-    that fit in the hold go out, spaced; the rest come back held, never on the wire, each due
-    again no earlier than the ones before it. The receiver got exactly the ones sent."""
+    that fit in the hold go out, in the order they came; the rest come back held, never on the
+    wire, each due again at a slot of its own (booked one spacing apart, after those booked
+    before). The receiver got exactly the ones sent, and the throttle logged no failure."""
     receiver = await receiver_factory()
+    caplog.set_level(logging.WARNING, logger="delivery.engine.throttle")
+    answered_at: dict[int, float] = {}
     async with Sender(SenderSettings(allow_loopback=True)) as sender:
         throttle = Throttle(None, sender.backpressure)
         endpoint = str(uuid.uuid4())
         futures = [throttle.submit(10, SendRequest(str(uuid.uuid4()), 1, receiver.url, b"{}", {}, 1000, endpoint),
                                    sender.submit) for _ in range(30)]
+        for number, future in enumerate(futures):
+            future.add_done_callback(lambda done, number=number: answered_at.setdefault(number, time.monotonic()))
         results = await asyncio.gather(*futures)
         await throttle.close()
     sent = [result for result in results if not was_held(result)]
-    held = [result for result in results if was_held(result)]
+    held = [(number, result) for number, result in enumerate(results) if was_held(result)]
     assert [result.status_code for result in sent] == [200] * len(sent) and len(receiver.received) == len(sent)
     assert 1 <= len(sent) <= throttle_module.HOLD_SECONDS_MAX / spacing_seconds(10) + 1
-    assert len(sent) + len(held) == 30
-    delays = [result.retry_after_seconds for result in held]
-    assert delays == sorted(delays) and delays[0] >= throttle_module.RELEASE_DELAY_SECONDS_MIN
-    assert all(result.sent_at == 0.0 for result in held)
-    assert results[:len(sent)] == sent, "in the order they came"
+    assert len(sent) + len(held) == 30 and results[:len(sent)] == sent, "sent in the order they came"
+    assert all(result.sent_at == 0.0 and result.retry_after_seconds >= throttle_module.RELEASE_DELAY_SECONDS_MIN
+               for _, result in held)
+    due = sorted(answered_at[number] + result.retry_after_seconds for number, result in held)
+    assert all(later - earlier >= spacing_seconds(10) / 2 for earlier, later in zip(due, due[1:])), due
+    assert not caplog.records, "the throttle gave its sends back as planned, not after a failure"
 
 
 async def test_claims_given_back_book_slots_after_those_booked_before(arq_queue):
