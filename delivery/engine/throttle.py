@@ -164,8 +164,13 @@ class Throttle:
                     continue
                 wait = await self.take_token(gate.endpoint_id, gate.rate)
                 if wait <= 0:
+                    try:
+                        sending = send(head.request)
+                    except RuntimeError:  # the sender is closing (shutdown): what is held goes back unsent
+                        self._give_back(gate, lambda index: RELEASE_DELAY_SECONDS_MIN)
+                        break
                     gate.held.popleft()
-                    _chain(send(head.request), head.future)
+                    _chain(sending, head.future)
                     continue
                 await self._give_back_late(gate, wait)
                 if gate.held:
