@@ -143,7 +143,7 @@ OPERATIONS: tuple[Operation, ...] = (
               parameters=(_path_id(),)),
     Operation("post", "/v1/endpoints", "createEndpoint", "Endpoints", "Create an endpoint",
               "Create an endpoint, signing with an HMAC secret (given, or made) or an Ed25519 key (made here; only its"
-              " whpk_ public key is shown), with custom headers if any", ACCOUNT, {201: r.Endpoint}, (400, 409, 422),
+              " whpk_ public key is shown), with custom headers and a rate limit (rate_limit_per_second) if any", ACCOUNT, {201: r.Endpoint}, (400, 409, 422),
               v.EndpointCreate, parameters=(_IDEMPOTENCY_KEY,), headers={201: _REPLAYED}),
     Operation("get", "/v1/endpoints", "listEndpoints", "Endpoints", "List endpoints",
               "List endpoints", ACCOUNT, {200: r.EndpointList}),
@@ -151,7 +151,8 @@ OPERATIONS: tuple[Operation, ...] = (
               "Read an endpoint", ACCOUNT, {200: r.Endpoint}, (404,),
               parameters=(_path_id(),)),
     Operation("patch", "/v1/endpoints/{id}", "updateEndpoint", "Endpoints", "Change an endpoint",
-              "Change an endpoint", ACCOUNT, {200: r.Endpoint}, (400, 404, 422),
+              "Change an endpoint: only the fields given; null clears event_types (every type), headers and"
+              " rate_limit_per_second (no limit)", ACCOUNT, {200: r.Endpoint}, (400, 404, 422),
               v.EndpointPatch, parameters=(_path_id(),)),
     Operation("delete", "/v1/endpoints/{id}", "deleteEndpoint", "Endpoints", "Delete an endpoint",
               "Delete an endpoint (its pending deliveries are refunded); again: 200, refunded_now 0", ACCOUNT,
