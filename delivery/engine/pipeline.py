@@ -115,7 +115,8 @@ class Engine:
         # a pause lasts at most the longest retry delay.
         sender.backpressure.pause_seconds_max = min(max(settings.retry.schedule.delays_seconds),
                                                     settings.retry.delay_cap_seconds)
-        self.throttle = Throttle(None if queue is None else queue.redis, sender.backpressure)
+        self.throttle = Throttle(None if queue is None else queue.redis, sender.backpressure,
+                                 reachable=lambda: self.queue_reachable)
         # Every claim first reserves room in the sender for its whole batch (delivery.engine.send_budget).
         self.budget = SendBudget(sender.sends_pending_max)
         largest_claim = max(IDS_PER_JOB_MAX, settings.batch_size)

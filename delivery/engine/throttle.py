@@ -114,8 +114,11 @@ class _Gate:
 
 
 class Throttle:
-    def __init__(self, redis, backpressure: Backpressure, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, redis, backpressure: Backpressure, *, clock: Callable[[], float] = time.monotonic,
+                 reachable: Callable[[], bool] = lambda: True) -> None:
         self._redis = redis
+        # False while the worker finds Redis down (its poll loop says so): no call waits out a timeout then.
+        self._reachable = reachable
         self._take = None if redis is None else redis.register_script(_TAKE)
         self._book = None if redis is None else redis.register_script(_BOOK)
         self.backpressure = backpressure
@@ -211,7 +214,7 @@ class Throttle:
         """Book `count` slots of the endpoint, after the last one booked and no sooner than `earliest`
         seconds from now: (seconds from now to the first, seconds between two)."""
         spacing = spacing_seconds(rate)
-        if self._book is not None and self._clock() >= self._redis_down_until:
+        if self._book is not None and self._asks_redis():
             try:
                 first_us = await self._book(keys=[BOOKED_KEY_PREFIX + endpoint_id],
                                             args=[max(1, round(spacing * 1_000_000)), count,
@@ -238,7 +241,7 @@ class Throttle:
     async def take_token(self, endpoint_id: str, rate: int) -> float:
         """Take a token of the endpoint's bucket: 0.0 when taken, else the seconds until one is free."""
         spacing = spacing_seconds(rate)
-        if self._take is not None and self._clock() >= self._redis_down_until:
+        if self._take is not None and self._asks_redis():
             try:
                 wait_us, workers = await self._take(
                     keys=[BUCKET_KEY_PREFIX + endpoint_id, WORKERS_KEY],
@@ -251,6 +254,9 @@ class Throttle:
                                " limit (divided by the %d workers last seen)", error, self.workers)
                 self._redis_down_until = self._clock() + REDIS_RETRY_SECONDS
         return self._take_locally(endpoint_id, spacing * max(1, self.workers))
+
+    def _asks_redis(self) -> bool:
+        return self._clock() >= self._redis_down_until and self._reachable()
 
     def _take_locally(self, endpoint_id: str, spacing: float) -> float:
         """The worker's own bucket, spaced for its share of the limit."""
@@ -265,7 +271,7 @@ class Throttle:
 
     async def read_pauses(self, endpoint_ids: Iterable[uuid.UUID]) -> None:
         """Take in the pauses other workers shared for these endpoints (one round trip)."""
-        if self._redis is None or self._clock() < self._redis_down_until:
+        if self._redis is None or not self._asks_redis():
             return
         names = list(dict.fromkeys(str(endpoint_id) for endpoint_id in endpoint_ids))[:PAUSE_ENDPOINTS_READ_MAX]
         if not names:
@@ -288,7 +294,7 @@ class Throttle:
         if not result.retry_after_seconds or not result.sent_at or not says_slow_down(result.status_code, result.error):
             return
         seconds = min(result.retry_after_seconds, self.backpressure.pause_seconds_max)
-        if self._redis is None or seconds <= 0:
+        if self._redis is None or seconds <= 0 or not self._asks_redis():
             return
         task = asyncio.get_running_loop().create_task(self._share_pause(str(endpoint_id), seconds))
         self._background.add(task)

@@ -128,3 +128,17 @@ async def test_claims_given_back_book_slots_after_those_booked_before(arq_queue)
     between = time.monotonic() - began  # Redis's clock moved on by no more than this between the two
     assert math.isclose(slot, spacing_seconds(10)) and start == 0.5
     assert later >= start + 10 * slot - between - 0.001, (start, later, between)
+
+
+async def test_a_worker_that_finds_redis_down_does_not_ask_it(arq_queue):
+    """While the worker's poll loop finds Redis down (queue_reachable False), the throttle keeps to
+    its own bucket and asks Redis nothing, so no send waits out a command's timeout; the shared
+    bucket is untouched, and the next worker still finds it full."""
+    reachable = [False]
+    alone = Throttle(arq_queue.redis, Backpressure(16), reachable=lambda: reachable[0])
+    endpoint = str(uuid.uuid4())
+    assert await alone.take_token(endpoint, 10) == 0.0
+    assert 0.0 < await alone.take_token(endpoint, 10) <= spacing_seconds(10)
+    assert await arq_queue.redis.exists(throttle_module.BUCKET_KEY_PREFIX + endpoint) == 0
+    other = Throttle(arq_queue.redis, Backpressure(16))
+    assert await other.take_token(endpoint, 10) == 0.0
