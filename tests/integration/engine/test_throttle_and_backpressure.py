@@ -158,3 +158,31 @@ async def test_an_endpoint_answering_429_under_load_gets_fewer_sends_at_once_the
     assert max(recovered) > 4, recovered
     states = await pool.fetch("SELECT DISTINCT state FROM deliveries WHERE id = ANY($1::uuid[])", delivery_ids)
     assert [row["state"] for row in states] == ["delivered"]
+
+
+async def test_no_delivery_dies_because_its_endpoint_was_paused(
+        pool, database_url, redis_url, keyring, receiver_factory, arq_queue):
+    """Every delivery has one attempt only. The first is answered 503 with Retry-After: 2 and dies
+    of it (out_of_retries, refunded); the other 19, held back by the pause on that very attempt,
+    are sent after it and delivered: a pause never takes an attempt. The audit is clean."""
+    settings = config.load(fast_environment(database_url, redis_url, keyring, HOOKLEDGER_SENDS_PER_ENDPOINT_MAX="1",
+                                            HOOKLEDGER_RETRY_SCHEDULE="0,0.2,5", HOOKLEDGER_ATTEMPTS_MAX="1",
+                                            HOOKLEDGER_LEASE_MS="20000"))
+    answers: list[float] = []
+
+    def answer(number: int):
+        answers.append(time.monotonic())
+        return web.Response(status=503, headers={"Retry-After": "2"}) if number == 1 else 200
+
+    receiver = await receiver_factory(answer)
+    account_id = await add_account(pool)
+    await add_endpoint(pool, account_id, receiver, keyring)
+    async with running_worker(settings, pool):
+        delivery_ids = await _create(pool, settings, arq_queue, account_id, 20)
+        await wait_for(lambda: _finished(pool, delivery_ids), timeout_seconds=120)
+
+    assert len(answers) == 20 and answers[1] - answers[0] >= 2.0
+    rows = await pool.fetch("SELECT state, dead_reason, attempt FROM deliveries WHERE id = ANY($1::uuid[])", delivery_ids)
+    assert sorted((row["state"], row["dead_reason"], row["attempt"]) for row in rows) == (
+        [("dead", "out_of_retries", 1)] + [("delivered", None, 1)] * 19)
+    assert (await audit(pool)).clean
