@@ -209,10 +209,14 @@ def batch_span(traceparents: list[str | None]) -> contextlib.AbstractContextMana
     each of them, through link_batch, to it); none when no request it carries is sampled."""
     if not ENABLED:
         return NO_SPAN
-    contexts = [context for context in map(_span_context_of, traceparents) if context is not None]
-    if not contexts:
+    sampled = {}  # traceparent -> the request span's context
+    for traceparent_value in traceparents:
+        context = _span_context_of(traceparent_value)
+        if context is not None and context.trace_flags.sampled:
+            sampled[traceparent_value] = context
+    if not sampled:
         return NO_SPAN
-    links = [_api.Link(context) for context in contexts]
+    links = [_api.Link(context) for context in sampled.values()]
     # From an empty context: the batch's task was started by one request's handler, whose span
     # would otherwise be its parent.
     span = _linked_tracer.start_span("group_commit.batch", context=_root, links=links,
@@ -220,9 +224,8 @@ def batch_span(traceparents: list[str | None]) -> contextlib.AbstractContextMana
     if len(_batch_links) >= BATCH_LINKS_MAX:  # requests that never came back for theirs (cancelled)
         _batch_links.clear()
     batch_context = span.get_span_context()
-    for traceparent_value in traceparents:
-        if traceparent_value:
-            _batch_links[traceparent_value] = batch_context
+    for traceparent_value in sampled:
+        _batch_links[traceparent_value] = batch_context
     return _api.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=True)
 
 
