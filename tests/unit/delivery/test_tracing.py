@@ -218,3 +218,16 @@ def test_a_stored_trace_context_that_names_no_trace_gives_no_span(exported):
     """A malformed or empty stored context is ignored: no span, no error."""
     for stored in (None, "", "garbage", "00-" + "0" * 32 + "-" + "0" * 16 + "-01"):
         assert tracing.message_span("delivery.settle", stored) is tracing.NO_SPAN
+
+
+def test_a_request_continues_the_trace_its_caller_sent(exported):
+    """An incoming W3C traceparent header makes the request's span a child of the caller's, in its trace;
+    what the message keeps then names the caller's trace."""
+    from multidict import CIMultiDict
+
+    caller = "00-" + "c" * 32 + "-" + "d" * 16 + "-01"
+    with tracing.request_span("POST", "/v1/messages", CIMultiDict({"TraceParent": caller})) as span:
+        kept = tracing.traceparent()
+    assert format(span.get_span_context().trace_id, "032x") == "c" * 32
+    assert format(span.parent.span_id, "016x") == "d" * 16
+    assert kept.split("-")[1] == "c" * 32 and kept.split("-")[2] == format(span.get_span_context().span_id, "016x")
