@@ -231,3 +231,26 @@ def test_a_request_continues_the_trace_its_caller_sent(exported):
     assert format(span.get_span_context().trace_id, "032x") == "c" * 32
     assert format(span.parent.span_id, "016x") == "d" * 16
     assert kept.split("-")[1] == "c" * 32 and kept.split("-")[2] == format(span.get_span_context().span_id, "016x")
+
+
+def test_the_workers_text_log_lines_under_a_span_end_with_its_ids(exported):
+    """TraceIdsFilter (the worker's plain-text logging): the ids after a line written under a span, none outside."""
+    import io
+    import logging
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(tracing.TraceIdsFilter())
+    logger = logging.getLogger("hookledger.test_tracing")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.warning("outside %s", "any span")
+        with tracing.job_span("audit") as span:
+            logger.warning("inside %s", "the audit")
+    finally:
+        logger.removeHandler(handler)
+    ids = span.get_span_context()
+    assert stream.getvalue().splitlines() == [
+        "outside any span",
+        f"inside the audit trace_id={ids.trace_id:032x} span_id={ids.span_id:016x}"]
