@@ -187,10 +187,21 @@ def set_attributes(**values: object) -> None:
 
 # ---- the API request and the group commit -----------------------------------------------------------------------
 
-@contextlib.contextmanager
-def request_span(method: str, route: str, headers) -> Iterator[Any]:
+# Probes and scrapes (every few seconds, from Prometheus and the orchestrator) would bury the
+# requests worth a trace: they get no span.
+UNTRACED_ROUTES = frozenset({"/metrics", "/healthz", "/readyz"})
+
+
+def request_span(method: str, route: str, headers) -> contextlib.AbstractContextManager:
     """The API request's span (SERVER), current while the handler runs; continues an incoming
-    `traceparent` header. The caller sets its status code on the span it gets."""
+    `traceparent` header. The caller sets its status code on the span it gets (None: no span)."""
+    if route in UNTRACED_ROUTES:
+        return NO_SPAN
+    return _request_span(method, route, headers)
+
+
+@contextlib.contextmanager
+def _request_span(method: str, route: str, headers) -> Iterator[Any]:
     context = _propagator.extract(headers) if "traceparent" in headers else None
     with _tracer.start_as_current_span(f"{method} {route}", context=context, kind=_api.SpanKind.SERVER,
                                        attributes={"http.request.method": method, "http.route": route},
@@ -199,6 +210,8 @@ def request_span(method: str, route: str, headers) -> Iterator[Any]:
 
 
 def request_answered(span: Any, status: int) -> None:
+    if span is None:
+        return
     span.set_attribute("http.response.status_code", status)
     if status >= 500:
         span.set_status(_api.Status(_api.StatusCode.ERROR))

@@ -254,3 +254,16 @@ def test_the_workers_text_log_lines_under_a_span_end_with_its_ids(exported):
     assert stream.getvalue().splitlines() == [
         "outside any span",
         f"inside the audit trace_id={ids.trace_id:032x} span_id={ids.span_id:016x}"]
+
+
+def test_probes_and_scrapes_get_no_span(exported):
+    """/metrics, /healthz and /readyz: no request span (they would bury the requests worth a trace)."""
+    for route in ("/metrics", "/healthz", "/readyz"):
+        with tracing.request_span("GET", route, {}) as span:
+            tracing.request_answered(span, 200)
+        assert span is None
+    with tracing.request_span("GET", "/v1/deliveries", {}) as span:
+        tracing.request_answered(span, 503)
+    (only,) = exported()
+    assert only.name == "GET /v1/deliveries" and only.attributes["http.response.status_code"] == 503
+    assert not only.status.is_ok
