@@ -21,6 +21,7 @@ from delivery.api import reads
 from delivery.engine import claims
 from delivery.operations import deletion
 from delivery.platform import worker as worker_module
+from delivery.store import endpoints
 from engine_helpers import PRICE, add_account, add_endpoint, all_finished, running_worker, states, wait_for
 
 
@@ -106,6 +107,22 @@ async def test_the_sweep_settles_an_exhausted_delivery_in_its_message_trace(expo
     assert settled.parent.span_id == request.get_span_context().span_id
     assert settled.attributes["hookledger.delivery_id"] == str(delivery_id)
     assert settled.attributes["hookledger.dead_reason"] == "attempts_exhausted"
+    assert settled.attributes["hookledger.outcome"] == "refunded"
+
+
+async def test_deleting_an_endpoint_settles_its_pending_delivery_in_the_message_trace(exported, pool, keyring,
+                                                                                    receiver_factory):
+    """Death path 2 at the endpoint's deletion: a delivery.settle span (endpoint_deleted, refunded) under the request."""
+    receiver = await receiver_factory()
+    account_id = await add_account(pool)
+    endpoint_id = await add_endpoint(pool, account_id, receiver, keyring)
+    request, traceparent = _traced_request()
+    created = await create_message(pool, MessageRequest(account_id, "e", b"{}", trace_context=traceparent), attempts_max=3)
+    assert await endpoints.delete_endpoint(pool, account_id, endpoint_id) == 1
+    (settled,) = [span for span in exported() if span.name == "delivery.settle"]
+    assert settled.parent.span_id == request.get_span_context().span_id
+    assert settled.attributes["hookledger.delivery_id"] == str(created.deliveries[0].id)
+    assert settled.attributes["hookledger.dead_reason"] == "endpoint_deleted"
     assert settled.attributes["hookledger.outcome"] == "refunded"
 
 
