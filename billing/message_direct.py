@@ -64,7 +64,13 @@ class DirectBatch:
             *self._keys(),
             self.delivery_bases,
             self.attempts_max,
+            self._trace_contexts(),
         )
+
+    def _trace_contexts(self) -> list | None:
+        """The messages' trace contexts, or NULL for a batch with none (every batch while tracing is off)."""
+        contexts = [request.trace_context for request in self.requests]
+        return contexts if any(contexts) else None
 
     def _keys(self) -> tuple[list | None, list | None]:
         """The idempotency keys and request hashes, or two NULLs for a batch with no key (most):
@@ -102,7 +108,7 @@ def _deliveries_made(position: str) -> str:
 
 # $1 to $7: per request, its message id, account, event type, payload, idempotency key, request
 # hash (keyed requests only; both arrays NULL when no request of the batch is keyed) and the base
-# of its deliveries' ids; $8 attempts_max.
+# of its deliveries' ids; $8 attempts_max; $9 each message's trace context (NULL while tracing is off).
 #
 # The endpoint probe is LATERAL with OFFSET 0, one index probe per request whatever the
 # statistics say, as in the planned read. The key check is a scalar subquery per keyed request,
@@ -111,9 +117,9 @@ def _deliveries_made(position: str) -> str:
 # since fails the insert on that index, and the statement writes nothing.
 DIRECT_WRITE = (
     "WITH request AS ("
-    "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[], $7::uuid[])"
-    "     WITH ORDINALITY AS r(message_id, account_id, event_type, payload, idempotency_key, request_hash,"
-    "       delivery_base, position)),"
+    "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[], $7::uuid[],"
+    "     $9::text[]) WITH ORDINALITY AS r(message_id, account_id, event_type, payload, idempotency_key,"
+    "       request_hash, delivery_base, trace_context, position)),"
     " fan_out AS ("
     "   SELECT r.account_id, r.message_id, r.delivery_base, e.id AS endpoint_id,"
     "     row_number() OVER (PARTITION BY r.message_id ORDER BY e.id) AS number"
@@ -138,8 +144,8 @@ DIRECT_WRITE = (
     "   UPDATE accounts a SET balance = a.balance - l.total FROM locked l"
     "   WHERE (SELECT ok FROM ok) AND a.id = l.id AND l.total <> 0),"
     " message_rows AS ("
-    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash)"
-    "   SELECT message_id, account_id, event_type, payload, idempotency_key, request_hash FROM request"
+    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, trace_context)"
+    "   SELECT message_id, account_id, event_type, payload, idempotency_key, request_hash, trace_context FROM request"
     "   WHERE (SELECT ok FROM ok)),"
     " delivery_rows AS ("
     "   INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"

@@ -42,6 +42,10 @@ class MessageRequest:
     # its deliveries (deliveries.replay_of): what tells the recovery and the operator's bulk
     # replay that a dead delivery was replayed, whoever replayed it and under whatever key.
     replay_of: uuid.UUID | None = None
+    # The W3C traceparent of the request's span (delivery.tracing), kept with the message so that
+    # every attempt of its deliveries joins that trace; None when tracing is off. Not part of what
+    # was asked: the request hash leaves it out.
+    trace_context: str | None = None
 
     def request_hash(self) -> bytes:
         content = self.event_type.encode() + b"\0" + self.payload
@@ -84,6 +88,7 @@ class Plan:
         self.messages: list[tuple] = []
         self.deliveries: list[tuple] = []
         self.replay_of: list[uuid.UUID | None] = []  # beside each delivery: the delivery it replays, if any
+        self.trace_contexts: list[str | None] = []  # beside each message: its trace context, if any
 
     @classmethod
     async def load(cls, connection, requests: list[MessageRequest], *, lock: bool = True) -> Plan:
@@ -160,6 +165,7 @@ class Plan:
             (message_id, request.account_id, request.event_type, request.payload,
              request.idempotency_key, request.request_hash() if request.idempotency_key else None)
         )
+        self.trace_contexts.append(request.trace_context)
         created = []
         for endpoint_id, delivery_id in zip(subscribed, delivery_ids, strict=True):
             self.deliveries.append((delivery_id, request.account_id, message_id, endpoint_id, price, attempts_max))
@@ -174,6 +180,11 @@ class Plan:
         message of the batch goes to any endpoint)."""
         return [*zip(*self.messages), *(list(zip(*self.deliveries)) or [[]] * 6)]
 
+    def _traces(self) -> list | None:
+        """The messages' trace contexts, last of the write's parameters: a NULL array (no element
+        encoded; unnest pads it with NULLs) when no message of the batch has one."""
+        return self.trace_contexts if any(self.trace_contexts) else None
+
     def _replays(self) -> bool:
         """Whether a delivery of the batch replays one: then the write carries the replay_of column."""
         return any(replayed is not None for replayed in self.replay_of)
@@ -186,9 +197,9 @@ class Plan:
                    if balance != self.accounts[account_id]["balance"]]
         balances = list(zip(*changed)) or [[], []]
         if self._replays():
-            await connection.execute(WRITE_BATCH_REPLAYS, *self._rows(), *balances, self.replay_of)
+            await connection.execute(WRITE_BATCH_REPLAYS, *self._rows(), *balances, self.replay_of, self._traces())
         else:
-            await connection.execute(WRITE_BATCH, *self._rows(), *balances)
+            await connection.execute(WRITE_BATCH, *self._rows(), *balances, self._traces())
 
     async def write_gated(self, connection) -> bool:
         """Unlocked: one autocommit statement writes the whole batch if every account with new
@@ -199,7 +210,7 @@ class Plan:
             GATED_WRITE_REPLAYS if replays else GATED_WRITE, *self._rows(), accounts,
             [self.accounts[account_id]["balance"] - self.balances[account_id] for account_id in accounts],
             [self.accounts[account_id]["price_per_delivery"] for account_id in accounts],
-            *([self.replay_of] if replays else []),
+            *([self.replay_of] if replays else []), self._traces(),
         )
 
 
@@ -226,12 +237,14 @@ READ_ACCOUNTS_ENDPOINTS = _READ_ACCOUNTS_ENDPOINTS.format(marker="statement_time
 
 # The batch's rows: its messages, its deliveries, and one charge per delivery, its id derived
 # from the delivery id (invariant I1), written in the same statement as the delivery. {only}
-# limits the inserts (the unlocked write's "ok"); $1 to $12 the columns. {deliveries}: the
-# deliveries' rows (below), with, for a batch that replays a delivery, their replay_of and webhook_id.
+# limits the inserts (the unlocked write's "ok"); $1 to $12 the columns, ${trace} the messages' trace
+# contexts. {deliveries}: the deliveries' rows (below), with, for a batch that replays a delivery,
+# their replay_of and webhook_id.
 _INSERT_BATCH = (
     " message_rows AS ("
-    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash)"
-    "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[]){only}),"
+    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, trace_context)"
+    "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[],"
+    "     ${trace}::text[]){only}),"
     " delivery_rows AS ("
     "   INSERT INTO deliveries {deliveries}{only}"
     "   RETURNING id, account_id, price),"
@@ -259,17 +272,18 @@ _REPLAY_DELIVERIES = (
 )
 
 
-def _insert_batch(only: str, replay_of: int | None) -> str:
-    """The inserts; with `replay_of`, the number of the parameter that carries each delivery's replay_of."""
+def _insert_batch(only: str, replay_of: int | None, trace: int) -> str:
+    """The inserts; with `replay_of`, the number of the parameter that carries each delivery's
+    replay_of; `trace`, that of the messages' trace contexts."""
     if replay_of is None:
-        return _INSERT_BATCH.format(only=only, deliveries=_DELIVERIES)
-    return _INSERT_BATCH.format(only=only, deliveries=_REPLAY_DELIVERIES.format(replay_of=replay_of))
+        return _INSERT_BATCH.format(only=only, deliveries=_DELIVERIES, trace=trace)
+    return _INSERT_BATCH.format(only=only, deliveries=_REPLAY_DELIVERIES.format(replay_of=replay_of), trace=trace)
 
 
 # The locked write: the rows, and the balances the plan computed ($13, $14), in one statement.
 def _write_batch(replay_of: int | None) -> str:
     return (
-        "WITH" + _insert_batch("", replay_of) +
+        "WITH" + _insert_batch("", replay_of, 15 if replay_of is None else replay_of + 1) +
         " UPDATE accounts SET balance = t.balance FROM unnest($13::uuid[], $14::bigint[]) AS t(id, balance)"
         " WHERE accounts.id = t.id"
     )
@@ -292,7 +306,7 @@ def _gated_write(replay_of: int | None) -> str:
         " gate AS ("
         "   UPDATE accounts a SET balance = a.balance - t.total"
         "   FROM unnest($13::uuid[], $14::bigint[]) AS t(id, total), ok WHERE ok.ok AND a.id = t.id),"
-        + _insert_batch(" WHERE (SELECT ok FROM ok)", replay_of) +
+        + _insert_batch(" WHERE (SELECT ok FROM ok)", replay_of, 16 if replay_of is None else replay_of + 1) +
         " SELECT ok FROM ok"
     )
 
@@ -300,8 +314,9 @@ def _gated_write(replay_of: int | None) -> str:
 # Each comes twice. A batch that replays no delivery (every ordinary create that goes this way)
 # sends the plain statement: its deliveries' replay_of and webhook_id are NULL, which costs
 # nothing to write (the row has a null bitmap anyway) and nothing to send. A batch with a replay
-# in it sends one more uuid array, last ($15, $16): each delivery's replay_of, NULL where it
-# replays none; the statement reads each replayed delivery's webhook-id itself.
+# in it sends one more uuid array ($15, $16): each delivery's replay_of, NULL where it replays
+# none; the statement reads each replayed delivery's webhook-id itself. Last come the messages'
+# trace contexts (a NULL array while tracing is off).
 WRITE_BATCH = _write_batch(None)
 WRITE_BATCH_REPLAYS = _write_batch(15)
 GATED_WRITE = _gated_write(None)

@@ -46,6 +46,7 @@ from billing.database import (
 from billing.errors import BillingError, InvalidInput
 from billing.message_direct import DIRECT_READ_BACK, DIRECT_WRITE, DirectBatch
 from billing.message_plan import CreatedDelivery, MessageCreated, MessageRequest, Plan
+from billing.tables import TRACE_CONTEXT_LENGTH_MAX
 
 __all__ = [
     "BATCH_REQUESTS_MAX", "EVENT_TYPE_LENGTH_MAX", "IDEMPOTENCY_KEY_LENGTH_MAX", "OUTCOME_WAIT_SECONDS",
@@ -125,6 +126,9 @@ def validate(request: MessageRequest) -> None:
             raise InvalidInput(f"endpoint_ids must be a tuple of 1 to {TARGET_ENDPOINTS_MAX} endpoint ids")
         if not all(isinstance(endpoint_id, uuid.UUID) for endpoint_id in targets) or len(set(targets)) != len(targets):
             raise InvalidInput("endpoint_ids must be distinct UUIDs")
+    context = request.trace_context
+    if context is not None and (not isinstance(context, str) or not 1 <= len(context) <= TRACE_CONTEXT_LENGTH_MAX):
+        raise InvalidInput(f"trace_context must be 1 to {TRACE_CONTEXT_LENGTH_MAX} characters")
     if request.replay_of is not None and not isinstance(request.replay_of, uuid.UUID):
         raise InvalidInput("replay_of must be the UUID of the delivery replayed")
 

@@ -64,6 +64,9 @@ def _in(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({quoted})"
 
 
+TRACE_CONTEXT_LENGTH_MAX = 128  # a traceparent is 55 characters; a later version may be longer
+
+
 def _length(column: str, low: int, high: int) -> str:
     return f"char_length({column}) BETWEEN {low} AND {high}"
 
@@ -168,7 +171,12 @@ messages = sa.Table(
     # "account_deletion". What was erased is not kept.
     sa.Column("payload_erased_at", sa.DateTime(timezone=True)),
     sa.Column("payload_erased_by", sa.Text),
+    # The W3C traceparent of the request that created it, when tracing is on (delivery.tracing):
+    # each attempt of its deliveries joins that trace (0017).
+    sa.Column("trace_context", sa.Text),
     sa.CheckConstraint(_length("event_type", 1, 256), name="event_type_length"),
+    sa.CheckConstraint("trace_context IS NULL OR " + _length("trace_context", 1, TRACE_CONTEXT_LENGTH_MAX),
+                       name="trace_context_length"),
     sa.CheckConstraint(
         "payload_erased_by IS NULL OR " + _length("payload_erased_by", 1, ERASED_BY_LENGTH_MAX),
         name="payload_erased_by_length",
