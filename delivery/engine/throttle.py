@@ -75,6 +75,7 @@ else
 end
 redis.call('ZADD', KEYS[2], string.format('%.0f', now), ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', string.format('%.0f', now - tonumber(ARGV[3])))
+redis.call('PEXPIRE', KEYS[2], math.floor(tonumber(ARGV[3]) / 1000))
 return {math.floor(wait), redis.call('ZCARD', KEYS[2])}
 """
 
