@@ -5,14 +5,14 @@ Redis (delivery.engine.throttle); a delivery the limit holds back stays pending 
 attempt.
 
 Revision ID: 0014
-Revises: 0017
+Revises: 0013
 Create Date: 2026-12-06
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = '0014'
-down_revision = '0017'
+down_revision = '0013'
 branch_labels = None
 depends_on = None
 

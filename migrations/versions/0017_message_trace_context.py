@@ -5,14 +5,14 @@ is on (delivery.tracing): every attempt of every delivery of the message, howeve
 joins that trace. NULL when tracing was off, and for every message written before this revision.
 
 Revision ID: 0017
-Revises: 0013
+Revises: 0014
 Create Date: 2026-12-06
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = '0017'
-down_revision = '0013'
+down_revision = '0014'
 branch_labels = None
 depends_on = None
 

@@ -91,9 +91,9 @@ async def test_0010_marks_the_keyed_replays_made_before_it(database_url: str) ->
 
 
 async def test_0014_rate_limit_upgrades_and_downgrades_on_a_populated_database(database_url: str) -> None:
-    """From 0017, an endpoint with its rows upgrades with no rate limit (NULL), takes one in 1..10,000
-    and refuses 0; downgrading to 0017 drops the column and keeps the endpoint, its message and delivery."""
-    await migrate.downgrade_async(database_url, "0017")
+    """From 0013, an endpoint with its rows upgrades with no rate limit (NULL), takes one in 1..10,000
+    and refuses 0; downgrading to 0013 drops the column and keeps the endpoint, its message and delivery."""
+    await migrate.downgrade_async(database_url, "0013")
     connection = await asyncpg.connect(database_url)
     try:
         account_id = uuid.uuid4()
@@ -109,7 +109,7 @@ async def test_0014_rate_limit_upgrades_and_downgrades_on_a_populated_database(d
         await connection.execute("UPDATE endpoints SET rate_limit_per_second = 10000 WHERE id = $1", account_id)
         with pytest.raises(asyncpg.CheckViolationError):
             await connection.execute("UPDATE endpoints SET rate_limit_per_second = 0 WHERE id = $1", account_id)
-        await migrate.downgrade_async(database_url, "0017")
+        await migrate.downgrade_async(database_url, "0013")
         columns = await connection.fetch("SELECT column_name FROM information_schema.columns WHERE table_name = 'endpoints'")
         assert "rate_limit_per_second" not in {row["column_name"] for row in columns}
         assert await connection.fetchval("SELECT count(*) FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id"
