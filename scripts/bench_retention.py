@@ -6,7 +6,8 @@ In a scratch database on DATABASE_URL's server: one account (retention 1 day), o
 messages with 1 KiB payloads created through billing.messages.create_messages (the API's create
 path, without HTTP), batches of 500: that is ingest's rate. Each delivery then gets an attempt
 with a 200-byte response excerpt and is marked delivered by SQL, and the messages are aged past
-retention. Then delivery.operations.retention.run_retention erases until the backlog is 0 (its rate).
+retention (by an UPDATE of created_at; --storage then rewrites messages with VACUUM FULL, since
+that UPDATE leaves a dead copy of every payload that a server whose messages grew old would not hold). Then delivery.operations.retention.run_retention erases until the backlog is 0 (its rate).
 
 Default: size = pg_total_relation_size (heap, TOAST and indexes) of messages, deliveries,
 ledger_entries and delivery_attempts after VACUUM FULL of the four, before and after retention,
@@ -96,6 +97,13 @@ async def _erase_all(pool: asyncpg.Pool) -> tuple[int, float]:
     return erased, time.monotonic() - started
 
 
+async def _age_in_place(pool: asyncpg.Pool) -> None:
+    """Age the kept messages past retention as if they had been written two days ago: the UPDATE writes a
+    second version of every row, payload and all, which no server would hold, so VACUUM FULL takes it out."""
+    await pool.execute(_AGE)
+    await pool.execute("VACUUM FULL messages")
+
+
 async def _vacuum(pool: asyncpg.Pool, *, full: bool) -> None:
     for table in TABLES:
         await pool.execute(f"VACUUM ({'FULL, ' if full else ''}ANALYZE) {table}")
@@ -165,9 +173,9 @@ async def run_storage(deliveries: int) -> dict:
             account = await _setup(pool, 2 * deliveries)
             ingest_seconds = await _ingest(pool, account.id, deliveries)
             await pool.execute(_FINISH)
+            await _age_in_place(pool)
             await _vacuum(pool, full=False)
             kept = await _tables(pool)
-            await pool.execute(_AGE)
             erased, retention_seconds = await _erase_all(pool)
             await _vacuum(pool, full=False)
             erased_vacuumed = await _tables(pool)
