@@ -121,14 +121,17 @@ async def _row_bytes(pool) -> dict[str, int]:
 
 
 async def _tables(pool) -> dict[str, dict[str, int]]:
-    """Per table: total, heap, toast, indexes (bytes of the files), live_rows (the rows' own bytes) and
-    heap_free (free space inside the heap after VACUUM, by pgstattuple: what new rows reuse)."""
+    """Per table: total, heap, toast, indexes (bytes of the files), live_rows (the rows' own bytes),
+    heap_free (free space inside the heap after VACUUM, by pgstattuple: what new rows reuse) and
+    heap_dead (dead rows VACUUM could not remove: another session's snapshot held them, and then
+    the figures count space a quiet server would have freed)."""
     rows = await _row_bytes(pool)
     tables = {}
     for table in TABLES:
         sizes = dict(await pool.fetchrow(_SIZES, table))
-        free = await pool.fetchval("SELECT free_space FROM pgstattuple($1::regclass)", table)
-        tables[table] = {**sizes, "live_rows": rows[table], "heap_free": free}
+        stats = await pool.fetchrow("SELECT free_space, dead_tuple_len FROM pgstattuple($1::regclass)", table)
+        tables[table] = {**sizes, "live_rows": rows[table], "heap_free": stats["free_space"],
+                         "heap_dead": stats["dead_tuple_len"]}
     tables[RETAINED_INDEX] = {"total": await pool.fetchval("SELECT pg_relation_size($1::regclass)", RETAINED_INDEX)}
     return tables
 
@@ -191,7 +194,11 @@ async def run_storage(deliveries: int) -> dict:
         finally:
             await pool.close()
     grown = _per_delivery(reused, deliveries) - _per_delivery(erased_vacuumed, deliveries)
+    phases = {"kept_after_vacuum": kept, "erased_after_vacuum": erased_vacuumed,
+              "second_batch_kept_after_vacuum": reused, "both_erased_after_vacuum_full": rewritten}
+    held = {phase: sum(tables[name]["heap_dead"] for name in TABLES) for phase, tables in phases.items()}
     return {
+        "dead_bytes_vacuum_could_not_remove": held,  # all 0 unless another session held VACUUM back
         "deliveries": deliveries, "payload_bytes": PAYLOAD_BYTES,
         "ingest_messages_per_second": round(deliveries / ingest_seconds),
         "retention_erased_per_second": round(erased / retention_seconds),
@@ -204,8 +211,7 @@ async def run_storage(deliveries: int) -> dict:
             "files_grew_by_per_delivery_written_into_freed_space": grown,
             "erased_after_vacuum_full": _per_delivery(rewritten, 2 * deliveries),
         },
-        "tables": {"kept_after_vacuum": kept, "erased_after_vacuum": erased_vacuumed,
-                   "second_batch_kept_after_vacuum": reused, "both_erased_after_vacuum_full": rewritten},
+        "tables": phases,
     }
 
 
