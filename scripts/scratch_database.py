@@ -25,9 +25,9 @@ def server_url_from_environment() -> str:
 
 
 @contextlib.asynccontextmanager
-async def scratch_database(server_url: str) -> AsyncIterator[str]:
-    """Create `hookledger_bench_<random>`, migrate it and yield its URL; drop it afterwards."""
-    name = f"hookledger_bench_{uuid.uuid4().hex[:10]}"
+async def scratch_database(server_url: str, prefix: str = "hookledger_bench") -> AsyncIterator[str]:
+    """Create `<prefix>_<random>`, migrate it and yield its URL; drop it afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     admin = await asyncpg.connect(server_url)
     try:
         await admin.execute(f"CREATE DATABASE {name}")

@@ -26,7 +26,7 @@ TAGS = {
     "Endpoints": "Where messages go: URL, event types, timeout, signing secret, and recovery after an outage.",
     "Billing": "The balance, the append-only ledger that proves it, and top-ups.",
     "API keys": "An account's keys; only hashes are stored, a key is shown once.",
-    "Accounts": "Accounts and their deletion (the operator's).",
+    "Accounts": "Accounts, their settings and their deletion (the operator's; an account reads and sets its own).",
     "Health": "Liveness, readiness and metrics, for load balancers and Prometheus.",
 }
 
@@ -124,6 +124,13 @@ OPERATIONS: tuple[Operation, ...] = (
               "Any account's delivery with its endpoint, latest attempts and every ledger entry tied to it,"
               " adjustments too (operator)", OPERATOR, {200: operator_reads.InspectedDelivery}, (404,),
               parameters=(_path_id(),)),
+    Operation("get", "/v1/account", "getOwnAccount", "Accounts", "Read the calling account",
+              "The calling account: its status, balance, price per delivery and payload_retention_days", ACCOUNT,
+              {200: r.Account}),
+    Operation("patch", "/v1/account", "updateOwnAccount", "Accounts", "Change the calling account's settings",
+              "Set the calling account's payload_retention_days (1 to 3,650): how long a finished message's"
+              " payload and its attempts' response excerpts are kept before the retention job erases them",
+              ACCOUNT, {200: r.Account}, (400, 422), v.AccountPatch),
     Operation("get", "/v1/balance", "getBalance", "Billing", "Read the balance",
               "The balance and the credits in flight", ACCOUNT, {200: r.Balance}),
     Operation("get", "/v1/ledger", "listLedgerEntries", "Billing", "List ledger entries",

@@ -79,6 +79,24 @@ async def update_account(request: web.Request) -> web.Response:
                                                                                 body.payload_retention_days)))
 
 
+@routes.get("/v1/account")
+async def get_own_account(request: web.Request) -> web.Response:
+    """The calling account: its name, status, balance, price and payload_retention_days."""
+    ctx = context(request)
+    account_id = await ctx.account(request)
+    return responses.json(_account(await billing_accounts.get_account(ctx.pool, account_id)))
+
+
+@routes.patch("/v1/account")
+async def update_own_account(request: web.Request) -> web.Response:
+    """The calling account's own settings: payload_retention_days, as the operator's PATCH sets it."""
+    ctx = context(request)
+    account_id = await ctx.account(request)
+    body = decode(await request.read(), AccountPatch)
+    return responses.json(_account(await billing_accounts.set_payload_retention(ctx.pool, account_id,
+                                                                                body.payload_retention_days)))
+
+
 def _deletion(state) -> responses.AccountDeletion:
     return responses.AccountDeletion(state.id, state.account_id, state.status, state.step, state.report)
 

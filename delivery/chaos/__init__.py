@@ -3,7 +3,8 @@
     receivers  loopback HTTP receivers with programmed behaviour; they verify and count
     cluster    PostgreSQL, Redis, API and worker processes, and the faults done to them
     faults     the seeded fault schedule and its injector
-    workload   accounts, endpoints, sends, retries, deletions and replays through the SDK
+    workload   accounts, endpoints, sends, retries, deletions, replays and expunges through the SDK
+    erasure    the retention job through the window, and the checks that erasure touched nothing live
     checks     what must hold once everything drained: audit, liveness, receipts, credits
     run        the command line: sizes, orchestration, the summary
 """

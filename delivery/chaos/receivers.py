@@ -7,11 +7,14 @@ an endpoint whose creation answer was lost (an API killed mid-request) is verifi
 
 Every request is verified with `signing.verify` and counted per webhook-id: received, valid,
 and answered 2xx. An id answered 2xx more than once is a duplicate a real receiver must dedupe.
+Every signed body is also read as the workload's payload (a JSON object with its `n` and `text`):
+one that is not (empty, say) would be a delivery sent with an erased payload.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import socket
 import struct
@@ -49,6 +52,8 @@ class ReceiverFarm:
     receipts: dict[str, Receipts] = field(default_factory=dict)
     answers: Counter = field(default_factory=Counter)  # (behaviour, answer) -> requests
     invalid: int = 0
+    bodies_read: int = 0  # signed bodies read as the workload's payload
+    bodies_not_sent_by_the_workload: int = 0  # of those, the ones that are not a payload it sent
     ports: dict[str, int] = field(default_factory=dict)
     _runners: dict[str, web.AppRunner] = field(default_factory=dict)
     _sites: dict[str, web.TCPSite] = field(default_factory=dict)
@@ -102,9 +107,19 @@ class ReceiverFarm:
             except SigningError:
                 self.invalid += 1
                 return self._answer(behaviour, "401", web.Response(status=401))
+            self._read_body(body)
             return await self._behave(behaviour, request, receipts)
 
         return handle
+
+    def _read_body(self, body: bytes) -> None:
+        self.bodies_read += 1
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = None
+        if not (isinstance(payload, dict) and isinstance(payload.get("n"), int) and payload.get("text")):
+            self.bodies_not_sent_by_the_workload += 1
 
     def _receipts(self, webhook_id: str) -> Receipts:
         receipts = self.receipts.get(webhook_id)

@@ -1,7 +1,7 @@
 """The chaos run's command line (`scripts/chaos.py`): sizes, orchestration, the summary.
 
     start servers -> receivers -> API processes and workers -> accounts and endpoints
-    -> workload and fault schedule together over the window -> faults stop, drain -> checks
+    -> workload, fault schedule and erasure together over the window -> faults stop, drain -> checks
 
 Exit 0 only if every check holds. `--seed` makes the workload and the fault schedule
 repeatable (the interleaving of real processes is not, which is the point of running it).
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from billing.database import create_pool
-from delivery.chaos import checks as chaos_checks
+from delivery.chaos import checks as chaos_checks, erasure
 from delivery.chaos.cluster import (
     Cluster,
     platform_environment,
@@ -115,12 +115,22 @@ async def run(options: argparse.Namespace) -> int:
         injector = Injector(cluster, servers, receivers, rngs["faults"], sizes.window_seconds)
         receivers.restart_clock()
         window_began = time.monotonic()
-        await asyncio.gather(workload.drive(), injector.run(faults, window_began))
+        eraser, window_over = erasure.Eraser(servers.database_url), asyncio.Event()
+
+        async def window() -> None:
+            try:
+                await asyncio.gather(workload.drive(), injector.run(faults, window_began))
+            finally:
+                window_over.set()
+
+        await asyncio.gather(window(), eraser.run(window_over))
         window_seconds = time.monotonic() - window_began
         print(f"workload and faults done in {window_seconds:.1f} s; draining", flush=True)
         pool = await create_pool(servers.database_url, size_min=1, size_max=4)
         drain_seconds = await chaos_checks.drain(pool, workload, max(DRAIN_SECONDS_MIN, sizes.window_seconds))
         results, facts = await chaos_checks.run_checks(pool, workload, receivers, cluster.exited_unexpectedly())
+        erasure_results, facts["erasure"] = await erasure.erasure_checks(pool, workload, receivers, eraser)
+        results.extend(erasure_results)
         passed = all(check.passed for check in results)
         if workload.tally["deletion_rerequests"]:
             servers.notes.append(
@@ -177,6 +187,7 @@ def _summary(options, sizes, workload, injector, receivers, results, facts, note
         },
         "faults": {"injected": dict(injector.injected), "skipped": dict(injector.skipped), "log": injector.log},
         "deliveries": facts["outcomes"],
+        "erasure": facts["erasure"],
         "refunds_by_reason": facts["refunds_by_reason"],
         "ledger_by_kind": facts["ledger_by_kind"],
         "receivers": {"requests": received, "ids": len(receivers.receipts), "invalid": receivers.invalid,
@@ -233,6 +244,10 @@ def print_summary(summary: dict) -> None:
     print(f"== receivers: {receivers['requests']} requests for {receivers['ids']} ids,"
           f" {receivers['invalid']} invalid signatures; duplicates (2xx more than once):"
           f" {receivers['ids_answered_2xx_more_than_once']} ids, {receivers['duplicate_2xx_copies']} extra copies")
+    erasure_facts = summary["erasure"]
+    print(f"== erasure: by whom {erasure_facts['erased_by']}; expunged {erasure_facts['expunged']}"
+          f" ({erasure_facts['expunged_twice']} twice), refused while live {erasure_facts['expunge_refused_live']};"
+          f" retention passes {erasure_facts['eraser']}")
     if "api_logs" in summary:
         print("== API logs: " + ", ".join(f"{name.replace('_', ' ')} {count}"
                                           for name, count in summary["api_logs"].items()))

@@ -4,7 +4,8 @@ Accounts (each with several endpoints on the programmed receivers, so every send
 top-ups (some repeated with the same order id, some reversed), sends at a paced rate (some
 sent again with the same Idempotency-Key, which must answer the same message and charge
 nothing), and chores in the middle of it all: endpoints deleted and disabled, accounts
-deleted, dead deliveries replayed.
+deleted, dead deliveries replayed, messages expunged (erased now; some asked twice, which must
+answer the same). Every account keeps payloads ERASURE_RETENTION_DAYS, the shortest retention.
 
 API processes get restarted under the workload, so every call goes through `_failover`: the
 SDK retries one API process (with the same idempotency key), and when that process stays
@@ -19,6 +20,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import httpx
 
@@ -26,6 +28,7 @@ from delivery.chaos.receivers import BEHAVIOURS, ReceiverFarm
 from delivery.client import AsyncClient
 from delivery.client.errors import (
     APIConnectionError,
+    ConflictError,
     HookledgerError,
     RateLimitError,
     ServerError,
@@ -46,6 +49,12 @@ REPLAYS_PER_TICK = 3
 SETUP_CONCURRENCY = 8
 BUDGET_MARGIN = 3  # top-ups cover this many times the account's expected charges
 HARD_STOP_FACTOR = 2.0  # sending stops at this many windows even if the target was not reached
+EXPUNGE_TICKS = 15  # expunge rounds over the window
+EXPUNGES_PER_TICK = 4
+EXPUNGE_CHOSEN_FROM_LAST = 200  # messages sent most recently: older ones are mostly erased by retention already
+EXPUNGE_TWICE_SHARE = 0.3  # of expunges asked again, which must answer the same erasure
+SENT_MESSAGES_KEPT_MAX = 200_000  # the messages expunges choose from (the long run sends about 25,000)
+ERASURE_RETENTION_DAYS = 1  # every account's payload_retention_days (delivery.chaos.erasure ages messages past it)
 SDK_POLICY = RetryPolicy(retries=3, backoff_base_seconds=0.2, backoff_max_seconds=1.0, retry_after_max_seconds=5.0)
 FAILOVER_ERRORS = (APIConnectionError, ServerError, RateLimitError)
 
@@ -88,6 +97,8 @@ class Workload:
     accepted_deliveries: set[str] = field(default_factory=set)  # ids the API answered 202 with
     deleted_accounts: list[str] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)  # idempotency answers that disagree
+    sent_messages: list[tuple[AccountState, str]] = field(default_factory=list)  # (account, message id), in order
+    expunged: dict[str, datetime] = field(default_factory=dict)  # message id -> payload_erased_at the API answered
     _operators: list[AsyncClient] = field(default_factory=list)
     _http: list[httpx.AsyncClient] = field(default_factory=list)
     _created: int = 0
@@ -150,7 +161,8 @@ class Workload:
         self.accounts.sort(key=lambda account: account.number)
 
     async def _set_up_account(self, number: int, price: int, behaviours: list[str]) -> None:
-        created = await self._operator(lambda c: c.accounts.create(f"chaos {number}", price_per_delivery=price))
+        created = await self._operator(lambda c: c.accounts.create(
+            f"chaos {number}", price_per_delivery=price, payload_retention_days=ERASURE_RETENTION_DAYS))
         account = AccountState(number, str(created.account.id), price, self._clients(created.api_key.key))
         self.accounts.append(account)
         await self._top_up(account, f"chaos-{account.id}-0", self._budget(price), repeat=True)
@@ -212,6 +224,8 @@ class Workload:
             self._refused(account, error)
             return
         self.tally["messages"] += 1
+        if len(self.sent_messages) < SENT_MESSAGES_KEPT_MAX:
+            self.sent_messages.append((account, str(message.id)))
         self.tally["replayed_on_retry"] += message.replayed
         self._created += len(message.deliveries)
         self.accepted_deliveries.update(str(d.id) for d in message.deliveries)
@@ -257,6 +271,8 @@ class Workload:
             plan.append((at(0.1, 0.9), "reversal", account))
         for tick in range(REPLAY_TICKS):
             plan.append(((tick + 1) / (REPLAY_TICKS + 1) * window, "replay", None))
+        for tick in range(EXPUNGE_TICKS):
+            plan.append(((tick + 1) / (EXPUNGE_TICKS + 1) * window, "expunge", None))
         plan.sort(key=lambda item: item[0])
         return plan
 
@@ -348,3 +364,28 @@ class Workload:
             self._created += len(message.deliveries)
             if self.tally["replays_done"] % REPLAYS_PER_TICK == 0:
                 return
+
+    async def _chore_expunge(self, _argument) -> None:
+        """Expunge a few of the messages sent last: 200 erases (or answers retention's erasure), 409 while a
+        delivery is live; some asked twice, which must answer the same erasure."""
+        recent = self.sent_messages[-EXPUNGE_CHOSEN_FROM_LAST:]
+        for account, message_id in self.rng.sample(recent, min(len(recent), EXPUNGES_PER_TICK)):
+            if not account.active:
+                continue
+            try:
+                erased = await self._as(account, lambda c, m=message_id: c.messages.expunge(m))
+            except ConflictError as error:
+                self.tally["expunge_live" if error.slug == "message-live" else "expunge_conflict"] += 1
+                continue
+            except HookledgerError as error:
+                self.refused[f"expunge:{error.slug if error.status else type(error).__name__}"] += 1
+                if error.status == 404 and account.active:
+                    self.mismatches.append(f"expunge of {message_id}, a message of an active account: 404")
+                continue
+            self.tally["expunged"] += 1
+            self.expunged[message_id] = erased.payload_erased_at
+            if self.rng.random() < EXPUNGE_TWICE_SHARE:
+                again = await self._as(account, lambda c, m=message_id: c.messages.expunge(m))
+                self.tally["expunged_twice"] += 1
+                if again != erased:
+                    self.mismatches.append(f"expunge of {message_id} twice: {erased} then {again}")

@@ -4,7 +4,7 @@
     hookledger send EVENT_TYPE PAYLOAD_JSON [--idempotency-key KEY]
     hookledger deliveries list          (beside the operator's deliveries dead|show|replay)
     hookledger balance | ledger
-    hookledger accounts create|topup|reverse-topup|show   (operator key; beside accounts delete|repair)
+    hookledger accounts create|topup|reverse-topup|show   (operator key; beside accounts delete|repair|update)
     hookledger listen [--port 9000] [--secret whsec_...|--secret-from-endpoint ENDPOINT_ID] [--forward-to URL]
 
 They talk to HOOKLEDGER_API_URL (default http://127.0.0.1:8000, where `hookledger api` listens)
@@ -337,24 +337,28 @@ def deliveries_list(
 
 # ---- accounts create / topup / reverse-topup / show (operator, beside delete/repair) ---------------
 
-def _print_account(account: models.Account) -> Callable[[Console], None]:
+def print_account(account: models.Account) -> Callable[[Console], None]:
     return lambda console: output.print_rows(
-        console, "account", (*output.ids("id"), *output.texts("name", "status", "balance", "price per delivery")),
-        [(account.id, account.name, account.status, account.balance, account.price_per_delivery)])
+        console, "account", (*output.ids("id"), *output.texts("name", "status", "balance", "price per delivery",
+                                                               "retention days")),
+        [(account.id, account.name, account.status, account.balance, account.price_per_delivery,
+          account.payload_retention_days)])
 
 
 @accounts_app.command("create")
 def accounts_create(
     name: Annotated[str, typer.Argument(metavar="NAME", show_default=False, help="The account's name.")],
     price: Annotated[Optional[int], typer.Option(metavar="CREDITS", help="Credits per delivery (default: the server's).")] = None,
+    payload_retention_days: Annotated[Optional[int], typer.Option(
+        min=1, max=3650, metavar="DAYS", help="Days finished payloads are kept, 1-3650 (default 30).")] = None,
     api_url: ApiUrl = API_URL_DEFAULT, api_key: OperatorKey = None, as_json: AsJson = False,
 ) -> None:
     """Create an account and its first API key (shown once: keep it)."""
     with api(api_url, api_key, as_json, key_names=OPERATOR_KEY_NAMES) as client:
-        created = client.accounts.create(name, price_per_delivery=price)
+        created = client.accounts.create(name, price_per_delivery=price, payload_retention_days=payload_retention_days)
 
     def render(console: Console) -> None:
-        _print_account(created.account)(console)
+        print_account(created.account)(console)
         console.print(f"API key (shown once): {created.api_key.key}", markup=False, soft_wrap=True)
 
     _emit(created, as_json, render)
@@ -395,11 +399,11 @@ def accounts_reverse_topup(
 @accounts_app.command("show")
 def accounts_show(account_id: AccountId, api_url: ApiUrl = API_URL_DEFAULT, api_key: OperatorKey = None,
                   as_json: AsJson = False) -> None:
-    """Show an account: status, balance, price."""
+    """Show an account: status, balance, price, payload retention."""
     check_ids((account_id, "account"))
     with api(api_url, api_key, as_json, key_names=OPERATOR_KEY_NAMES) as client:
         account = client.accounts.get(account_id)
-    _emit(account, as_json, _print_account(account))
+    _emit(account, as_json, print_account(account))
 
 
 # ---- listen -----------------------------------------------------------------------------------------

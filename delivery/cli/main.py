@@ -13,6 +13,7 @@ import sys
 import typer
 
 from delivery.cli import client_commands as cli_client, common, operator_commands as cli_operator, output
+from delivery.cli import retention_commands as cli_retention
 from delivery.errors import ServerUnreachableError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="hookledger: webhooks billed per delivery.")
@@ -202,6 +203,8 @@ app.command(name="send")(cli_client.send)
 app.command(name="balance")(cli_client.balance)
 app.command(name="ledger")(cli_client.ledger)
 app.command(name="listen")(cli_client.listen)
+app.command(name="expunge")(cli_retention.expunge)
+app.command(name="retention")(cli_retention.retention)
 
 
 def main() -> None:

@@ -12,7 +12,11 @@ After a receiver outage, `endpoints.recover_plan(endpoint_id, since)` shows what
 endpoint's dead deliveries would charge, and `endpoints.recover(endpoint_id, since,
 confirm_total=plan.total_charge)` replays them as new charged deliveries (200 a call; `more`).
 
-An operator (holding the operator key) has `accounts.create/get/top_up/reverse_top_up/delete/deletion`
+`messages.expunge(message_id)` erases a finished message's payload and its attempts' response
+excerpts now; `account()` and `update_account(payload_retention_days=...)` read and set how many days
+they are kept before the retention job erases them.
+
+An operator (holding the operator key) has `accounts.create/get/update/top_up/reverse_top_up/delete/deletion`
 and `deliveries.list_dead/list_dead_letters/inspect`. Every refusal raises a `HookledgerError` subclass carrying the API's
 problem+json fields (`status`, `type`, `title`, `detail`, `errors`). Every create (`send`, a
 replay, a recovery, an account, an API key, an endpoint, a secret rotation) carries an Idempotency-Key
@@ -56,6 +60,7 @@ from delivery.client.models import (
     InspectedLedgerEntry,
     LedgerEntry,
     Message,
+    MessageErased,
     NewApiKey,
     Page,
     RecoverPlan,
@@ -91,6 +96,7 @@ __all__ = [
     "InspectedLedgerEntry",
     "LedgerEntry",
     "Message",
+    "MessageErased",
     "NewApiKey",
     "NotFoundError",
     "Page",

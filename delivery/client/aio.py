@@ -44,6 +44,7 @@ class AsyncClient:
         self.deliveries = AsyncDeliveries(self)
         self.accounts = AsyncAccounts(self)
         self.api_keys = AsyncApiKeys(self)
+        self.messages = AsyncMessages(self)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -77,6 +78,15 @@ class AsyncClient:
         to send exact bytes.
         """
         return await self._run(calls.send(event_type, payload, calls.key_or_new(idempotency_key)))
+
+    async def account(self) -> models.Account:
+        """The calling account: status, balance, price per delivery and payload_retention_days."""
+        return await self._run(calls.own_account())
+
+    async def update_account(self, *, payload_retention_days: int) -> models.Account:
+        """Set how many days (1 to 3,650) a finished message's payload and its attempts' response
+        excerpts are kept before the retention job erases them; the ledger is kept forever."""
+        return await self._run(calls.update_own_account(payload_retention_days))
 
     async def balance(self) -> models.Balance:
         return await self._run(calls.balance())
@@ -215,9 +225,16 @@ class AsyncAccounts(_AsyncResource):
     """Operator routes: the client must hold the operator key."""
 
     async def create(self, name: str, *, price_per_delivery: int | None = None,
+                     payload_retention_days: int | None = None,
                      idempotency_key: str | None = None) -> models.AccountCreated:
-        """An account and its first API key (`.api_key.key`, shown once); keyed and retried with its key."""
-        return await self._run(calls.create_account(name, price_per_delivery, calls.key_or_new(idempotency_key)))
+        """An account and its first API key (`.api_key.key`, shown once); keyed and retried with its key.
+        `payload_retention_days` None: the platform's default (30)."""
+        return await self._run(calls.create_account(name, price_per_delivery, calls.key_or_new(idempotency_key),
+                                                  payload_retention_days))
+
+    async def update(self, account_id: Id, *, payload_retention_days: int) -> models.Account:
+        """Set the account's payload_retention_days (1 to 3,650)."""
+        return await self._run(calls.update_account(account_id, payload_retention_days))
 
     async def get(self, account_id: Id) -> models.Account:
         return await self._run(calls.get_account(account_id))
@@ -253,3 +270,11 @@ class AsyncApiKeys(_AsyncResource):
 
     async def revoke(self, key_id: Id) -> None:
         await self._run(calls.revoke_api_key(key_id))
+
+
+class AsyncMessages(_AsyncResource):
+    async def expunge(self, message_id: Id) -> models.MessageErased:
+        """Erase the message's payload and its attempts' response excerpts now (the rows and the ledger
+        stay). ConflictError (slug message-live, `retry_after_seconds`) while a delivery of it is
+        pending or sending; NotFoundError for another account's message. Again: the same answer."""
+        return await self._run(calls.expunge_message(message_id))

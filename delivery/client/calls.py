@@ -122,15 +122,23 @@ def _keyed(idempotency_key: str) -> dict[str, str]:
     return {IDEMPOTENCY_KEY_HEADER: idempotency_key}
 
 
-def create_account(name: str, price_per_delivery: int | None, idempotency_key: str) -> Call[models.AccountCreated]:
+def create_account(name: str, price_per_delivery: int | None, idempotency_key: str,
+                   payload_retention_days: int | None = None) -> Call[models.AccountCreated]:
     """Idempotent through its key: a retry answers the first create's account and key."""
-    body = _json({"name": name, "price_per_delivery": price_per_delivery if price_per_delivery is not None else UNSET})
+    body = _json({"name": name, "price_per_delivery": price_per_delivery if price_per_delivery is not None else UNSET,
+                  "payload_retention_days": payload_retention_days if payload_retention_days is not None else UNSET})
     return Call("POST", "/v1/accounts", True, _reads(models.AccountCreated), body=body,
                 headers=_keyed(idempotency_key))
 
 
 def get_account(account_id: Id) -> Call[models.Account]:
     return Call("GET", f"/v1/accounts/{_segment(account_id)}", True, _reads(models.Account))
+
+
+def update_account(account_id: Id, payload_retention_days: int) -> Call[models.Account]:
+    # Sets a value: a repeat sets the same value again.
+    return Call("PATCH", f"/v1/accounts/{_segment(account_id)}", True, _reads(models.Account),
+                body=_json({"payload_retention_days": payload_retention_days}))
 
 
 def top_up(account_id: Id, order_id: str, amount: int) -> Call[models.Topup]:
@@ -171,6 +179,20 @@ def account_deletion(account_id: Id) -> Call[models.AccountDeletion]:
 
 
 # ---- account --------------------------------------------------------------------------------------
+
+def own_account() -> Call[models.Account]:
+    return Call("GET", "/v1/account", True, _reads(models.Account))
+
+
+def update_own_account(payload_retention_days: int) -> Call[models.Account]:
+    return Call("PATCH", "/v1/account", True, _reads(models.Account),
+                body=_json({"payload_retention_days": payload_retention_days}))
+
+
+def expunge_message(message_id: Id) -> Call[models.MessageErased]:
+    # Idempotent: a repeat answers the first erasure's time and author.
+    return Call("POST", f"/v1/messages/{_segment(message_id)}/expunge", True, _reads(models.MessageErased))
+
 
 def balance() -> Call[models.Balance]:
     return Call("GET", "/v1/balance", True, _reads(models.Balance))

@@ -21,6 +21,19 @@ class Account(msgspec.Struct, frozen=True):
     status: str  # active | closing | deleted
     balance: int
     price_per_delivery: int
+    # Days a finished message's payload and its attempts' response excerpts are kept (1 to 3,650);
+    # None only from an API that does not say.
+    payload_retention_days: int | None = None
+
+
+class MessageErased(msgspec.Struct, frozen=True):
+    """A message whose payload and attempts' response excerpts are erased: when, and by whom
+    (`api_key:<id>`, `retention` or `account_deletion`); never what."""
+
+    id: uuid.UUID
+    event_type: str
+    payload_erased_at: datetime
+    payload_erased_by: str
 
 
 class ApiKey(msgspec.Struct, frozen=True):
@@ -196,6 +209,7 @@ class Delivery(msgspec.Struct, frozen=True):
 class DeliveryDetail(Delivery, frozen=True):
     attempts: tuple[Attempt, ...] = ()
     ledger_entries: tuple[LedgerEntry, ...] = ()
+    payload_erased_at: datetime | None = None  # when its message's payload and excerpts were erased
 
 
 class DeadDelivery(msgspec.Struct, frozen=True):

@@ -44,6 +44,7 @@ class Client:
         self.deliveries = Deliveries(self)
         self.accounts = Accounts(self)
         self.api_keys = ApiKeys(self)
+        self.messages = Messages(self)
 
     def __enter__(self) -> Client:
         return self
@@ -77,6 +78,15 @@ class Client:
         to send exact bytes.
         """
         return self._run(calls.send(event_type, payload, calls.key_or_new(idempotency_key)))
+
+    def account(self) -> models.Account:
+        """The calling account: status, balance, price per delivery and payload_retention_days."""
+        return self._run(calls.own_account())
+
+    def update_account(self, *, payload_retention_days: int) -> models.Account:
+        """Set how many days (1 to 3,650) a finished message's payload and its attempts' response
+        excerpts are kept before the retention job erases them; the ledger is kept forever."""
+        return self._run(calls.update_own_account(payload_retention_days))
 
     def balance(self) -> models.Balance:
         return self._run(calls.balance())
@@ -214,9 +224,16 @@ class Accounts(_Resource):
     """Operator routes: the client must hold the operator key."""
 
     def create(self, name: str, *, price_per_delivery: int | None = None,
+               payload_retention_days: int | None = None,
                idempotency_key: str | None = None) -> models.AccountCreated:
-        """An account and its first API key (`.api_key.key`, shown once); keyed and retried with its key."""
-        return self._run(calls.create_account(name, price_per_delivery, calls.key_or_new(idempotency_key)))
+        """An account and its first API key (`.api_key.key`, shown once); keyed and retried with its key.
+        `payload_retention_days` None: the platform's default (30)."""
+        return self._run(calls.create_account(name, price_per_delivery, calls.key_or_new(idempotency_key),
+                                            payload_retention_days))
+
+    def update(self, account_id: Id, *, payload_retention_days: int) -> models.Account:
+        """Set the account's payload_retention_days (1 to 3,650)."""
+        return self._run(calls.update_account(account_id, payload_retention_days))
 
     def get(self, account_id: Id) -> models.Account:
         return self._run(calls.get_account(account_id))
@@ -252,3 +269,11 @@ class ApiKeys(_Resource):
 
     def revoke(self, key_id: Id) -> None:
         self._run(calls.revoke_api_key(key_id))
+
+
+class Messages(_Resource):
+    def expunge(self, message_id: Id) -> models.MessageErased:
+        """Erase the message's payload and its attempts' response excerpts now (the rows and the ledger
+        stay). ConflictError (slug message-live, `retry_after_seconds`) while a delivery of it is
+        pending or sending; NotFoundError for another account's message. Again: the same answer."""
+        return self._run(calls.expunge_message(message_id))

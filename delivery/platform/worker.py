@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 SWEEP_TIMEOUT_SECONDS = 600
 DELETION_TIMEOUT_SECONDS = 3600
 AUDIT_TIMEOUT_SECONDS = 1800
-RETENTION_TIMEOUT_SECONDS = 300  # a run is at most retention.BATCHES_PER_RUN_MAX short batches
+RETENTION_TIMEOUT_SECONDS = 300  # a run stops starting batches after retention.RUN_SECONDS_MAX
 AUDIT_NOTICES_LOGGED_MAX = 20  # one warning each, then one line with the count
 QUEUE_READ_MAX = 1000  # job ids read from the queue's head per poll: room for 50 workers' running jobs
 # Slots for operator jobs (account deletion), beside HOOKLEDGER_WORKER_JOBS for deliveries and crons:

@@ -22,8 +22,10 @@ RUN_SECONDS_MAX = 150  # the run takes about a minute here; a hang fails instead
 
 def test_short_chaos_run_passes(tmp_path: Path) -> None:
     """Two APIs and two workers, SIGKILL/SIGTERM of workers, FLUSHALL, PostgreSQL and API restarts, a
-    receiver outage and Redis outages while about 2,000 deliveries go out: exit 0, every check holds,
-    every fault kind ran."""
+    receiver outage and Redis outages while about 2,000 deliveries go out, with a one-day retention made
+    to pass in seconds and expunges: exit 0, every check holds (the erasure checks among them: no body
+    went out erased, no attempt after an erasure, no ledger entry changed), every fault kind ran, and
+    both retention and expunges erased payloads."""
     environment = {name: value for name, value in os.environ.items() if name not in ("DATABASE_URL", "REDIS_URL")}
     summary_path = tmp_path / "chaos-summary.json"
     completed = subprocess.run(
@@ -38,3 +40,8 @@ def test_short_chaos_run_passes(tmp_path: Path) -> None:
                                                   "redis_outage"}
     assert summary["load"]["deliveries_accepted"] >= 1_500
     assert summary["load"]["accounts_deleted"] >= 2
+    names = {check["name"] for check in summary["checks"]}
+    assert {"no body went out erased: every signed body was a payload the workload sent",
+            "no attempt started after its message was expunged or erased by retention",
+            "no response excerpt kept of an erased message"} <= names
+    assert summary["erasure"]["erased_by"]["retention"] > 0 and summary["erasure"]["erased_by"]["expunge"] > 0

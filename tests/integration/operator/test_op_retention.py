@@ -217,3 +217,21 @@ async def test_account_deletion_erases_excerpts_sessions_and_stored_answers(pool
     assert dict(row) == {"attempts": 6, "excerpts": 0, "sessions": 0, "answers": 0, "payloads": 0, "marked": 10}
     await retention.run_retention(pool)
     await assert_audit_clean(pool)
+
+
+async def test_a_run_stops_at_its_batch_and_time_bounds_and_the_next_goes_on(pool):
+    """A run with no time left does one batch; one with one batch allowed does one; runs without
+    those bounds go on until nothing is due. Nothing is erased twice or skipped."""
+    account_id = await make_account(pool, balance=10_000)
+    await accounts.set_payload_retention(pool, account_id, 1)
+    endpoint_id = await add_endpoint(pool, account_id)
+    delivery_ids = await create_many(pool, account_id, endpoint_id, 25)
+    await _finish(pool, delivery_ids)
+    await _age(pool, delivery_ids, 2)
+    first = await retention.run_retention(pool, batch_size=5, seconds_max=0)
+    second = await retention.run_retention(pool, batch_size=5, batches_max=1)
+    assert (first.batches, first.erased, second.batches, second.erased) == (1, 5, 1, 5)
+    rest = await retention.run_retention(pool, batch_size=5)
+    assert rest.erased == 15 and await retention.backlog(pool) == 0
+    assert (await retention.run_retention(pool, batch_size=5)).erased == 0
+    await assert_audit_clean(pool)
