@@ -30,7 +30,7 @@ from datetime import datetime
 
 import asyncpg
 
-from billing import message_direct
+from billing import message_direct, operational_outbox
 from billing.database import (
     OUTCOME_WAIT_SECONDS,
     Executor,
@@ -43,7 +43,7 @@ from billing.database import (
     transaction,
     transaction_status,
 )
-from billing.errors import BillingError, InvalidInput
+from billing.errors import BillingError, InsufficientBalance, InvalidInput
 from billing.message_direct import DIRECT_READ_BACK, DIRECT_WRITE, DirectBatch
 from billing.message_plan import CreatedDelivery, MessageCreated, MessageRequest, Plan
 
@@ -178,6 +178,10 @@ async def create_messages(
             raise
         if await resolve_outcome(executor, unknown, wait_seconds=outcome_wait_seconds) is None:
             raise unknown.__cause__ from None  # type: ignore[misc]  # certainly not written: the original error
+    refused = [request.account_id for request, result in zip(requests, results, strict=True)
+               if isinstance(result, InsufficientBalance)]
+    if refused:  # only on a refusal: the path that creates pays nothing for it
+        await operational_outbox.balance_exhausted(executor, refused)
     return results  # type: ignore[return-value]
 
 
