@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX
-from billing.tables import DEAD_REASONS, DELIVERY_STATES
+from billing.tables import DEAD_REASONS, DELIVERY_STATES, OPERATIONAL_EVENT_TYPES
 from delivery.api import openapi_examples as examples, responses as r, routes_recover as recover, validation as v
-from delivery.api import routes_operator_reads as operator_reads
+from delivery.api import openapi_operational, routes_operational as operational, routes_operator_reads as operator_reads
 from delivery.api.problems import ProblemBody
 
 ACCOUNT = "account"
@@ -27,6 +27,8 @@ TAGS = {
     "Billing": "The balance, the append-only ledger that proves it, and top-ups.",
     "API keys": "An account's keys; only hashes are stored, a key is shown once.",
     "Accounts": "Accounts and their deletion (the operator's).",
+    "Operational webhooks": "Where the account's operational events go (endpoint disabled, deliveries dead, balance"
+                            " low...), and the events themselves; free of charge. The payloads are under webhooks.",
     "Health": "Liveness, readiness and metrics, for load balancers and Prometheus.",
 }
 
@@ -205,6 +207,40 @@ OPERATIONS: tuple[Operation, ...] = (
               " processed this one; a recovery leaves this one out",
               ACCOUNT, {202: r.MessageAccepted}, (400, 402, 404, 409, 422, 503), v.Empty, body_optional=True,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
+    *(Operation(method, path, name, "Operational webhooks", summary, description, ACCOUNT, ok, errors, body,
+                parameters=parameters)
+      for method, path, name, summary, description, ok, errors, body, parameters in (
+        ("post", "/v1/operational-endpoints", "createOperationalEndpoint", "Create an operational endpoint",
+         "Where operational events go: a URL (checked as an endpoint's), the event types wanted (null: all) and"
+         " its own whsec_ secret (given, or made and answered here)", {201: operational.OperationalEndpointCreated},
+         (400, 409, 422), operational.OperationalEndpointCreate, ()),
+        ("get", "/v1/operational-endpoints", "listOperationalEndpoints", "List operational endpoints",
+         "The account's operational endpoints", {200: operational.OperationalEndpointList}, (), None, ()),
+        ("get", "/v1/operational-endpoints/{id}", "getOperationalEndpoint", "Read an operational endpoint",
+         "Read one of the account's operational endpoints", {200: operational.OperationalEndpoint}, (404,), None,
+         (_path_id(),)),
+        ("patch", "/v1/operational-endpoints/{id}", "updateOperationalEndpoint", "Change an operational endpoint",
+         "Change its URL, description, event types or enabled flag", {200: operational.OperationalEndpoint},
+         (400, 404, 422), operational.OperationalEndpointPatch, (_path_id(),)),
+        ("delete", "/v1/operational-endpoints/{id}", "deleteOperationalEndpoint", "Delete an operational endpoint",
+         "Delete it: nothing more is sent to it", {204: None}, (404,), None, (_path_id(),)),
+        ("get", "/v1/operational-endpoints/{id}/secret", "getOperationalEndpointSecret",
+         "Read an operational endpoint's secret", "The whsec_ secret its webhooks are signed with",
+         {200: operational.OperationalSecret}, (404,), None, (_path_id(),)),
+        ("get", "/v1/operational-events", "listOperationalEvents", "List operational events",
+         "The account's operational events, oldest first (what it may have missed), of one type if asked",
+         {200: operational.OperationalEventPage}, (422,), None,
+         (_LIMIT, _SEQ_CURSOR, _query("type", {"enum": list(OPERATIONAL_EVENT_TYPES)}))),
+        ("get", "/v1/operational-events/{id}", "getOperationalEvent", "Read an operational event",
+         "One of the account's operational events; its id is the webhook-id it was sent under",
+         {200: operational.OperationalEvent}, (404,), None, (_path_id(),)),
+        ("get", "/v1/account", "getOwnAccount", "Read the account", "The calling account's balance, price and"
+         " low_balance_threshold", {200: operational.OwnAccount}, (), None, ()),
+        ("patch", "/v1/account", "updateOwnAccount", "Set the low balance threshold",
+         "Set low_balance_threshold: balance.low is sent once when the balance falls below it, and again after a"
+         " top-up lifts it above; null turns it off", {200: operational.OwnAccount}, (400, 422),
+         operational.OwnAccountPatch, ()),
+      )),
     Operation("get", "/healthz", "getHealth", "Health", "Liveness",
               "The process is up", None, {200: r.Health}),
     Operation("get", "/readyz", "getReadiness", "Health", "Readiness",
@@ -223,12 +259,12 @@ _DESCRIPTIONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No content", 
 
 
 EXAMPLES = {**examples.EXAMPLES, **operator_reads.EXAMPLES}
-REQUEST_BODY_TYPES = (*v.REQUEST_BODIES, v.Empty, *recover.REQUEST_BODIES)
+REQUEST_BODY_TYPES = (*v.REQUEST_BODIES, v.Empty, *recover.REQUEST_BODIES, *operational.REQUEST_BODIES)
 
 
 def _schemas() -> dict:
     kinds = (*REQUEST_BODY_TYPES, *r.RESPONSE_BODIES, *recover.RESPONSE_BODIES, *operator_reads.RESPONSE_BODIES,
-             ProblemBody)
+             *operational.RESPONSE_BODIES, ProblemBody)
     _, components = msgspec.json.schema_components(kinds, ref_template="#/components/schemas/{name}")
     for name, schema in components.items():
         schema["examples"] = [EXAMPLES[name]]
@@ -301,6 +337,7 @@ def document() -> dict:
         "info": {"title": "hookledger", "version": "1", "description": _INFO},
         "tags": [{"name": name, "description": text} for name, text in TAGS.items()],
         "paths": paths,
+        "webhooks": openapi_operational.webhooks(),
         "components": {
             "schemas": _schemas(),
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from delivery.api import responses as r, routes_recover as recover, validation as v
+from delivery.api import openapi_operational, responses as r, routes_recover as recover, validation as v
 from delivery.api.problems import TYPE_BASE, FieldError, ProblemBody, response, Problem
 
 _ACCOUNT = uuid.UUID("0190c5f2-4b7e-7c1a-9d1e-6f3a2b1c0d01")
@@ -99,8 +99,8 @@ _INSTANCES: tuple[msgspec.Struct, ...] = (
 )
 
 # Schema name (the Struct's name) -> its example as JSON-ready builtins.
-EXAMPLES: dict[str, object] = {type(instance).__name__: msgspec.json.decode(msgspec.json.encode(instance))
-                               for instance in _INSTANCES}
+EXAMPLES: dict[str, object] = {**{type(instance).__name__: msgspec.json.decode(msgspec.json.encode(instance))
+                                  for instance in _INSTANCES}, **openapi_operational.EXAMPLES}
 
 
 # A typical problem of each error status, as the API writes it.

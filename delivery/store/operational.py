@@ -168,3 +168,10 @@ async def set_low_balance_threshold(executor: Executor, account_id: uuid.UUID, t
     return await executor.execute(
         "UPDATE accounts SET low_balance_threshold = $2, low_balance_armed = true WHERE id = $1",
         account_id, threshold) == "UPDATE 1"
+
+
+async def own_account(executor: Executor, account_id: uuid.UUID) -> dict | None:
+    """What an account reads of itself: its name, balance, price and balance.low threshold."""
+    row = await executor.fetchrow(
+        "SELECT id, name, balance, price_per_delivery, low_balance_threshold FROM accounts WHERE id = $1", account_id)
+    return None if row is None else dict(row)
