@@ -42,8 +42,8 @@ logger = logging.getLogger(__name__)
 
 DISPATCH_BATCH_MAX = 500  # events dispatched per statement
 CLAIM_BATCH_MAX = 100  # deliveries claimed per run
-LEASE_MS = 60_000
-SEND_TIMEOUT_MS = 10_000
+LEASE_MS = 60_000  # the default; the worker passes its own (HOOKLEDGER_LEASE_MS)
+SEND_TIMEOUT_MS = 10_000  # the default; a send ends within half its lease in any case
 ERROR_CHARS_MAX = 1000
 
 
@@ -124,7 +124,10 @@ def event_body(event_type: str, created_at, data: str) -> bytes:
 
 class OperationalSender:
     def __init__(self, pool: asyncpg.Pool, sender: Sender, keyring: Keyring | None,
-                 settings: retry.RetrySettings, rng: random.Random | None = None) -> None:
+                 settings: retry.RetrySettings, rng: random.Random | None = None, *, lease_ms: int = LEASE_MS,
+                 timeout_ms: int = SEND_TIMEOUT_MS) -> None:
+        self.lease_ms = lease_ms
+        self.timeout_ms = max(1000, min(timeout_ms, lease_ms // 2))
         self.pool = pool
         self.sender = sender
         self.keyring = keyring
@@ -136,7 +139,7 @@ class OperationalSender:
         row = await self.pool.fetchrow(_DISPATCH, DISPATCH_BATCH_MAX, OPERATIONAL_DEAD_BATCH_MAX,
                                        DEAD_BATCH_WINDOW_SECONDS, self.settings.schedule.attempts_max)
         expired = int((await self.pool.execute(_EXPIRE_LEASES, CLAIM_BATCH_MAX)).split()[-1])
-        claimed = await self.pool.fetch(_CLAIM, CLAIM_BATCH_MAX, LEASE_MS)
+        claimed = await self.pool.fetch(_CLAIM, CLAIM_BATCH_MAX, self.lease_ms)
         sending = [row for row in claimed if row["state"] == "sending"]
         results = await asyncio.gather(*(self._send(row) for row in sending))
         outcomes = [await self._record(row, result) for row, result in zip(sending, results, strict=True)]
@@ -157,7 +160,7 @@ class OperationalSender:
         signer = Signer([secret])
         event_id = str(row["event_id"])
         request = SendRequest(str(row["id"]), row["attempt"], row["url"], body,
-                              lambda: signer.headers(event_id, int(time.time()), body), SEND_TIMEOUT_MS,
+                              lambda: signer.headers(event_id, int(time.time()), body), self.timeout_ms,
                               str(row["endpoint_id"]))
         return await self.sender.send(request)
 

@@ -203,7 +203,9 @@ async def _startup(ctx: dict) -> None:
         ctx["metrics_share"] = metrics_share.Publisher(ctx["redis"], settings.worker.metrics_share_seconds)
         ctx["metrics_share"].start()
     ctx["engine"] = Engine(pool, sender, job_queue.Queue(ctx["redis"]), SignerCache(keyring), settings.worker.engine)
-    ctx["operational"] = OperationalSender(pool, sender, keyring, settings.worker.engine.retry)
+    ctx["operational"] = OperationalSender(pool, sender, keyring, settings.worker.engine.retry,
+                                           lease_ms=settings.worker.engine.lease_ms,
+                                           timeout_ms=settings.worker.sender.timeout_ms_default)
     logger.info("worker started on the %s event loop", event_loop.name(asyncio.get_running_loop()))
 
 

@@ -3,6 +3,7 @@ checks every operational test makes: each event received, signed, once in the da
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ class OperationalReceiver:
 
     secret: str
     url: str = ""
-    behaviour: object = None  # request number -> status; None: 204
+    behaviour: object = None  # request number -> status (or a coroutine of one); None: 204
     received: list[dict] = field(default_factory=list)
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -33,6 +34,8 @@ class OperationalReceiver:
             payload, verified = json.loads(body), False
         self.received.append({"webhook_id": headers.get("webhook-id"), "payload": payload, "verified": verified})
         status = 204 if self.behaviour is None else self.behaviour(len(self.received))
+        if asyncio.iscoroutine(status):
+            status = await status
         return web.Response(status=status)
 
     def of_type(self, event_type: str) -> list[dict]:
