@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from delivery.client import calls, models, transport
+from delivery.client.operational import AsyncOperational
 from delivery.client.calls import UNSET, Call, Id
 from delivery.client.retry import RetryPolicy
 
@@ -44,6 +45,7 @@ class AsyncClient:
         self.deliveries = AsyncDeliveries(self)
         self.accounts = AsyncAccounts(self)
         self.api_keys = AsyncApiKeys(self)
+        self.operational = AsyncOperational(self)
 
     async def __aenter__(self) -> AsyncClient:
         return self

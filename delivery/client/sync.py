@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from delivery.client import calls, models, transport
+from delivery.client.operational import Operational
 from delivery.client.calls import UNSET, Call, Id
 from delivery.client.retry import RetryPolicy
 
@@ -44,6 +45,7 @@ class Client:
         self.deliveries = Deliveries(self)
         self.accounts = Accounts(self)
         self.api_keys = ApiKeys(self)
+        self.operational = Operational(self)
 
     def __enter__(self) -> Client:
         return self
