@@ -197,12 +197,17 @@ CREATE_STATEMENTS = (
     BALANCE_LOW_FUNCTION, BALANCE_LOW_TRIGGER,
     EXHAUSTED_REARM_FUNCTION, EXHAUSTED_REARM_TRIGGER,
 )
-DROP_STATEMENTS = (
+# The triggers alone (scripts/bench_ingest.py --operational-compare measures the create path without them, then with).
+TRIGGERS = (ENDPOINT_TRIGGER, DELIVERY_DEAD_TRIGGER, LEDGER_TRIGGER, BALANCE_LOW_TRIGGER, EXHAUSTED_REARM_TRIGGER)
+DROP_TRIGGERS = (
     "DROP TRIGGER operational_balance_exhausted_rearm ON accounts",
     "DROP TRIGGER operational_balance_low ON accounts",
     "DROP TRIGGER operational_ledger_entry ON ledger_entries",
     "DROP TRIGGER operational_delivery_dead ON deliveries",
     "DROP TRIGGER operational_endpoint_changed ON endpoints",
+)
+DROP_STATEMENTS = (
+    *DROP_TRIGGERS,
     "DROP FUNCTION operational_balance_exhausted_rearm()",
     "DROP FUNCTION operational_balance_low()",
     "DROP FUNCTION operational_ledger_entry()",

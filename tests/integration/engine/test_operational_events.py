@@ -204,3 +204,35 @@ async def test_top_up_and_reversal_are_sent(pool, settings, keyring, runners):
     assert applied["payload"]["data"] == {"order_id": "order-1", "amount": 500, "balance": 500}
     assert reversed_["payload"]["data"] == {"order_id": "order-1", "amount": -500, "balance": 0}
     assert (await audit(pool)).clean
+
+
+async def test_the_audit_counts_operational_deliveries_apart_and_refuses_a_charge_on_one(pool, keyring, runners):
+    """Sent by one run of the operational sender (no worker): the audit stays clean and counts them
+    apart; a ledger entry naming an operational delivery (forced past the triggers) is an I1 violation."""
+    from delivery.engine.retry import RetrySettings
+    from delivery.operations.operational_sender import OperationalSender
+
+    operations = await start_operational_receiver(runners)
+    account_id = await add_account(pool, balance=0)
+    await add_operational_endpoint(pool, account_id, operations, keyring)
+    for number in range(3):
+        await accounts.top_up(pool, account_id, f"order-{number}", 10)
+    sender = Sender(SenderSettings(allow_loopback=True, timeout_ms_default=2000, timeout_ms_max=2000))
+    try:
+        report = await OperationalSender(pool, sender, keyring, RetrySettings()).run_once()
+    finally:
+        await sender.close()
+    assert (report.dispatched, report.sent, report.delivered) == (3, 3, 3)
+    await check_each_received_once(pool, account_id, operations)
+    audited = await audit(pool)
+    assert audited.clean and audited.operational_deliveries == 3
+    assert audited.to_json()["operational_deliveries"] == 3
+    operational_id = await pool.fetchval("SELECT id FROM operational_deliveries LIMIT 1")
+    async with pool.acquire() as connection, connection.transaction():  # this test's own database
+        await connection.execute("ALTER TABLE ledger_entries DISABLE TRIGGER ALL")
+        await connection.execute("INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
+                                 " VALUES ('charge:' || $1::uuid::text, $2, $1::uuid, 'charge', 0)",
+                                 operational_id, account_id)
+    found = [v for v in (await audit(pool)).violations if v.delivery_id == operational_id]
+    # Beside the charge-without-a-delivery finding of the ledger's own I1 check, the operational one.
+    assert [v.invariant for v in found if "never charged" in v.detail] == ["I1"]
