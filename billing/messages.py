@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,6 +47,8 @@ from billing.database import (
 from billing.errors import BillingError, InsufficientBalance, InvalidInput
 from billing.message_direct import DIRECT_READ_BACK, DIRECT_WRITE, DirectBatch
 from billing.message_plan import CreatedDelivery, MessageCreated, MessageRequest, Plan
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "BATCH_REQUESTS_MAX", "EVENT_TYPE_LENGTH_MAX", "IDEMPOTENCY_KEY_LENGTH_MAX", "OUTCOME_WAIT_SECONDS",
@@ -181,8 +184,18 @@ async def create_messages(
     refused = [request.account_id for request, result in zip(requests, results, strict=True)
                if isinstance(result, InsufficientBalance)]
     if refused:  # only on a refusal: the path that creates pays nothing for it
-        await operational_outbox.balance_exhausted(executor, refused)
+        await _balance_exhausted(executor, refused)
     return results  # type: ignore[return-value]
+
+
+async def _balance_exhausted(executor: Executor, account_ids: list[uuid.UUID]) -> None:
+    """balance.exhausted for these refusals. Its own statement, after the batch: one that fails
+    (PostgreSQL gone) must not fail a batch whose messages were written, and loses nothing, since
+    the account stays armed and its next refusal writes the event."""
+    try:
+        await operational_outbox.balance_exhausted(executor, account_ids)
+    except (asyncpg.PostgresError, *_ANSWER_LOST) as error:
+        logger.warning("balance.exhausted not written now (%r); the next refusal writes it", error)
 
 
 # What a write whose answer was lost fails with: the connection broke, or was closed under it.

@@ -414,7 +414,8 @@ OPERATIONAL_EVENT_TYPES = (
 )
 OPERATIONAL_DEAD_BATCH_MAX = 100  # dead deliveries of one endpoint that one delivery.dead event carries
 OPERATIONAL_STATES = DELIVERY_STATES
-OPERATIONAL_DEAD_REASONS = ("out_of_retries", "endpoint_disabled", "endpoint_deleted", "attempts_exhausted")
+OPERATIONAL_DEAD_REASONS = ("out_of_retries", "endpoint_disabled", "endpoint_deleted", "attempts_exhausted",
+                            "account_closed")
 
 operational_endpoints = sa.Table(
     "operational_endpoints",

@@ -4,7 +4,8 @@ Accounts (each with several endpoints on the programmed receivers, so every send
 top-ups (some repeated with the same order id, some reversed), sends at a paced rate (some
 sent again with the same Idempotency-Key, which must answer the same message and charge
 nothing), and chores in the middle of it all: endpoints deleted and disabled, accounts
-deleted, dead deliveries replayed.
+deleted, dead deliveries replayed. Each account has an operational endpoint on the healthy
+receiver, so the operational events of all this are sent under the same faults.
 
 API processes get restarted under the workload, so every call goes through `_failover`: the
 SDK retries one API process (with the same idempotency key), and when that process stays
@@ -162,6 +163,15 @@ class Workload:
                 url, secret=secret, description=behaviour))
             account.endpoints.append(str(endpoint.id))
         self.tally["endpoints"] += len(account.endpoints)
+        await self._operational_endpoint(account)
+
+    async def _operational_endpoint(self, account: AccountState) -> None:
+        """Where the account's operational events go: the healthy receiver, under its own secret.
+        A create retried after a lost answer may make a second one: both are sent every event."""
+        key, secret = uuid.uuid4().hex, generate_secret()
+        url = self.receivers.url("healthy", key, secret)
+        await self._as(account, lambda c: c.operational.create_endpoint(url, secret=secret, description="chaos"))
+        self.tally["operational_endpoints"] += 1
 
     async def _top_up(self, account: AccountState, order_id: str, amount: int, *, repeat: bool) -> None:
         self.orders[order_id] = amount

@@ -6,7 +6,7 @@ restart is done again from there.
 
 1. Dispatch (one statement): events not yet dispatched (a delivery.dead batch once it is full or
    DEAD_BATCH_WINDOW_SECONDS old) get one operational delivery per subscribed, enabled
-   operational endpoint of their account, and are marked dispatched. Unique (event, endpoint):
+   operational endpoint of their account (if it is active), and are marked dispatched. Unique (event, endpoint):
    a dispatch run twice makes nothing twice.
 2. Expire leases: a delivery left `sending` past its lease (its worker died) is due again, or dead
    when that was its last attempt.
@@ -66,8 +66,9 @@ _DISPATCH = (
     " marked AS (UPDATE operational_events e SET dispatched_at = now() FROM ready WHERE e.id = ready.id RETURNING e.id),"
     " made AS ("
     "   INSERT INTO operational_deliveries (id, account_id, event_id, endpoint_id, attempts_max)"
-    "   SELECT operational_event_id(), r.account_id, r.id, o.id, $4 FROM ready r JOIN operational_endpoints o"
-    "     ON o.account_id = r.account_id AND o.enabled AND o.deleted_at IS NULL"
+    "   SELECT operational_event_id(), r.account_id, r.id, o.id, $4 FROM ready r"
+    "   JOIN accounts a ON a.id = r.account_id AND a.status = 'active'"
+    "   JOIN operational_endpoints o ON o.account_id = r.account_id AND o.enabled AND o.deleted_at IS NULL"
     "     AND (o.event_types IS NULL OR r.type = ANY (o.event_types))"
     "   ON CONFLICT (event_id, endpoint_id) DO NOTHING RETURNING id)"
     " SELECT (SELECT count(*) FROM marked) AS events, (SELECT count(*) FROM made) AS deliveries"
@@ -82,20 +83,21 @@ _EXPIRE_LEASES = (
     "   ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)"
 )
 # Due deliveries, claimed; with what sending them needs. An endpoint disabled or deleted since
-# the dispatch: its delivery dies unsent (the claim marks it, in the same statement).
+# the dispatch, or an account no longer active: its delivery dies unsent (marked in the same statement).
 _CLAIM = (
     "WITH due AS ("
     "   SELECT id FROM operational_deliveries WHERE state = 'pending' AND next_attempt_at <= now()"
     "   ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED),"
     " claimed AS ("
     "   UPDATE operational_deliveries d SET"
-    "     state = CASE WHEN o.enabled THEN 'sending' ELSE 'dead' END,"
-    "     dead_reason = CASE WHEN o.enabled THEN NULL WHEN o.deleted_at IS NULL THEN 'endpoint_disabled'"
-    "       ELSE 'endpoint_deleted' END,"
-    "     finished_at = CASE WHEN o.enabled THEN NULL ELSE now() END,"
-    "     attempt = d.attempt + CASE WHEN o.enabled THEN 1 ELSE 0 END,"
-    "     leased_until = CASE WHEN o.enabled THEN now() + $2 * interval '1 millisecond' END"
-    "   FROM due, operational_endpoints o WHERE d.id = due.id AND o.id = d.endpoint_id"
+    "     state = CASE WHEN o.enabled AND a.status = 'active' THEN 'sending' ELSE 'dead' END,"
+    "     dead_reason = CASE WHEN a.status <> 'active' THEN 'account_closed' WHEN o.enabled THEN NULL"
+    "       WHEN o.deleted_at IS NULL THEN 'endpoint_disabled' ELSE 'endpoint_deleted' END,"
+    "     finished_at = CASE WHEN o.enabled AND a.status = 'active' THEN NULL ELSE now() END,"
+    "     attempt = d.attempt + CASE WHEN o.enabled AND a.status = 'active' THEN 1 ELSE 0 END,"
+    "     leased_until = CASE WHEN o.enabled AND a.status = 'active' THEN now() + $2 * interval '1 millisecond' END"
+    "   FROM due, operational_endpoints o, accounts a"
+    "   WHERE d.id = due.id AND o.id = d.endpoint_id AND a.id = d.account_id"
     "   RETURNING d.id, d.event_id, d.endpoint_id, d.attempt, d.attempts_max, d.state, o.url, o.secret)"
     " SELECT c.*, e.type, e.created_at, e.data FROM claimed c JOIN operational_events e ON e.id = c.event_id"
 )

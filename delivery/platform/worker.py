@@ -203,7 +203,8 @@ async def _startup(ctx: dict) -> None:
         ctx["metrics_share"] = metrics_share.Publisher(ctx["redis"], settings.worker.metrics_share_seconds)
         ctx["metrics_share"].start()
     ctx["engine"] = Engine(pool, sender, job_queue.Queue(ctx["redis"]), SignerCache(keyring), settings.worker.engine)
-    ctx["operational"] = OperationalSender(pool, sender, keyring, settings.worker.engine.retry,
+    # A sender of its own: the engine's counts on every pending send being one it reserved room for.
+    ctx["operational"] = OperationalSender(pool, Sender(settings.worker.sender), keyring, settings.worker.engine.retry,
                                            lease_ms=settings.worker.engine.lease_ms,
                                            timeout_ms=settings.worker.sender.timeout_ms_default)
     logger.info("worker started on the %s event loop", event_loop.name(asyncio.get_running_loop()))
@@ -225,6 +226,8 @@ async def _shutdown(ctx: dict) -> None:
     sender = ctx.get("sender")
     if sender is not None:
         await sender.close()
+    if ctx.get("operational") is not None:
+        await ctx["operational"].sender.close()
     if engine is not None:  # after the sender: the sends that ended while it closed are written too
         await engine.close()
     if ctx.get("owns_pool", True) and ctx.get("pool") is not None:

@@ -113,7 +113,7 @@ def upgrade() -> None:
         sa.CheckConstraint("state IN ('pending', 'sending', 'delivered', 'dead')",
                            name=op.f("ck_operational_deliveries_state")),
         sa.CheckConstraint("dead_reason IS NULL OR dead_reason IN ('out_of_retries', 'endpoint_disabled',"
-                           " 'endpoint_deleted', 'attempts_exhausted')", name=op.f("ck_operational_deliveries_dead_reason")),
+                           " 'endpoint_deleted', 'attempts_exhausted', 'account_closed')", name=op.f("ck_operational_deliveries_dead_reason")),
         sa.CheckConstraint("(state = 'dead') = (dead_reason IS NOT NULL)",
                            name=op.f("ck_operational_deliveries_dead_has_reason")),
         sa.CheckConstraint("attempt >= 0 AND attempt <= attempts_max", name=op.f("ck_operational_deliveries_attempt_range")),
