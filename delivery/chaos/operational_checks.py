@@ -25,6 +25,12 @@ _DEAD_IN_EVENTS = ("SELECT item->>'delivery_id' AS id FROM operational_events e,
                    " jsonb_array_elements(e.data->'deliveries') AS item WHERE e.type = 'delivery.dead'")
 _DEAD_DELIVERIES = ("SELECT id::text FROM deliveries WHERE dead_reason IS NOT NULL"
                     " AND dead_reason NOT IN ('account_closed', 'account_deleted')")
+# balance.low: at most one per account between two top-ups (once per crossing, armed again by a top-up).
+_BALANCE_LOW_TOO_OFTEN = (
+    "SELECT e.account_id::text FROM operational_events e WHERE e.type = 'balance.low' GROUP BY e.account_id"
+    " HAVING count(*) > 1 + (SELECT count(*) FROM ledger_entries l WHERE l.account_id = e.account_id"
+    "   AND l.kind = 'topup')"
+)
 _DISABLED = ("SELECT count(*) FROM endpoints WHERE NOT enabled AND deleted_at IS NULL"
              " AND account_id IN (SELECT id FROM accounts WHERE status = 'active')")
 _UNFINISHED = (
@@ -48,6 +54,7 @@ async def run(pool: asyncpg.Pool, receivers: ReceiverFarm) -> list[tuple[str, bo
     missing = sorted(dead - set(in_events))
     invented = sorted(set(in_events) - dead)
     disabled = await pool.fetchval(_DISABLED)
+    too_often = [row[0] for row in await pool.fetch(_BALANCE_LOW_TOO_OFTEN)]
     unfinished = await pool.fetchrow(_UNFINISHED)
     delivered = {row[0] for row in await pool.fetch(_DELIVERED_EVENTS)}
     unseen = [event_id for event_id in delivered
@@ -60,6 +67,8 @@ async def run(pool: asyncpg.Pool, receivers: ReceiverFarm) -> list[tuple[str, bo
               f" missing {missing[:DETAILS_MAX]}, invented {invented[:DETAILS_MAX]}"),
         ("operational events: an endpoint.disabled for each disabled endpoint", by_type["endpoint.disabled"] >= disabled,
               f"{disabled} disabled endpoints, {by_type['endpoint.disabled']} endpoint.disabled events"),
+        ("operational events: balance.low at most once per crossing", not too_often,
+         f"{by_type['balance.low']} balance.low events; too many on {too_often[:DETAILS_MAX]}"),
         ("operational deliveries: all dispatched and finished, none dead", not any(unfinished.values()),
               f"{dict(unfinished)}"),
         ("operational deliveries: each delivered event received, signed, answered 2xx", not unseen,

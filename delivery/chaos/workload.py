@@ -154,6 +154,7 @@ class Workload:
         created = await self._operator(lambda c: c.accounts.create(f"chaos {number}", price_per_delivery=price))
         account = AccountState(number, str(created.account.id), price, self._clients(created.api_key.key))
         self.accounts.append(account)
+        await self._operational_endpoint(account)  # first: the top-up's event goes to it too
         await self._top_up(account, f"chaos-{account.id}-0", self._budget(price), repeat=True)
         for behaviour in behaviours:
             assert behaviour in BEHAVIOURS
@@ -163,7 +164,6 @@ class Workload:
                 url, secret=secret, description=behaviour))
             account.endpoints.append(str(endpoint.id))
         self.tally["endpoints"] += len(account.endpoints)
-        await self._operational_endpoint(account)
 
     async def _operational_endpoint(self, account: AccountState) -> None:
         """Where the account's operational events go: the healthy receiver, under its own secret.
@@ -171,6 +171,8 @@ class Workload:
         key, secret = uuid.uuid4().hex, generate_secret()
         url = self.receivers.url("healthy", key, secret)
         await self._as(account, lambda c: c.operational.create_endpoint(url, secret=secret, description="chaos"))
+        # balance.low when half the budget is spent (some accounts get there within the window).
+        await self._as(account, lambda c: c.operational.set_low_balance_threshold(self._budget(account.price) // 2))
         self.tally["operational_endpoints"] += 1
 
     async def _top_up(self, account: AccountState, order_id: str, amount: int, *, repeat: bool) -> None:
