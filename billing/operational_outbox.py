@@ -55,6 +55,10 @@ DECLARE
     live_count bigint;
     live_price bigint;
 BEGIN
+    -- A closing account's endpoints are switched off by its deletion: nobody is left to tell.
+    IF (SELECT status FROM accounts WHERE id = NEW.account_id) <> 'active' THEN
+        RETURN NULL;
+    END IF;
     IF NEW.enabled THEN
         INSERT INTO operational_events (id, account_id, type, data)
         VALUES (operational_event_id(), NEW.account_id, 'endpoint.enabled',

@@ -425,7 +425,7 @@ operational_endpoints = sa.Table(
     sa.Column("url", sa.Text, nullable=False),
     sa.Column("description", sa.Text, nullable=False, server_default=""),
     sa.Column("event_types", pg.ARRAY(sa.Text)),
-    sa.Column("secret", sa.LargeBinary, nullable=False),
+    sa.Column("secret", sa.LargeBinary),  # NULL once the account is deleted (billing.closeout erases it)
     sa.Column("enabled", sa.Boolean, nullable=False, server_default=sa.true()),
     _created_at(),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),

@@ -151,7 +151,8 @@ class OperationalSender:
 
     async def _send(self, row) -> SendResult:
         try:
-            secret = open_secret(row["secret"], self.keyring, row["endpoint_id"]) if self.keyring else None
+            secret = (open_secret(row["secret"], self.keyring, row["endpoint_id"])
+                      if self.keyring and row["secret"] is not None else None)
         except Exception as error:  # noqa: BLE001 - a secret that cannot be opened fails this attempt
             logger.warning("operational endpoint %s: its secret cannot be decrypted (%r)", row["endpoint_id"], error)
             secret = None

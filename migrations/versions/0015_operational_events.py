@@ -44,7 +44,7 @@ def upgrade() -> None:
         sa.Column("url", sa.Text, nullable=False),
         sa.Column("description", sa.Text, nullable=False, server_default=""),
         sa.Column("event_types", pg.ARRAY(sa.Text)),
-        sa.Column("secret", sa.LargeBinary, nullable=False),
+        sa.Column("secret", sa.LargeBinary),
         sa.Column("enabled", sa.Boolean, nullable=False, server_default=sa.true()),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),

@@ -236,3 +236,34 @@ async def test_the_audit_counts_operational_deliveries_apart_and_refuses_a_charg
     found = [v for v in (await audit(pool)).violations if v.delivery_id == operational_id]
     # Beside the charge-without-a-delivery finding of the ledger's own I1 check, the operational one.
     assert [v.invariant for v in found if "never charged" in v.detail] == ["I1"]
+
+
+async def test_a_deleted_account_is_told_nothing_more_and_its_operational_secret_is_erased(pool, keyring, runners):
+    """An event whose delivery failed once waits for its retry when the account is deleted: the deletion
+    switches the account's endpoints off without an endpoint.disabled (nobody is left to tell), erases its
+    operational endpoints' secrets, and the retry dies unsent (account_closed)."""
+    from delivery.engine.retry import RetrySettings
+    from delivery.operations import deletion
+    from delivery.operations.operational_sender import OperationalSender
+
+    operations = await start_operational_receiver(runners, behaviour=lambda number: 500)
+    account_id = await add_account(pool, balance=0)
+    await add_endpoint_free(pool, account_id)
+    operational_id = await add_operational_endpoint(pool, account_id, operations, keyring)
+    await accounts.top_up(pool, account_id, "before-deletion", 10)
+    sender = Sender(SenderSettings(allow_loopback=True, timeout_ms_default=2000, timeout_ms_max=2000))
+    operational = OperationalSender(pool, sender, keyring, RetrySettings())
+    try:
+        assert (await operational.run_once()).retrying == 1
+        await deletion.start_account_deletion(pool, None, account_id)
+        assert (await deletion.run_deletion(pool, account_id)).status == "done"
+        assert await pool.fetchval("SELECT secret IS NULL AND NOT enabled FROM operational_endpoints WHERE id = $1",
+                                   operational_id)
+        assert [event["type"] for event in await events_of(pool, account_id)] == ["topup.applied"]
+        await pool.execute("UPDATE operational_deliveries SET next_attempt_at = now()")
+        report = await operational.run_once()
+    finally:
+        await sender.close()
+    assert (report.sent, report.dead) == (0, 1) and len(operations.received) == 1
+    assert await pool.fetchval("SELECT dead_reason FROM operational_deliveries") == "account_closed"
+    assert (await audit(pool)).clean
