@@ -8,9 +8,9 @@ every path is covered without each remembering to. The migration creates them fr
 
     event               cause (the row change)                                         written by
     endpoint.disabled   endpoints.enabled true -> false (410, failing too long, by the  trigger on endpoints
-                        account, by the operator); with the live deliveries whose
-                        refunds it causes (the pre-send check refunds them)
-    endpoint.enabled    endpoints.enabled false -> true                                 trigger on endpoints
+                        account, by the operator) of an active account; with the live
+                        deliveries whose refunds it causes (the pre-send check refunds them)
+    endpoint.enabled    endpoints.enabled false -> true, of an active account           trigger on endpoints
     delivery.dead       a delivery marked dead (not by its account's closing): joins    trigger on deliveries
                         the endpoint's open batch (at most OPERATIONAL_DEAD_BATCH_MAX,
                         dispatched a second after its first death) or opens one

@@ -401,21 +401,41 @@ async def _operational_phase(database_url: str, phase: str) -> None:
 
 
 async def _operational_compare(arguments, database_url, api_url, trivial_url, servers, many_keys, hot_key,
-                               report) -> None:
-    """Every API case without and with the operational triggers; each case's rate with them over without."""
+                               account_ids, report) -> None:
+    """Every API case (and bare-SQL case, unless --no-bare-sql) without and with the operational
+    triggers; each case's rate with them over without."""
     rates: dict[tuple, dict[str, list[float]]] = {}
-    for phase in OPERATIONAL_PHASES:
-        await _operational_phase(database_url, phase)
-        print(f"-- operational triggers: {phase}")
-        for concurrency in arguments.concurrency:
-            rows_before = len(report["api"])
-            await _measure_at(concurrency, arguments, api_url, trivial_url, servers, None, many_keys, hot_key, report)
-            for row in report["api"][rows_before:]:
-                row["operational"] = phase
-                case = (row["concurrency"], row["fan_out"], row["accounts"])
-                rates.setdefault(case, {"with": [], "without": [], "cpu with": [], "cpu without": []})
-                rates[case][phase].append(row["share_of_trivial"])
-                rates[case][f"cpu {phase}"].append(row["cpu_shares"].get("postgres", 0.0))
+    bare: dict[tuple, dict[str, list[float]]] = {}
+    pool = await create_pool(database_url, size_min=BARE_SQL_CONNECTIONS, size_max=BARE_SQL_CONNECTIONS)
+    try:
+        for phase in OPERATIONAL_PHASES:
+            await _operational_phase(database_url, phase)
+            print(f"-- operational triggers: {phase}")
+            await _compare_phase(arguments, phase, api_url, trivial_url, servers, many_keys, hot_key, report, rates)
+            for fan_out in arguments.fan_outs if arguments.bare_sql else ():
+                for label, ids in (("many accounts", account_ids[0]), ("one hot account", account_ids[1])):
+                    rate = await bare_sql(pool, ids, fan_out, arguments.seconds, arguments.concurrency[0])
+                    print(f"bare SQL (1 tx/msg) fan-out {fan_out}  {label:16} {rate:7.0f} msg/s")
+                    bare.setdefault((fan_out, label), {"with": [], "without": []})[phase].append(rate)
+    finally:
+        await pool.close()
+    _print_compare(arguments, rates, bare, report)
+
+
+async def _compare_phase(arguments, phase, api_url, trivial_url, servers, many_keys, hot_key, report, rates) -> None:
+    """The API's runs of one phase, each case's share of the trivial handler and PostgreSQL's CPU kept by phase."""
+    for concurrency in arguments.concurrency:
+        rows_before = len(report["api"])
+        await _measure_at(concurrency, arguments, api_url, trivial_url, servers, None, many_keys, hot_key, report)
+        for row in report["api"][rows_before:]:
+            row["operational"] = phase
+            case = (row["concurrency"], row["fan_out"], row["accounts"])
+            rates.setdefault(case, {"with": [], "without": [], "cpu with": [], "cpu without": []})
+            rates[case][phase].append(row["share_of_trivial"])
+            rates[case][f"cpu {phase}"].append(row["cpu_shares"].get("postgres", 0.0))
+
+
+def _print_compare(arguments, rates, bare, report) -> None:
     report["operational_compare"] = []
     print("with the operational triggers, as a ratio of without (each as a share of the trivial handler beside it,"
           " the mean of its two runs):")
@@ -431,6 +451,13 @@ async def _operational_compare(arguments, database_url, api_url, trivial_url, se
                                               "share_without": without, "share_with": with_, "ratio": ratio,
                                               "postgres_cpu_without": cpu_without, "postgres_cpu_with": cpu_with,
                                               "postgres_cpu_ratio": cpu_ratio})
+    for (fan_out, label), by_phase in bare.items():
+        with_, without = (sum(by_phase[p]) / len(by_phase[p]) for p in ("with", "without"))
+        print(f"  bare SQL  fan-out {fan_out}  {label:16}  without {without:7.0f} msg/s  with {with_:7.0f} msg/s"
+              f"  ratio {with_ / without:.3f}")
+        report["operational_compare"].append({"bare_sql": True, "fan_out": fan_out, "accounts": label,
+                                              "rate_without": without, "rate_with": with_,
+                                              "ratio": with_ / without})
     if arguments.json:
         arguments.json.write_text(json.dumps(report, indent=2, default=str))
 
@@ -522,7 +549,8 @@ async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str)
                   "accounts": arguments.accounts, "group_commit_concurrency": arguments.group_commit_concurrency,
                   "api": [], "api_without_writes": [], "bare_sql": [], "trivial": []}
         if arguments.operational_compare:
-            await _operational_compare(arguments, database_url, api_url, trivial_url, servers, many_keys, hot_key, report)
+            await _operational_compare(arguments, database_url, api_url, trivial_url, servers, many_keys, hot_key,
+                                       (many_ids, hot_id), report)
             return
         ceilings_by_concurrency = [
             await _measure_at(concurrency, arguments, api_url, trivial_url, servers, unwritten, many_keys, hot_key, report)

@@ -93,3 +93,16 @@ async def check_each_received_once(pool, account_id: uuid.UUID, receiver: Operat
         payload = by_id[str(event["id"])]["payload"]
         assert payload["type"] == event["type"] and payload["data"] == json.loads(event["data"])
         assert set(payload) == {"type", "timestamp", "data"}
+
+
+async def send_due(pool, keyring: Keyring) -> None:
+    """One run of the operational sender (dispatch, claim, send, record), as the worker's cron does."""
+    from delivery.engine.retry import RetrySettings
+    from delivery.engine.sender import Sender, SenderSettings
+    from delivery.operations.operational_sender import OperationalSender
+
+    sender = Sender(SenderSettings(allow_loopback=True, timeout_ms_default=2000, timeout_ms_max=2000))
+    try:
+        await OperationalSender(pool, sender, keyring, RetrySettings()).run_once()
+    finally:
+        await sender.close()

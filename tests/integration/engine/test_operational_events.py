@@ -18,11 +18,11 @@ from delivery.engine.endpoint_health import EndpointHealth
 from delivery.engine.retry import AutoDisablePolicy
 from delivery.engine.sender import Sender, SenderSettings
 from delivery.platform import config
-from delivery.store import operational as store
+from delivery.store import endpoints as endpoint_store, operational as store
 from delivery.store.signer_cache import SignerCache
 from engine_helpers import PRICE, add_account, add_endpoint, all_finished, fast_environment, running_worker, wait_for
 from operational_helpers import (add_operational_endpoint, all_received, check_each_received_once, events_of,
-                                 start_operational_receiver)
+                                 send_due, start_operational_receiver)
 
 
 @pytest.fixture
@@ -70,7 +70,8 @@ async def test_a_receiver_answering_410_disables_its_endpoint_and_the_dead_come_
 async def test_retries_running_out_and_a_failing_streak(pool, settings, keyring, receiver_factory, arq_queue, runners):
     """A receiver answering 500: each delivery dies out_of_retries (delivery.dead with its attempts and
     last status); the streak then passes half of a policy (endpoint.failing, once however often it is
-    checked) and then all of one (endpoint.disabled, reason failing)."""
+    checked) and then all of one (endpoint.disabled, reason failing); the account switches it on again
+    (endpoint.enabled)."""
     receiver = await receiver_factory(lambda number: 500)
     operations = await start_operational_receiver(runners)
     account_id = await add_account(pool, balance=1000)
@@ -86,6 +87,9 @@ async def test_retries_running_out_and_a_failing_streak(pool, settings, keyring,
             assert await EndpointHealth(pool, policy).check_failing(endpoint_id) is False
         disabling = AutoDisablePolicy(failing_seconds_min=0, failures_min=6, failure_spread_seconds_min=0)
         assert await EndpointHealth(pool, disabling).check_failing(endpoint_id) is True
+        await endpoint_store.update_endpoint(pool, account_id, endpoint_id, {"enabled": True})  # the account's PATCH
+        await wait_for(lambda: asyncio.sleep(0, result=len(operations.of_type("endpoint.enabled")) == 1),
+                       timeout_seconds=30)
         await wait_for(lambda: all_received(pool, account_id, operations), timeout_seconds=30)
     await check_each_received_once(pool, account_id, operations)
     dead = [item for entry in operations.of_type("delivery.dead") for item in entry["payload"]["data"]["deliveries"]]
@@ -95,6 +99,8 @@ async def test_retries_running_out_and_a_failing_streak(pool, settings, keyring,
     assert failing["payload"]["data"]["endpoint_id"] == str(endpoint_id) and failing["payload"]["data"]["failures"] == 6
     (disabled,) = operations.of_type("endpoint.disabled")
     assert disabled["payload"]["data"]["reason"] == "failing"
+    (enabled,) = operations.of_type("endpoint.enabled")
+    assert enabled["payload"]["data"]["endpoint_id"] == str(endpoint_id)
     assert (await audit(pool)).clean
 
 
@@ -138,11 +144,15 @@ async def test_a_late_2xx_after_the_refund_is_delivery_recovered(
 
 
 @pytest.mark.parametrize("round_number", range(3))
-async def test_16_concurrent_creates_crossing_the_threshold_write_one_balance_low(pool, round_number):
+async def test_16_concurrent_creates_crossing_the_threshold_write_one_balance_low(pool, keyring, runners,
+                                                                                 round_number):
     """16 creates at once on separate connections take the balance from above the threshold to below
     it: exactly one balance.low. More charges below it write none; a top-up above arms it again and
-    the next crossing writes the second. Repeated: a race that loses sometimes fails some round."""
+    the next crossing writes the second. Each is received once, signed. Repeated: a race that loses
+    sometimes fails some round."""
+    operations = await start_operational_receiver(runners)
     account_id = await add_account(pool, balance=16 * PRICE * 2, price=PRICE)
+    await add_operational_endpoint(pool, account_id, operations, keyring, event_types=["balance.low"])
     assert await store.set_low_balance_threshold(pool, account_id, 16 * PRICE + 3)
 
     async def one() -> None:
@@ -159,7 +169,18 @@ async def test_16_concurrent_creates_crossing_the_threshold_write_one_balance_lo
     assert len(await events_of(pool, account_id, "balance.low")) == 1
     await asyncio.gather(*(one() for _ in range(80)))  # 16 prices: below again
     assert len(await events_of(pool, account_id, "balance.low")) == 2
+    await send_due(pool, keyring)
+    assert [entry["payload"]["type"] for entry in operations.received] == ["balance.low"] * 2
+    await _check_received_of_type(pool, account_id, operations, "balance.low")
     assert (await audit(pool)).clean
+
+
+async def _check_received_of_type(pool, account_id, operations, event_type: str) -> None:
+    """Each event of the type received once under its id, verified (the others were not subscribed)."""
+    events = await events_of(pool, account_id, event_type)
+    received = [entry["webhook_id"] for entry in operations.received]
+    assert sorted(received) == sorted(str(event["id"]) for event in events)
+    assert all(entry["verified"] for entry in operations.received)
 
 
 async def add_endpoint_free(pool, account_id):
@@ -168,10 +189,12 @@ async def add_endpoint_free(pool, account_id):
                        ids.new_id(), account_id)
 
 
-async def test_refusals_write_one_balance_exhausted_until_a_message_is_accepted(pool):
+async def test_refusals_write_one_balance_exhausted_until_a_message_is_accepted(pool, keyring, runners):
     """The first 402 after an accepted message writes balance.exhausted; more 402s (16 at once) write
-    none; after a top-up and an accepted message, the next 402 writes the second."""
+    none; after a top-up and an accepted message, the next 402 writes the second. Each received once."""
+    operations = await start_operational_receiver(runners)
     account_id = await add_account(pool, balance=PRICE, price=PRICE)
+    await add_operational_endpoint(pool, account_id, operations, keyring, event_types=["balance.exhausted"])
     await add_endpoint_free(pool, account_id)
     await create_message(pool, MessageRequest(account_id, "e", b"{}"), attempts_max=3)
     refused = await asyncio.gather(*(create_messages(pool, [MessageRequest(account_id, "e", b"{}")], attempts_max=3)
@@ -184,6 +207,9 @@ async def test_refusals_write_one_balance_exhausted_until_a_message_is_accepted(
     (result,) = await create_messages(pool, [MessageRequest(account_id, "e", b"{}")], attempts_max=3)
     assert isinstance(result, InsufficientBalance)
     assert len(await events_of(pool, account_id, "balance.exhausted")) == 2
+    await send_due(pool, keyring)
+    assert [entry["payload"]["data"]["balance"] for entry in operations.received] == [0, 0]
+    await _check_received_of_type(pool, account_id, operations, "balance.exhausted")
 
 
 async def test_top_up_and_reversal_are_sent(pool, settings, keyring, runners):
