@@ -5,5 +5,6 @@
     faults     the seeded fault schedule and its injector
     workload   accounts, endpoints, sends, retries, deletions and replays through the SDK
     checks     what must hold once everything drained: audit, liveness, receipts, credits
+    operational_checks  each operational event against its cause, each one sent received
     run        the command line: sizes, orchestration, the summary
 """
