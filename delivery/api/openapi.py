@@ -208,12 +208,12 @@ OPERATIONS: tuple[Operation, ...] = (
               ACCOUNT, {202: r.MessageAccepted}, (400, 402, 404, 409, 422, 503), v.Empty, body_optional=True,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
     *(Operation(method, path, name, "Operational webhooks", summary, description, ACCOUNT, ok, errors, body,
-                parameters=parameters)
+                parameters=parameters, headers={201: _REPLAYED} if method == "post" else {})
       for method, path, name, summary, description, ok, errors, body, parameters in (
         ("post", "/v1/operational-endpoints", "createOperationalEndpoint", "Create an operational endpoint",
          "Where operational events go: a URL (checked as an endpoint's), the event types wanted (null: all) and"
          " its own whsec_ secret (given, or made and answered here)", {201: operational.OperationalEndpointCreated},
-         (400, 409, 422), operational.OperationalEndpointCreate, ()),
+         (400, 409, 422), operational.OperationalEndpointCreate, (_IDEMPOTENCY_KEY,)),
         ("get", "/v1/operational-endpoints", "listOperationalEndpoints", "List operational endpoints",
          "The account's operational endpoints", {200: operational.OperationalEndpointList}, (), None, ()),
         ("get", "/v1/operational-endpoints/{id}", "getOperationalEndpoint", "Read an operational endpoint",

@@ -6,7 +6,7 @@
     GET/PATCH /v1/account                          low_balance_threshold (balance.low; null: off)
 
 An operational endpoint is checked as an endpoint is (the SSRF policy, a whsec_ secret given or
-made, sealed at rest). Every statement is scoped by the caller's account: another account's id
+made, sealed at rest), and its create takes an Idempotency-Key as an endpoint's does. Every statement is scoped by the caller's account: another account's id
 answers 404, as a missing one does. The events and their payloads are billing.operational_outbox's.
 """
 
@@ -21,7 +21,8 @@ from aiohttp import web
 
 from billing import accounts as billing_accounts
 from billing.tables import OPERATIONAL_EVENT_TYPES
-from delivery.api import responses
+from billing.database import Executor
+from delivery.api import idempotency, responses
 from delivery.api.context import ApiContext, context
 from delivery.api.problems import FieldError, Problem, not_found, validation
 from delivery.api.validation import Description, Query, SecretText, Url, decode, path_id
@@ -156,9 +157,14 @@ async def create_endpoint(request: web.Request) -> web.Response:
     account_id = await ctx.account(request)
     body = decode(await request.read(), OperationalEndpointCreate)
     _check(ctx, body.url, body.event_types, body.secret)
+    return await idempotency.once(request, str(account_id), lambda executor: _create(ctx, executor, account_id, body))
+
+
+async def _create(ctx: ApiContext, executor: Executor, account_id: uuid.UUID,
+                  body: OperationalEndpointCreate) -> web.Response:
     secret = body.secret if body.secret is not None else signing_keys.new_key(signing_keys.HMAC)
     try:
-        endpoint = await store.create_endpoint(ctx.pool, account_id, body.url, secret=secret, keyring=ctx.keyring,
+        endpoint = await store.create_endpoint(executor, account_id, body.url, secret=secret, keyring=ctx.keyring,
                                                event_types=body.event_types, description=body.description,
                                                enabled=body.enabled)
     except store.OperationalEndpointLimitReached as error:

@@ -166,11 +166,12 @@ class Workload:
         self.tally["endpoints"] += len(account.endpoints)
 
     async def _operational_endpoint(self, account: AccountState) -> None:
-        """Where the account's operational events go: the healthy receiver, under its own secret.
-        A create retried after a lost answer may make a second one: both are sent every event."""
-        key, secret = uuid.uuid4().hex, generate_secret()
+        """Where the account's operational events go: the healthy receiver, under its own secret. One
+        Idempotency-Key for every API process the create fails over to: one endpoint, however retried."""
+        key, secret, idempotency_key = uuid.uuid4().hex, generate_secret(), str(uuid.uuid4())
         url = self.receivers.url("healthy", key, secret)
-        await self._as(account, lambda c: c.operational.create_endpoint(url, secret=secret, description="chaos"))
+        await self._as(account, lambda c: c.operational.create_endpoint(url, secret=secret, description="chaos",
+                                                                        idempotency_key=idempotency_key))
         # balance.low when half the budget is spent (some accounts get there within the window).
         await self._as(account, lambda c: c.operational.set_low_balance_threshold(self._budget(account.price) // 2))
         self.tally["operational_endpoints"] += 1

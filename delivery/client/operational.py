@@ -17,7 +17,8 @@ from typing import Any
 import msgspec
 
 from delivery.client import models
-from delivery.client.calls import UNSET, Call, Id, _json, _params, _reads, _reads_list, _reads_nothing, _reads_secret, _segment
+from delivery.client.calls import (UNSET, Call, Id, _json, _keyed, _params, _reads, _reads_list, _reads_nothing,
+                                   _reads_secret, _segment, key_or_new)
 
 
 class OperationalEndpoint(msgspec.Struct, frozen=True):
@@ -56,12 +57,12 @@ _PATH = "/v1/operational-endpoints"
 
 
 def create_endpoint(url: str, *, description: str, event_types: Sequence[str] | None, enabled: bool,
-                    secret: str | None) -> Call[OperationalEndpointCreated]:
+                    secret: str | None, idempotency_key: str) -> Call[OperationalEndpointCreated]:
     body = _json({"url": url, "description": description, "enabled": enabled,
                   "event_types": list(event_types) if event_types is not None else UNSET,
                   "secret": secret if secret is not None else UNSET})
-    # Not retried: a second create would make a second endpoint (each event then sent twice).
-    return Call("POST", _PATH, False, _reads(OperationalEndpointCreated), body=body)
+    # Keyed, so a retry answers the first create instead of making a second endpoint (each event sent twice).
+    return Call("POST", _PATH, True, _reads(OperationalEndpointCreated), body=body, headers=_keyed(idempotency_key))
 
 
 def list_endpoints() -> Call[tuple[OperationalEndpoint, ...]]:
@@ -110,10 +111,12 @@ class Operational:
         self._run = client._run
 
     def create_endpoint(self, url: str, *, description: str = "", event_types: Sequence[str] | None = None,
-                        enabled: bool = True, secret: str | None = None) -> OperationalEndpointCreated:
-        """`event_types` None: every operational event type; `secret` None: one is made (answered here)."""
+                        enabled: bool = True, secret: str | None = None,
+                        idempotency_key: str | None = None) -> OperationalEndpointCreated:
+        """`event_types` None: every operational event type; `secret` None: one is made (answered here).
+        Keyed (one is generated unless given) and retried with that key."""
         return self._run(create_endpoint(url, description=description, event_types=event_types, enabled=enabled,
-                                         secret=secret))
+                                         secret=secret, idempotency_key=key_or_new(idempotency_key)))
 
     def list_endpoints(self) -> tuple[OperationalEndpoint, ...]:
         return self._run(list_endpoints())
@@ -164,9 +167,11 @@ class AsyncOperational:
         self._run = client._run
 
     async def create_endpoint(self, url: str, *, description: str = "", event_types: Sequence[str] | None = None,
-                              enabled: bool = True, secret: str | None = None) -> OperationalEndpointCreated:
+                              enabled: bool = True, secret: str | None = None,
+                              idempotency_key: str | None = None) -> OperationalEndpointCreated:
         return await self._run(create_endpoint(url, description=description, event_types=event_types,
-                                               enabled=enabled, secret=secret))
+                                               enabled=enabled, secret=secret,
+                                               idempotency_key=key_or_new(idempotency_key)))
 
     async def list_endpoints(self) -> tuple[OperationalEndpoint, ...]:
         return await self._run(list_endpoints())

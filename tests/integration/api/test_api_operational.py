@@ -121,3 +121,15 @@ async def test_the_low_balance_threshold_is_read_and_set_by_the_account(api):
     assert [event["data"] for event in events["data"]] == [{"balance": 8, "threshold": 9}]
     response = await api.client.patch("/v1/account", json={"low_balance_threshold": None}, headers=headers)
     assert (await response.json())["low_balance_threshold"] is None
+
+
+async def test_a_create_repeated_with_its_idempotency_key_makes_one_endpoint(api):
+    """The same key and body: the stored answer (the same endpoint and secret), replayed; one row."""
+    _, headers = await api.account()
+    keyed = {**headers, "Idempotency-Key": "ops-1"}
+    body = {"url": "https://ops.example.com/once"}
+    first = await api.client.post("/v1/operational-endpoints", json=body, headers=keyed)
+    again = await api.client.post("/v1/operational-endpoints", json=body, headers=keyed)
+    assert (first.status, again.status) == (201, 201) and again.headers["Idempotent-Replayed"] == "true"
+    assert await first.json() == await again.json()
+    assert await _rows(api) == 1
