@@ -46,6 +46,7 @@ class Account:
     balance: int
     price_per_delivery: int
     payload_retention_days: int
+    low_balance_threshold: int | None  # balance.low is sent when the balance falls below it; None: never
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ async def lock_active(connection, account_id: uuid.UUID, what: str, *, lock: str
     return row["balance"]
 
 
-_ACCOUNT_COLUMNS = "id, name, status, balance, price_per_delivery, payload_retention_days"
+_ACCOUNT_COLUMNS = "id, name, status, balance, price_per_delivery, payload_retention_days, low_balance_threshold"
 
 
 def _check_retention_days(days: object) -> int:
@@ -152,9 +153,26 @@ async def get_account(executor: Executor, account_id: uuid.UUID) -> Account:
 async def set_payload_retention(executor: Executor, account_id: uuid.UUID, days: int) -> Account:
     """Set how long the account's finished payloads and response excerpts are kept (the operator's
     setting; delivery.operations.retention applies it). Moves no money."""
-    _check_retention_days(days)
+    return await update_settings(executor, account_id, payload_retention_days=_check_retention_days(days))
+
+
+async def update_settings(executor: Executor, account_id: uuid.UUID, *, payload_retention_days: int | None = None,
+                          set_threshold: bool = False, low_balance_threshold: int | None = None) -> Account:
+    """Change an account's settings in one statement: payload_retention_days when given, and with
+    set_threshold its low_balance_threshold (None: off), which arms balance.low again (the next fall
+    below it is sent; billing.operational_outbox). Moves no money."""
+    if payload_retention_days is not None:
+        _check_retention_days(payload_retention_days)
+    if set_threshold and low_balance_threshold is not None and (
+            isinstance(low_balance_threshold, bool) or not isinstance(low_balance_threshold, int)
+            or not 0 < low_balance_threshold <= BALANCE_MAX):
+        raise InvalidInput(f"low_balance_threshold must be between 1 and {BALANCE_MAX}, got {low_balance_threshold!r}")
     row = await executor.fetchrow(
-        f"UPDATE accounts SET payload_retention_days = $2 WHERE id = $1 RETURNING {_ACCOUNT_COLUMNS}", account_id, days
+        "UPDATE accounts SET payload_retention_days = coalesce($2, payload_retention_days),"
+        " low_balance_threshold = CASE WHEN $3 THEN $4 ELSE low_balance_threshold END,"
+        " low_balance_armed = low_balance_armed OR $3"
+        f" WHERE id = $1 RETURNING {_ACCOUNT_COLUMNS}",
+        account_id, payload_retention_days, set_threshold, low_balance_threshold,
     )
     if row is None:
         raise AccountNotFound(f"no account {account_id}")

@@ -31,6 +31,10 @@ no money right, so a clean audit stays clean and `hookledger audit` exits 0):
     working in the API processes' auth caches until its entry expires (delivery.api.auth).
 All the catalog reads (I5, I8 and the guards) are one query.
 
+Operational deliveries (billing.operational_outbox) are free and live beside deliveries, never
+in the ledger: the report counts them apart (operational_deliveries), and I1 also holds that no
+ledger entry names one (the check below; the reference triggers refuse such an entry anyway).
+
 Incremental runs (`since`): the delivery checks cover the deliveries created or finished since,
 and every delivery that got a ledger entry since (with all of its entries, whenever written); the
 balance check (I4), the triggers and the per-account summary always cover everything.
@@ -97,6 +101,7 @@ class AuditReport:
     accounts: int = 0
     deliveries: int = 0
     ledger_entries: int = 0
+    operational_deliveries: int = 0  # free, outside the ledger: counted apart, not in I1-I8's totals
     summaries: list[AccountSummary] = field(default_factory=list)
     since: datetime | None = None
 
@@ -116,6 +121,7 @@ class AuditReport:
             "accounts": self.accounts,
             "deliveries": self.deliveries,
             "ledger_entries": self.ledger_entries,
+            "operational_deliveries": self.operational_deliveries,
             "since": self.since.isoformat() if self.since else None,
             "violations": [row(v) for v in self.violations],
             "notices": [row(v) for v in self.notices],
@@ -585,6 +591,16 @@ async def _catalog_findings(connection) -> tuple[list[Violation], list[Violation
     return violations, notices
 
 
+# Operational deliveries: how many (counted apart), and any ledger entry naming one (never charged).
+_OPERATIONAL_COUNT = "SELECT count(*) FROM operational_deliveries WHERE $1::uuid IS NULL OR account_id = $1"
+_OPERATIONAL_CHARGED = (
+    "SELECT o.account_id, o.id AS delivery_id,"
+    "   'I1:an operational delivery has ledger entry ' || l.id || ' (they are never charged)' AS problem"
+    " FROM operational_deliveries o JOIN ledger_entries l ON l.delivery_id = o.id"
+    " WHERE $1::uuid IS NULL OR o.account_id = $1"
+)
+
+
 def _violation(row, problem: str | None = None) -> Violation:
     invariant, _, detail = (problem or row["problem"]).partition(":")
     return Violation(invariant, row["account_id"], row["delivery_id"], detail)
@@ -626,6 +642,8 @@ async def audit(
             Violation(NOTICE, row["account_id"], row["delivery_id"], row["problem"])
             for row in await connection.fetch(_scoped(_UNPAID_STALE_SUCCESS, since), *arguments)
         )
+        report.violations.extend(_violation(row) for row in await connection.fetch(_OPERATIONAL_CHARGED, account_id))
+        report.operational_deliveries = await connection.fetchval(_OPERATIONAL_COUNT, account_id)
     _summarize(report, summaries)
     return report
 

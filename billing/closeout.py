@@ -5,8 +5,8 @@
    compares every live delivery with the ledger; then ONE statement settles them all and
    returns three counts (rows locked, refunds inserted, rows marked dead). If the pre-check
    finds a mismatch or the counts differ, it raises with a report and rolls back.
-3. `close_out`: erase payloads, endpoint secrets and custom headers, and the account's stored
-   API answers (keys and secrets shown once, sealed), revoke keys, write `closeout:<account>`
+3. `close_out`: erase payloads, endpoint and operational endpoint secrets and custom headers, and
+   the account's stored API answers (keys and secrets shown once, sealed), revoke keys, write `closeout:<account>`
    for the remaining balance (owed to the customer), mark the account deleted.
 Each step is idempotent, so a deletion job that crashed can simply run again.
 """
@@ -168,6 +168,10 @@ async def close_out(executor: Executor, account_id: uuid.UUID) -> ClosedOut:
             "UPDATE endpoints SET secret = NULL, previous_secret = NULL, headers = NULL, enabled = false,"
             " disabled_reason = coalesce(disabled_reason, 'account deleted'), updated_at = now()"
             " WHERE account_id = $1", account_id
+        )
+        await connection.execute(
+            "UPDATE operational_endpoints SET secret = NULL, enabled = false, deleted_at = coalesce(deleted_at, now()),"
+            " updated_at = now() WHERE account_id = $1", account_id
         )
         # The account's stored answers hold its shown-once keys and secrets, sealed; they go with the rest.
         await connection.execute("DELETE FROM idempotent_responses WHERE principal = $1", str(account_id))

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
 
-from billing import message_direct
+from billing import message_direct, operational_outbox
 from billing.database import (
     OUTCOME_WAIT_SECONDS,
     Executor,
@@ -43,10 +44,12 @@ from billing.database import (
     transaction,
     transaction_status,
 )
-from billing.errors import BillingError, InvalidInput
+from billing.errors import BillingError, InsufficientBalance, InvalidInput
 from billing.message_direct import DIRECT_READ_BACK, DIRECT_WRITE, DirectBatch
 from billing.message_plan import CreatedDelivery, MessageCreated, MessageRequest, Plan
 from billing.tables import TRACE_CONTEXT_LENGTH_MAX
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "BATCH_REQUESTS_MAX", "EVENT_TYPE_LENGTH_MAX", "IDEMPOTENCY_KEY_LENGTH_MAX", "OUTCOME_WAIT_SECONDS",
@@ -182,7 +185,21 @@ async def create_messages(
             raise
         if await resolve_outcome(executor, unknown, wait_seconds=outcome_wait_seconds) is None:
             raise unknown.__cause__ from None  # type: ignore[misc]  # certainly not written: the original error
+    refused = [request.account_id for request, result in zip(requests, results, strict=True)
+               if isinstance(result, InsufficientBalance)]
+    if refused:  # only on a refusal: the path that creates pays nothing for it
+        await _balance_exhausted(executor, refused)
     return results  # type: ignore[return-value]
+
+
+async def _balance_exhausted(executor: Executor, account_ids: list[uuid.UUID]) -> None:
+    """balance.exhausted for these refusals. Its own statement, after the batch: one that fails
+    (PostgreSQL gone) must not fail a batch whose messages were written, and loses nothing, since
+    the account stays armed and its next refusal writes the event."""
+    try:
+        await operational_outbox.balance_exhausted(executor, account_ids)
+    except (asyncpg.PostgresError, *_ANSWER_LOST) as error:
+        logger.warning("balance.exhausted not written now (%r); the next refusal writes it", error)
 
 
 # What a write whose answer was lost fails with: the connection broke, or was closed under it.

@@ -89,7 +89,14 @@ accounts = sa.Table(
     # deliveries have finished (delivery.operations.retention); the operator sets it (0014).
     sa.Column("payload_retention_days", sa.Integer, nullable=False,
               server_default=str(PAYLOAD_RETENTION_DAYS_DEFAULT)),
+    # Operational events about the balance (billing.operational_outbox): balance.low when the
+    # balance falls below the threshold (NULL: off) while armed; a top-up above it arms it again.
+    # balance.exhausted on a refused create while its flag is armed; the next charge arms it again.
+    sa.Column("low_balance_threshold", sa.BigInteger),
+    sa.Column("low_balance_armed", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Column("balance_exhausted_armed", sa.Boolean, nullable=False, server_default=sa.true()),
     sa.CheckConstraint(_length("name", 1, 200), name="name_length"),
+    sa.CheckConstraint("low_balance_threshold IS NULL OR low_balance_threshold > 0", name="low_balance_threshold_positive"),
     sa.CheckConstraint(
         f"payload_retention_days BETWEEN {PAYLOAD_RETENTION_DAYS_MIN} AND {PAYLOAD_RETENTION_DAYS_MAX}",
         name="payload_retention_days_range",
@@ -407,4 +414,108 @@ idempotent_responses = sa.Table(
     sa.Index(None, "created_at"),
     comment="The 2xx answer of a keyed create other than a message (account, API key, endpoint, secret rotation),"
             " sealed at rest: a retry with the same Idempotency-Key gets it again. Purged after 25 h.",
+)
+
+
+OPERATIONAL_EVENT_TYPES = (
+    "endpoint.disabled",
+    "endpoint.enabled",
+    "endpoint.failing",
+    "delivery.dead",
+    "delivery.recovered",
+    "balance.low",
+    "balance.exhausted",
+    "topup.applied",
+    "topup.reversed",
+)
+OPERATIONAL_DEAD_BATCH_MAX = 100  # dead deliveries of one endpoint that one delivery.dead event carries
+OPERATIONAL_STATES = DELIVERY_STATES
+OPERATIONAL_DEAD_REASONS = ("out_of_retries", "endpoint_disabled", "endpoint_deleted", "attempts_exhausted",
+                            "account_closed")
+
+operational_endpoints = sa.Table(
+    "operational_endpoints",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("description", sa.Text, nullable=False, server_default=""),
+    sa.Column("event_types", pg.ARRAY(sa.Text)),
+    sa.Column("secret", sa.LargeBinary),  # NULL once the account is deleted (billing.closeout erases it)
+    sa.Column("enabled", sa.Boolean, nullable=False, server_default=sa.true()),
+    _created_at(),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("deleted_at", sa.DateTime(timezone=True)),
+    sa.CheckConstraint(_length("url", 1, 2048), name="url_length"),
+    sa.CheckConstraint(_length("description", 0, 1000), name="description_length"),
+    sa.CheckConstraint(f"cardinality(event_types) BETWEEN 1 AND {len(OPERATIONAL_EVENT_TYPES)}",
+                       name="event_types_count"),
+    sa.CheckConstraint("octet_length(secret) <= 1024", name="secret_length"),
+    sa.Index(None, "account_id"),
+    comment="Where an account's operational events go (its own whsec_ secret, encrypted at rest). Free of charge;"
+            " event_types NULL means every type.",
+)
+
+operational_events = sa.Table(
+    "operational_events",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("seq", sa.BigInteger, sa.Identity(always=True), nullable=False, unique=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("type", sa.Text, nullable=False),
+    sa.Column("data", pg.JSONB, nullable=False),
+    _created_at(),
+    # When the worker made its deliveries to the account's operational endpoints; NULL until then.
+    sa.Column("dispatched_at", sa.DateTime(timezone=True)),
+    # delivery.dead: the endpoint whose deaths the event gathers; others join it until it is dispatched or full.
+    sa.Column("batch_key", sa.Text),
+    sa.Column("batch_size", sa.Integer, nullable=False, server_default="1"),
+    # Set where one cause may be seen twice (an endpoint's failing streak): the second write finds it.
+    sa.Column("dedupe_key", sa.Text),
+    sa.CheckConstraint(_in("type", OPERATIONAL_EVENT_TYPES), name="type"),
+    sa.CheckConstraint("octet_length(data::text) <= 262144", name="data_size"),
+    sa.CheckConstraint(f"batch_size BETWEEN 1 AND {OPERATIONAL_DEAD_BATCH_MAX}", name="batch_size_range"),
+    sa.CheckConstraint("batch_key IS NULL OR " + _length("batch_key", 1, 200), name="batch_key_length"),
+    sa.CheckConstraint("dedupe_key IS NULL OR " + _length("dedupe_key", 1, 300), name="dedupe_key_length"),
+    sa.UniqueConstraint("account_id", "dedupe_key"),
+    sa.Index(None, "account_id", "seq"),
+    sa.Index("ix_operational_events_undispatched", "seq", postgresql_where=sa.text("dispatched_at IS NULL")),
+    sa.Index("ix_operational_events_open_batch", "batch_key",
+             postgresql_where=sa.text("dispatched_at IS NULL AND batch_key IS NOT NULL")),
+    comment="The outbox of operational events: each written in the transaction of the change that causes it"
+            " (billing.operational_outbox), never charged, never in the ledger.",
+)
+
+operational_deliveries = sa.Table(
+    "operational_deliveries",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("event_id", pg.UUID(as_uuid=True), sa.ForeignKey("operational_events.id"), nullable=False),
+    sa.Column("endpoint_id", pg.UUID(as_uuid=True), sa.ForeignKey("operational_endpoints.id"), nullable=False),
+    sa.Column("state", sa.Text, nullable=False, server_default="pending"),
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("attempts_max", sa.Integer, nullable=False),
+    sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("leased_until", sa.DateTime(timezone=True)),
+    sa.Column("last_status_code", sa.Integer),
+    sa.Column("last_error", sa.Text),
+    sa.Column("dead_reason", sa.Text),
+    _created_at(),
+    sa.Column("finished_at", sa.DateTime(timezone=True)),
+    sa.CheckConstraint(_in("state", OPERATIONAL_STATES), name="state"),
+    sa.CheckConstraint("dead_reason IS NULL OR " + _in("dead_reason", OPERATIONAL_DEAD_REASONS), name="dead_reason"),
+    sa.CheckConstraint("(state = 'dead') = (dead_reason IS NOT NULL)", name="dead_has_reason"),
+    sa.CheckConstraint("attempt >= 0 AND attempt <= attempts_max", name="attempt_range"),
+    sa.CheckConstraint("attempts_max BETWEEN 1 AND 50", name="attempts_max_range"),
+    sa.CheckConstraint("(state = 'sending') = (leased_until IS NOT NULL)", name="lease_only_when_sending"),
+    sa.CheckConstraint("last_status_code IS NULL OR last_status_code BETWEEN 100 AND 599", name="status_code_range"),
+    sa.CheckConstraint("last_error IS NULL OR " + _length("last_error", 1, 1000), name="last_error_length"),
+    # One delivery per event and operational endpoint: a dispatch run twice makes nothing twice.
+    sa.UniqueConstraint("event_id", "endpoint_id"),
+    sa.Index("ix_operational_deliveries_due", "next_attempt_at", postgresql_where=sa.text("state = 'pending'")),
+    sa.Index("ix_operational_deliveries_lease", "leased_until", postgresql_where=sa.text("state = 'sending'")),
+    sa.Index(None, "account_id"),
+    comment="One operational event to one operational endpoint: signed, retried on the schedule, dead after the last"
+            " attempt, free (no price, no ledger entry).",
 )

@@ -14,6 +14,11 @@ mode (off; on, sampling that share of requests, exporting over OTLP/HTTP to a lo
 that discards, scripts/otlp_sink.py), loaded in turn, in the order given and then reversed (so a
 drift of the shared machine's speed falls on every mode alike), at the first concurrency for
 1,000 accounts; each mode's rate and the API's CPU per 1,000 messages as a ratio of off's.
+With `--operational-compare`, the API's runs are made four times in the same run, without and
+with the operational events' triggers (billing.operational_outbox) in the order without, with,
+with, without (so that a drift of the machine's speed falls on both alike), every account having
+a low_balance_threshold in the runs with them (evaluated on every charge, never crossed): each
+case's rate with them as a ratio of its rate without them.
 With `--without-writes`, each API run is followed by one of the same API with its group commit
 answering every batch at once without writing (`serve_api_without_writes`): the HTTP side's
 share alone, so that the gap between the API and the trivial handler splits into what the HTTP
@@ -34,7 +39,7 @@ and, with more than one C, each case at its best C against the trivial handler a
 
 Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest.py [--seconds 5] [--concurrency 96,256] [--accounts 1000]
        [--event-loop auto|uvloop|asyncio] [--fan-outs 1,4] [--no-bare-sql] [--without-writes]
-       [--load-generator wrk|raw|aiohttp] [--tracing off,1%,100%]
+       [--load-generator wrk|raw|aiohttp] [--tracing off,1%,100%] [--operational-compare]
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ import aiohttp
 import asyncpg
 from aiohttp import web
 
-from billing import messages
+from billing import messages, operational_outbox
 from billing.database import create_pool
 from delivery import event_loop
 from delivery.platform import config
@@ -379,6 +384,90 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
     return ceilings
 
 
+OPERATIONAL_PHASES = ("without", "with", "with", "without")
+
+
+async def _operational_phase(database_url: str, phase: str) -> None:
+    """Drop the operational triggers (without) or create them and give every account a threshold (with)."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        async with connection.transaction():
+            installed = await connection.fetchval(
+                "SELECT count(*) FROM pg_trigger WHERE tgname = 'operational_balance_low'")
+            if phase == "without" and installed:
+                for statement in operational_outbox.DROP_TRIGGERS:
+                    await connection.execute(statement)
+            if phase == "with" and not installed:
+                for statement in operational_outbox.TRIGGERS:
+                    await connection.execute(statement)
+            await connection.execute("UPDATE accounts SET low_balance_threshold = $1, low_balance_armed = true",
+                                     1 if phase == "with" else None)
+    finally:
+        await connection.close()
+
+
+async def _operational_compare(arguments, database_url, api_url, trivial_url, servers, many_keys, hot_key,
+                               account_ids, report) -> None:
+    """Every API case (and bare-SQL case, unless --no-bare-sql) without and with the operational
+    triggers; each case's rate with them over without."""
+    rates: dict[tuple, dict[str, list[float]]] = {}
+    bare: dict[tuple, dict[str, list[float]]] = {}
+    pool = await create_pool(database_url, size_min=BARE_SQL_CONNECTIONS, size_max=BARE_SQL_CONNECTIONS)
+    try:
+        for phase in OPERATIONAL_PHASES:
+            await _operational_phase(database_url, phase)
+            print(f"-- operational triggers: {phase}")
+            await _compare_phase(arguments, phase, api_url, trivial_url, servers, many_keys, hot_key, report, rates)
+            for fan_out in arguments.fan_outs if arguments.bare_sql else ():
+                for label, ids in (("many accounts", account_ids[0]), ("one hot account", account_ids[1])):
+                    rate = await bare_sql(pool, ids, fan_out, arguments.seconds, arguments.concurrency[0])
+                    print(f"bare SQL (1 tx/msg) fan-out {fan_out}  {label:16} {rate:7.0f} msg/s")
+                    bare.setdefault((fan_out, label), {"with": [], "without": []})[phase].append(rate)
+    finally:
+        await pool.close()
+    _print_compare(arguments, rates, bare, report)
+
+
+async def _compare_phase(arguments, phase, api_url, trivial_url, servers, many_keys, hot_key, report, rates) -> None:
+    """The API's runs of one phase, each case's share of the trivial handler and PostgreSQL's CPU kept by phase."""
+    for concurrency in arguments.concurrency:
+        rows_before = len(report["api"])
+        await _measure_at(concurrency, arguments, api_url, trivial_url, servers, None, many_keys, hot_key, report)
+        for row in report["api"][rows_before:]:
+            row["operational"] = phase
+            case = (row["concurrency"], row["fan_out"], row["accounts"])
+            rates.setdefault(case, {"with": [], "without": [], "cpu with": [], "cpu without": []})
+            rates[case][phase].append(row["share_of_trivial"])
+            rates[case][f"cpu {phase}"].append(row["cpu_shares"].get("postgres", 0.0))
+
+
+def _print_compare(arguments, rates, bare, report) -> None:
+    report["operational_compare"] = []
+    print("with the operational triggers, as a ratio of without (each as a share of the trivial handler beside it,"
+          " the mean of its two runs):")
+    for (concurrency, fan_out, accounts), by_phase in rates.items():
+        with_, without, cpu_with, cpu_without = (sum(by_phase[p]) / len(by_phase[p])
+                                                 for p in ("with", "without", "cpu with", "cpu without"))
+        ratio = with_ / without if without else float("nan")
+        cpu_ratio = cpu_with / cpu_without if cpu_without else float("nan")
+        print(f"  C {concurrency:4}  fan-out {fan_out}  {accounts:16}  without {without:5.1%}  with {with_:5.1%}"
+              f"  rate ratio {ratio:.3f};  PostgreSQL CPU ms per 1,000 messages {cpu_without:.0f} -> {cpu_with:.0f}"
+              f" (ratio {cpu_ratio:.3f})")
+        report["operational_compare"].append({"concurrency": concurrency, "fan_out": fan_out, "accounts": accounts,
+                                              "share_without": without, "share_with": with_, "ratio": ratio,
+                                              "postgres_cpu_without": cpu_without, "postgres_cpu_with": cpu_with,
+                                              "postgres_cpu_ratio": cpu_ratio})
+    for (fan_out, label), by_phase in bare.items():
+        with_, without = (sum(by_phase[p]) / len(by_phase[p]) for p in ("with", "without"))
+        print(f"  bare SQL  fan-out {fan_out}  {label:16}  without {without:7.0f} msg/s  with {with_:7.0f} msg/s"
+              f"  ratio {with_ / without:.3f}")
+        report["operational_compare"].append({"bare_sql": True, "fan_out": fan_out, "accounts": label,
+                                              "rate_without": without, "rate_with": with_,
+                                              "ratio": with_ / without})
+    if arguments.json:
+        arguments.json.write_text(json.dumps(report, indent=2, default=str))
+
+
 def concurrencies(text: str) -> list[int]:
     """--concurrency: one or more whole numbers of 1 to 1024, comma-separated."""
     try:
@@ -527,6 +616,10 @@ async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str)
                   "seconds": seconds, "concurrency": concurrencies,
                   "accounts": arguments.accounts, "group_commit_concurrency": arguments.group_commit_concurrency,
                   "api": [], "api_without_writes": [], "bare_sql": [], "trivial": []}
+        if arguments.operational_compare:
+            await _operational_compare(arguments, database_url, api_url, trivial_url, servers, many_keys, hot_key,
+                                       (many_ids, hot_id), report)
+            return
         ceilings_by_concurrency = [
             await _measure_at(concurrency, arguments, api_url, trivial_url, servers, unwritten, many_keys, hot_key, report)
             for concurrency in concurrencies]
@@ -568,6 +661,8 @@ if __name__ == "__main__":
     parser.add_argument("--fan-outs", type=lambda text: [int(n) for n in text.split(",")], default=[1, 4],
                         help="the fan-outs to measure, of 1 and 4 (default: both)")
     parser.add_argument("--no-bare-sql", dest="bare_sql", action="store_false", help="skip the bare-SQL runs")
+    parser.add_argument("--operational-compare", action="store_true",
+                        help="the API's runs without the operational events' triggers and with them, as ratios")
     parser.add_argument("--without-writes", action="store_true",
                         help="after each API run, run the same API with its group commit answering without writing")
     parser.add_argument("--serve-trivial", type=int, metavar="PORT", help=argparse.SUPPRESS)

@@ -1,5 +1,5 @@
 """Idempotency-Key on the creates other than messages: POST /v1/accounts, /v1/accounts/{id}/api-keys,
-/v1/api-keys, /v1/endpoints and /v1/endpoints/{id}/secret/rotate. (POST /v1/messages and the
+/v1/api-keys, /v1/endpoints, /v1/endpoints/{id}/secret/rotate and /v1/operational-endpoints. (POST /v1/messages and the
 delivery replay keep theirs in the messages table, through the group commit; they share the
 key's rule, `idempotency_key`, and the 409 and 422 answers.)
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX
-from billing.tables import DEAD_REASONS, DELIVERY_STATES
+from billing.tables import DEAD_REASONS, DELIVERY_STATES, OPERATIONAL_EVENT_TYPES
 from delivery.api import openapi_examples as examples, responses as r, routes_recover as recover, validation as v
-from delivery.api import routes_operator_reads as operator_reads
+from delivery.api import openapi_operational, routes_operational as operational, routes_operator_reads as operator_reads
 from delivery.api.problems import ProblemBody
 
 ACCOUNT = "account"
@@ -27,6 +27,8 @@ TAGS = {
     "Billing": "The balance, the append-only ledger that proves it, and top-ups.",
     "API keys": "An account's keys; only hashes are stored, a key is shown once.",
     "Accounts": "Accounts, their settings and their deletion (the operator's; an account reads and sets its own).",
+    "Operational webhooks": "Where the account's operational events go (endpoint disabled, deliveries dead, balance"
+                            " low...), and the events themselves; free of charge. The payloads are under webhooks.",
     "Health": "Liveness, readiness and metrics, for load balancers and Prometheus.",
 }
 
@@ -91,9 +93,9 @@ OPERATIONS: tuple[Operation, ...] = (
               "Read an account (operator)", OPERATOR, {200: r.Account}, (404,),
               parameters=(_path_id(),)),
     Operation("patch", "/v1/accounts/{id}", "updateAccount", "Accounts", "Change an account's settings",
-              "Set payload_retention_days: how long a finished message's payload and its attempts' response"
-              " excerpts are kept before the retention job erases them (1 to 3,650 days; the ledger is kept"
-              " forever) (operator)", OPERATOR, {200: r.Account}, (400, 404, 422), v.AccountPatch,
+              "Set payload_retention_days (how long a finished message's payload and its attempts' response"
+              " excerpts are kept before the retention job erases them: 1 to 3,650 days; the ledger is kept"
+              " forever) and low_balance_threshold; a field left out is unchanged (operator)", OPERATOR, {200: r.Account}, (400, 404, 422), v.AccountPatch,
               parameters=(_path_id(),)),
     Operation("delete", "/v1/accounts/{id}", "deleteAccount", "Accounts", "Delete an account",
               "Delete an account: starts the deletion job (operator)", OPERATOR,
@@ -125,11 +127,13 @@ OPERATIONS: tuple[Operation, ...] = (
               " adjustments too (operator)", OPERATOR, {200: operator_reads.InspectedDelivery}, (404,),
               parameters=(_path_id(),)),
     Operation("get", "/v1/account", "getOwnAccount", "Accounts", "Read the calling account",
-              "The calling account: its status, balance, price per delivery and payload_retention_days", ACCOUNT,
+              "The calling account: its status, balance, price per delivery and settings", ACCOUNT,
               {200: r.Account}),
     Operation("patch", "/v1/account", "updateOwnAccount", "Accounts", "Change the calling account's settings",
-              "Set the calling account's payload_retention_days (1 to 3,650): how long a finished message's"
-              " payload and its attempts' response excerpts are kept before the retention job erases them",
+              "Set the calling account's payload_retention_days (1 to 3,650: how long a finished message's"
+              " payload and its attempts' response excerpts are kept before the retention job erases them) and"
+              " low_balance_threshold (balance.low is sent once when the balance falls below it, and again after a"
+              " top-up lifts it above; null turns it off); a field left out is unchanged",
               ACCOUNT, {200: r.Account}, (400, 422), v.AccountPatch),
     Operation("get", "/v1/balance", "getBalance", "Billing", "Read the balance",
               "The balance and the credits in flight", ACCOUNT, {200: r.Balance}),
@@ -213,6 +217,34 @@ OPERATIONS: tuple[Operation, ...] = (
               " processed this one; a recovery leaves this one out",
               ACCOUNT, {202: r.MessageAccepted}, (400, 402, 404, 409, 422, 503), v.Empty, body_optional=True,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
+    *(Operation(method, path, name, "Operational webhooks", summary, description, ACCOUNT, ok, errors, body,
+                parameters=parameters, headers={201: _REPLAYED} if method == "post" else {})
+      for method, path, name, summary, description, ok, errors, body, parameters in (
+        ("post", "/v1/operational-endpoints", "createOperationalEndpoint", "Create an operational endpoint",
+         "Where operational events go: a URL (checked as an endpoint's), the event types wanted (null: all) and"
+         " its own whsec_ secret (given, or made and answered here)", {201: operational.OperationalEndpointCreated},
+         (400, 409, 422), operational.OperationalEndpointCreate, (_IDEMPOTENCY_KEY,)),
+        ("get", "/v1/operational-endpoints", "listOperationalEndpoints", "List operational endpoints",
+         "The account's operational endpoints", {200: operational.OperationalEndpointList}, (), None, ()),
+        ("get", "/v1/operational-endpoints/{id}", "getOperationalEndpoint", "Read an operational endpoint",
+         "Read one of the account's operational endpoints", {200: operational.OperationalEndpoint}, (404,), None,
+         (_path_id(),)),
+        ("patch", "/v1/operational-endpoints/{id}", "updateOperationalEndpoint", "Change an operational endpoint",
+         "Change its URL, description, event types or enabled flag", {200: operational.OperationalEndpoint},
+         (400, 404, 422), operational.OperationalEndpointPatch, (_path_id(),)),
+        ("delete", "/v1/operational-endpoints/{id}", "deleteOperationalEndpoint", "Delete an operational endpoint",
+         "Delete it: nothing more is sent to it", {204: None}, (404,), None, (_path_id(),)),
+        ("get", "/v1/operational-endpoints/{id}/secret", "getOperationalEndpointSecret",
+         "Read an operational endpoint's secret", "The whsec_ secret its webhooks are signed with",
+         {200: operational.OperationalSecret}, (404,), None, (_path_id(),)),
+        ("get", "/v1/operational-events", "listOperationalEvents", "List operational events",
+         "The account's operational events, oldest first (what it may have missed), of one type if asked",
+         {200: operational.OperationalEventPage}, (422,), None,
+         (_LIMIT, _SEQ_CURSOR, _query("type", {"enum": list(OPERATIONAL_EVENT_TYPES)}))),
+        ("get", "/v1/operational-events/{id}", "getOperationalEvent", "Read an operational event",
+         "One of the account's operational events; its id is the webhook-id it was sent under",
+         {200: operational.OperationalEvent}, (404,), None, (_path_id(),)),
+      )),
     Operation("get", "/healthz", "getHealth", "Health", "Liveness",
               "The process is up", None, {200: r.Health}),
     Operation("get", "/readyz", "getReadiness", "Health", "Readiness",
@@ -231,12 +263,12 @@ _DESCRIPTIONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No content", 
 
 
 EXAMPLES = {**examples.EXAMPLES, **operator_reads.EXAMPLES}
-REQUEST_BODY_TYPES = (*v.REQUEST_BODIES, v.Empty, *recover.REQUEST_BODIES)
+REQUEST_BODY_TYPES = (*v.REQUEST_BODIES, v.Empty, *recover.REQUEST_BODIES, *operational.REQUEST_BODIES)
 
 
 def _schemas() -> dict:
     kinds = (*REQUEST_BODY_TYPES, *r.RESPONSE_BODIES, *recover.RESPONSE_BODIES, *operator_reads.RESPONSE_BODIES,
-             ProblemBody)
+             *operational.RESPONSE_BODIES, ProblemBody)
     _, components = msgspec.json.schema_components(kinds, ref_template="#/components/schemas/{name}")
     for name, schema in components.items():
         schema["examples"] = [EXAMPLES[name]]
@@ -309,6 +341,7 @@ def document() -> dict:
         "info": {"title": "hookledger", "version": "1", "description": _INFO},
         "tags": [{"name": name, "description": text} for name, text in TAGS.items()],
         "paths": paths,
+        "webhooks": openapi_operational.webhooks(),
         "components": {
             "schemas": _schemas(),
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",

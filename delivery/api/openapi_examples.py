@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from delivery.api import responses as r, routes_recover as recover, validation as v
+from delivery.api import openapi_operational, responses as r, routes_recover as recover, validation as v
 from delivery.api.problems import TYPE_BASE, FieldError, ProblemBody, response, Problem
 
 _ACCOUNT = uuid.UUID("0190c5f2-4b7e-7c1a-9d1e-6f3a2b1c0d01")
@@ -29,7 +29,7 @@ _PUBLIC_KEY = "whpk_Lbp3Xl3Wc+9KDSTuy1PPv7DNnTC7Ni2vQ9gCbqDTYfU="
 _HEADERS = {"X-Tenant": "acme-eu"}
 
 _ACCOUNT_BODY = r.Account(id=_ACCOUNT, name="Acme", status="active", balance=9_998, price_per_delivery=1,
-                          payload_retention_days=30)
+                          payload_retention_days=30, low_balance_threshold=None)
 _KEY_CREATED = r.ApiKeyCreated(id=_KEY, prefix="hl_live_3kQ9", created_at=_AT,
                                key="hl_live_3kQ9Zb7xW2mN5pR8sT1vY4aC6dE0fG")
 _ENDPOINT_BODY = r.Endpoint(id=_ENDPOINT, url="https://hooks.example.com/hookledger", description="Orders",
@@ -46,7 +46,7 @@ _RECOVERED = recover.RecoveredDelivery(dead_delivery_id=_DEAD, delivery_id=_DELI
 
 _INSTANCES: tuple[msgspec.Struct, ...] = (
     v.AccountCreate(name="Acme", price_per_delivery=1, payload_retention_days=30),
-    v.AccountPatch(payload_retention_days=90),
+    v.AccountPatch(payload_retention_days=90, low_balance_threshold=100),
     r.MessageErased(id=_MESSAGE, event_type="invoice.paid", payload_erased_at=_LATER,
                     payload_erased_by=f"api_key:{_KEY}"),
     v.TopupCreate(order_id="order-2026-0131", amount=10_000),
@@ -99,8 +99,8 @@ _INSTANCES: tuple[msgspec.Struct, ...] = (
 )
 
 # Schema name (the Struct's name) -> its example as JSON-ready builtins.
-EXAMPLES: dict[str, object] = {type(instance).__name__: msgspec.json.decode(msgspec.json.encode(instance))
-                               for instance in _INSTANCES}
+EXAMPLES: dict[str, object] = {**{type(instance).__name__: msgspec.json.decode(msgspec.json.encode(instance))
+                                  for instance in _INSTANCES}, **openapi_operational.EXAMPLES}
 
 
 # A typical problem of each error status, as the API writes it.

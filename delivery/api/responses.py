@@ -30,6 +30,7 @@ class Account(msgspec.Struct):
     balance: int
     price_per_delivery: int
     payload_retention_days: int
+    low_balance_threshold: int | None
 
 
 class ApiKey(msgspec.Struct):

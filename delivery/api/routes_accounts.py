@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+
+import msgspec
 from aiohttp import web
 
 from billing import accounts as billing_accounts
@@ -68,20 +71,28 @@ async def get_account(request: web.Request) -> web.Response:
     return responses.json(_account(await billing_accounts.get_account(ctx.pool, account_id)))
 
 
+async def _update_settings(ctx: ApiContext, account_id: uuid.UUID, body: AccountPatch) -> web.Response:
+    """payload_retention_days (applied by the retention job) and low_balance_threshold, each when given."""
+    days = None if body.payload_retention_days is msgspec.UNSET else body.payload_retention_days
+    threshold_given = body.low_balance_threshold is not msgspec.UNSET
+    account = await billing_accounts.update_settings(
+        ctx.pool, account_id, payload_retention_days=days, set_threshold=threshold_given,
+        low_balance_threshold=body.low_balance_threshold if threshold_given else None)
+    return responses.json(_account(account))
+
+
 @routes.patch("/v1/accounts/{id}")
 async def update_account(request: web.Request) -> web.Response:
-    """The operator's settings of an account: payload_retention_days (applied by the retention job)."""
+    """The operator's settings of an account."""
     ctx = context(request)
     await ctx.operator(request)
     account_id = _account_id(request)
-    body = decode(await request.read(), AccountPatch)
-    return responses.json(_account(await billing_accounts.set_payload_retention(ctx.pool, account_id,
-                                                                                body.payload_retention_days)))
+    return await _update_settings(ctx, account_id, decode(await request.read(), AccountPatch))
 
 
 @routes.get("/v1/account")
 async def get_own_account(request: web.Request) -> web.Response:
-    """The calling account: its name, status, balance, price and payload_retention_days."""
+    """The calling account: its name, status, balance, price and settings."""
     ctx = context(request)
     account_id = await ctx.account(request)
     return responses.json(_account(await billing_accounts.get_account(ctx.pool, account_id)))
@@ -89,12 +100,10 @@ async def get_own_account(request: web.Request) -> web.Response:
 
 @routes.patch("/v1/account")
 async def update_own_account(request: web.Request) -> web.Response:
-    """The calling account's own settings: payload_retention_days, as the operator's PATCH sets it."""
+    """The calling account's own settings, as the operator's PATCH sets them."""
     ctx = context(request)
     account_id = await ctx.account(request)
-    body = decode(await request.read(), AccountPatch)
-    return responses.json(_account(await billing_accounts.set_payload_retention(ctx.pool, account_id,
-                                                                                body.payload_retention_days)))
+    return await _update_settings(ctx, account_id, decode(await request.read(), AccountPatch))
 
 
 def _deletion(state) -> responses.AccountDeletion:

@@ -80,6 +80,10 @@ RetentionDays = Annotated[int, msgspec.Meta(
     description="Days a message's payload and its attempts' response excerpts are kept once its deliveries"
                 " have finished; then they are erased (the rows and the ledger stay).")]
 Amount = Annotated[int, msgspec.Meta(ge=1, le=billing_accounts.AMOUNT_MAX, description="Credits.")]
+Threshold = Annotated[int, msgspec.Meta(
+    ge=1, le=billing_accounts.BALANCE_MAX,
+    description="Credits: balance.low is sent once when the balance falls below this, and again after a top-up"
+                " lifts it above; null: never.")]
 OrderId = Annotated[
     str, msgspec.Meta(min_length=1, max_length=billing_accounts.ORDER_ID_LENGTH_MAX, pattern=_IDENTIFIER)
 ]
@@ -110,7 +114,8 @@ class AccountCreate(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class AccountPatch(msgspec.Struct, forbid_unknown_fields=True):
-    payload_retention_days: RetentionDays
+    payload_retention_days: RetentionDays | msgspec.UnsetType = msgspec.UNSET
+    low_balance_threshold: Threshold | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class TopupCreate(msgspec.Struct, forbid_unknown_fields=True):

@@ -6,5 +6,6 @@
     workload   accounts, endpoints, sends, retries, deletions, replays and expunges through the SDK
     erasure    the retention job through the window, and the checks that erasure touched nothing live
     checks     what must hold once everything drained: audit, liveness, receipts, credits
+    operational_checks  each operational event against its cause, each one sent received
     run        the command line: sizes, orchestration, the summary
 """

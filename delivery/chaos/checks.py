@@ -7,7 +7,8 @@ independent sources that must agree with the cached balances:
     deliveries table: topups (ledger) + reversals (ledger) - price of every delivered delivery
                       + closeouts + adjustments (no delivery is live after the drain)
 
-and the top-ups in the ledger are compared with the orders the workload asked for.
+and the top-ups in the ledger are compared with the orders the workload asked for. The
+operational events are checked against their causes (delivery.chaos.operational_checks).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from billing.audit import audit
+from delivery.chaos import operational_checks
 from delivery.chaos.receivers import ReceiverFarm
 from delivery.chaos.workload import Workload
 
@@ -29,6 +31,12 @@ DELETION_RETRY_SECONDS = 120.0
 DETAILS_MAX = 5  # ids named in a failed check's detail
 
 _LIVE = "SELECT count(*) FROM deliveries WHERE state IN ('pending', 'sending')"
+# Operational events of active accounts not yet dispatched, and operational deliveries not finished.
+_OPERATIONAL_WAITING = (
+    "SELECT (SELECT count(*) FROM operational_events e JOIN accounts a ON a.id = e.account_id"
+    "   WHERE e.dispatched_at IS NULL AND a.status = 'active')"
+    " + (SELECT count(*) FROM operational_deliveries WHERE state IN ('pending', 'sending'))"
+)
 _DELETIONS_NOT_DONE = "SELECT account_id::text FROM account_deletions WHERE status <> 'done'"
 _OUTCOMES = ("SELECT state, coalesce(dead_reason, '') AS reason, count(*) AS n, sum(price) AS credits"
              " FROM deliveries GROUP BY 1, 2 ORDER BY 1, 2")
@@ -41,7 +49,7 @@ _BALANCES = "SELECT coalesce(sum(balance), 0) FROM accounts"
 _DELIVERED_PRICE = "SELECT coalesce(sum(price), 0) FROM deliveries WHERE state = 'delivered'"
 # What each delivered delivery was sent under: its own id, or for a replay the replayed one's.
 _DELIVERED_IDS = "SELECT coalesce(webhook_id, id)::text FROM deliveries WHERE state = 'delivered'"
-_ALL_IDS = "SELECT id::text FROM deliveries"
+_ALL_IDS = "SELECT id::text FROM deliveries UNION ALL SELECT id::text FROM operational_events"
 _TOPUPS = "SELECT substr(id, length('topup:') + 1) AS order_id, amount FROM ledger_entries WHERE kind = 'topup'"
 _REVERSALS = ("SELECT substr(id, length('topup_reversal:') + 1) AS order_id, amount FROM ledger_entries"
               " WHERE kind = 'topup_reversal'")
@@ -65,7 +73,7 @@ async def drain(pool: asyncpg.Pool, workload: Workload, timeout_seconds: float) 
     started = time.monotonic()
     last_request = started
     while time.monotonic() - started < timeout_seconds:
-        live = await pool.fetchval(_LIVE)
+        live = await pool.fetchval(_LIVE) + await pool.fetchval(_OPERATIONAL_WAITING)
         waiting = [row[0] for row in await pool.fetch(_DELETIONS_NOT_DONE)]
         if live == 0 and not waiting:
             break
@@ -102,6 +110,7 @@ async def run_checks(pool: asyncpg.Pool, workload: Workload, receivers: Receiver
                         f"{rerequests} re-requested after {DELETION_RETRY_SECONDS:.0f} s"))
     checks.append(Check("idempotent answers agree", not workload.mismatches, "; ".join(workload.mismatches[:DETAILS_MAX])))
     checks.append(Check("no platform process exited by itself", not unexpected_exits, "; ".join(unexpected_exits)))
+    checks.extend(Check(*found) for found in await operational_checks.run(pool, receivers))
     facts = {
         "audit": {"accounts": report.accounts, "deliveries": report.deliveries, "ledger_entries": report.ledger_entries,
                   "notices": len(report.notices)},

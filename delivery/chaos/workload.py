@@ -5,7 +5,9 @@ top-ups (some repeated with the same order id, some reversed), sends at a paced 
 sent again with the same Idempotency-Key, which must answer the same message and charge
 nothing), and chores in the middle of it all: endpoints deleted and disabled, accounts
 deleted, dead deliveries replayed, messages expunged (erased now; some asked twice, which must
-answer the same). Every account keeps payloads ERASURE_RETENTION_DAYS, the shortest retention.
+answer the same). Every account keeps payloads ERASURE_RETENTION_DAYS, the shortest retention,
+and has an operational endpoint on the healthy receiver, so the operational events of all this
+are sent under the same faults.
 
 API processes get restarted under the workload, so every call goes through `_failover`: the
 SDK retries one API process (with the same idempotency key), and when that process stays
@@ -165,6 +167,7 @@ class Workload:
             f"chaos {number}", price_per_delivery=price, payload_retention_days=ERASURE_RETENTION_DAYS))
         account = AccountState(number, str(created.account.id), price, self._clients(created.api_key.key))
         self.accounts.append(account)
+        await self._operational_endpoint(account)  # first: the top-up's event goes to it too
         await self._top_up(account, f"chaos-{account.id}-0", self._budget(price), repeat=True)
         for behaviour in behaviours:
             assert behaviour in BEHAVIOURS
@@ -174,6 +177,17 @@ class Workload:
                 url, secret=secret, description=behaviour))
             account.endpoints.append(str(endpoint.id))
         self.tally["endpoints"] += len(account.endpoints)
+
+    async def _operational_endpoint(self, account: AccountState) -> None:
+        """Where the account's operational events go: the healthy receiver, under its own secret. One
+        Idempotency-Key for every API process the create fails over to: one endpoint, however retried."""
+        key, secret, idempotency_key = uuid.uuid4().hex, generate_secret(), str(uuid.uuid4())
+        url = self.receivers.url("healthy", key, secret)
+        await self._as(account, lambda c: c.operational.create_endpoint(url, secret=secret, description="chaos",
+                                                                        idempotency_key=idempotency_key))
+        # balance.low when half the budget is spent (some accounts get there within the window).
+        await self._as(account, lambda c: c.operational.set_low_balance_threshold(self._budget(account.price) // 2))
+        self.tally["operational_endpoints"] += 1
 
     async def _top_up(self, account: AccountState, order_id: str, amount: int, *, repeat: bool) -> None:
         self.orders[order_id] = amount

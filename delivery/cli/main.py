@@ -14,6 +14,7 @@ import typer
 
 from delivery.cli import client_commands as cli_client, common, operator_commands as cli_operator, output
 from delivery.cli import retention_commands as cli_retention
+from delivery.cli.operational_commands import operational_app
 from delivery.errors import ServerUnreachableError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="hookledger: webhooks billed per delivery.")
@@ -199,6 +200,7 @@ app.add_typer(cli_operator.accounts_app, name="accounts")
 app.add_typer(cli_operator.deliveries_app, name="deliveries")
 # Through the API (the SDK); cli_client also adds accounts create|topup|show and deliveries list.
 app.add_typer(cli_client.endpoints_app, name="endpoints")
+app.add_typer(operational_app, name="operational")
 app.command(name="send")(cli_client.send)
 app.command(name="balance")(cli_client.balance)
 app.command(name="ledger")(cli_client.ledger)

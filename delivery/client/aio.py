@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from delivery.client import calls, models, transport
+from delivery.client.operational import AsyncOperational
 from delivery.client.calls import UNSET, Call, Id
 from delivery.client.retry import RetryPolicy
 
@@ -45,6 +46,7 @@ class AsyncClient:
         self.accounts = AsyncAccounts(self)
         self.api_keys = AsyncApiKeys(self)
         self.messages = AsyncMessages(self)
+        self.operational = AsyncOperational(self)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -86,7 +88,7 @@ class AsyncClient:
     async def update_account(self, *, payload_retention_days: int) -> models.Account:
         """Set how many days (1 to 3,650) a finished message's payload and its attempts' response
         excerpts are kept before the retention job erases them; the ledger is kept forever."""
-        return await self._run(calls.update_own_account(payload_retention_days))
+        return await self._run(calls.update_own_account(payload_retention_days=payload_retention_days))
 
     async def balance(self) -> models.Balance:
         return await self._run(calls.balance())

@@ -184,9 +184,9 @@ def own_account() -> Call[models.Account]:
     return Call("GET", "/v1/account", True, _reads(models.Account))
 
 
-def update_own_account(payload_retention_days: int) -> Call[models.Account]:
-    return Call("PATCH", "/v1/account", True, _reads(models.Account),
-                body=_json({"payload_retention_days": payload_retention_days}))
+def update_own_account(**settings: object) -> Call[models.Account]:
+    """Only the settings given are sent; a None low_balance_threshold turns it off."""
+    return Call("PATCH", "/v1/account", True, _reads(models.Account), body=_json(settings))
 
 
 def expunge_message(message_id: Id) -> Call[models.MessageErased]:

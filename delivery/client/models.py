@@ -24,6 +24,7 @@ class Account(msgspec.Struct, frozen=True):
     # Days a finished message's payload and its attempts' response excerpts are kept (1 to 3,650);
     # None only from an API that does not say.
     payload_retention_days: int | None = None
+    low_balance_threshold: int | None = None  # balance.low below it; None: off (or an API that does not say)
 
 
 class MessageErased(msgspec.Struct, frozen=True):

@@ -1,4 +1,4 @@
-"""The account's overview (balance, the last 24 hours as a chart, endpoint health) and its ledger
+"""The account's overview (balance, operational notices, the last 24 hours as a chart, endpoint health) and its ledger
 (entries oldest first, as the API lists them, with the balance after each; totals per day; CSV)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from billing import accounts as billing_accounts
 from billing.tables import LEDGER_KINDS
 from delivery.store import endpoints as store
 from delivery.api.validation import Query
-from delivery.dashboard import charts, filters, pages, queries
+from delivery.dashboard import charts, filters, operational_notices, pages, queries
 from delivery.dashboard.routes_endpoints import endpoint_health
 
 routes = web.RouteTableDef()
@@ -34,6 +34,7 @@ async def overview(request: web.Request) -> web.Response:
     health = await endpoint_health(pool, account_id, endpoints)
     return pages.render(request, "overview.html", {
         "account": account, "balance": balance, "chart": chart, "health": health,
+        "notices": await operational_notices.notices(pool, account_id),
     })
 
 

@@ -1,6 +1,8 @@
 """Disable endpoints that answered 410 Gone or keep failing (the policy is delivery.engine.retry's).
 
 Their pending deliveries then die at the pre-send check and are refunded (endpoint_disabled).
+A streak past half of what disables writes endpoint.failing, once per streak (its first failure's
+time is the event's dedupe key); the disable itself writes endpoint.disabled (a trigger).
 The failure streak is read from the database at most once per endpoint per check interval.
 """
 
@@ -11,9 +13,10 @@ import uuid
 
 import asyncpg
 
+from billing import operational_outbox
 from billing.database import Executor
 
-from delivery.engine.retry import AutoDisablePolicy, FailureStreak, disable_reason
+from delivery.engine.retry import AutoDisablePolicy, FailureStreak, disable_reason, warning_policy
 
 CHECK_INTERVAL_SECONDS = 600
 CHECKED_ENDPOINTS_MAX = 10_000
@@ -22,6 +25,7 @@ _DISABLE = (
     "UPDATE endpoints SET enabled = false, disabled_reason = $2, updated_at = now()"
     " WHERE id = $1 AND enabled AND deleted_at IS NULL"
 )
+_ACCOUNT_OF_ENABLED = "SELECT account_id FROM endpoints WHERE id = $1 AND enabled AND deleted_at IS NULL"
 # The endpoint's current streak: failures since its last success (bounded to the last 30 days).
 _STREAK = (
     "WITH attempts AS ("
@@ -55,4 +59,19 @@ class EndpointHealth:
         row = await (executor or self.pool).fetchrow(_STREAK, endpoint_id)
         streak = FailureStreak(row["first_failure_at"], row["last_failure_at"], row["failures"], False)
         reason = disable_reason(streak, self.policy)
+        if reason is None:
+            await self._warn_if_failing(endpoint_id, streak, executor or self.pool)
         return reason is not None and await self.disable(endpoint_id, reason, executor)
+
+    async def _warn_if_failing(self, endpoint_id: uuid.UUID, streak: FailureStreak, executor: Executor) -> None:
+        warning = disable_reason(streak, warning_policy(self.policy))
+        if warning is None:
+            return
+        account_id = await executor.fetchval(_ACCOUNT_OF_ENABLED, endpoint_id)
+        if account_id is not None:
+            await operational_outbox.record_event(
+                executor, account_id, "endpoint.failing",
+                {"endpoint_id": str(endpoint_id), "failures": streak.failure_count,
+                 "first_failure_at": streak.first_failure_at.isoformat(),
+                 "last_failure_at": streak.last_failure_at.isoformat(), "detail": warning},
+                dedupe_key=f"endpoint.failing:{endpoint_id}:{streak.first_failure_at.isoformat()}")

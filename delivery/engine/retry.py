@@ -231,6 +231,12 @@ class FailureStreak:
     success_since_first_failure: bool
 
 
+def warning_policy(policy: AutoDisablePolicy) -> AutoDisablePolicy:
+    """Half of what disables an endpoint: a streak that meets it is warned of (endpoint.failing)."""
+    return AutoDisablePolicy(policy.failing_seconds_min / 2, max(1, math.ceil(policy.failures_min / 2)),
+                             policy.failure_spread_seconds_min / 2)
+
+
 def disable_reason(streak: FailureStreak, policy: AutoDisablePolicy) -> str | None:
     """The reason to store when the endpoint should be disabled now; None to keep it enabled.
 

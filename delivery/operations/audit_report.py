@@ -18,6 +18,8 @@ def render(report: AuditReport, console: Console) -> None:
     )
     if report.since is not None:
         summary += f"; deliveries and entries since {report.since.isoformat()}"
+    summary += (f"; {report.operational_deliveries} operational deliveries apart (free, outside the ledger,"
+                " none charged)")
     if report.clean:
         console.print(f"[green]audit clean[/green]: {summary}; invariants {', '.join(INVARIANTS)} hold")
     else:

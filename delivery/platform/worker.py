@@ -6,6 +6,8 @@ Two kinds of work:
 - the `sweep` cron: expired leases, exhausted deliveries, and every due delivery whose job
   Redis lost. Redis is never the source of truth; this is what guarantees liveness.
 - `delete_account` jobs (delivery.operations.deletion) and the `audit_cron` (metrics from billing.audit).
+- the `operational` cron, as often as the sweep: operational events dispatched, sent and recorded
+  (delivery.operations.operational_sender), from PostgreSQL alone.
 - the `retention` cron, once a minute: payloads and response excerpts past each account's
   retention are erased in small batches (delivery.operations.retention).
 
@@ -31,6 +33,7 @@ from billing.audit import audit
 from billing.ids import parse_id
 from delivery import event_loop, gc_tuning, metrics, tracing
 from delivery.operations import deletion, retention
+from delivery.operations.operational_sender import OperationalSender
 from delivery.engine import metrics_share, queue as job_queue
 from delivery.platform.config import Settings
 from delivery.platform.database import open_pool
@@ -95,6 +98,17 @@ async def sweep(ctx: dict) -> int:
     if resumed:
         logger.warning("re-enqueued %d account deletions whose jobs were lost", len(resumed))
     return processed
+
+
+async def operational_cron(ctx: dict) -> int:
+    """Send the operational events that are due, or one line when PostgreSQL is unavailable."""
+    try:
+        return (await ctx["operational"].run_once()).sent
+    except Exception as error:
+        if not database_lost(error):
+            raise
+        _database_unavailable("the operational events run", error)
+        return 0
 
 
 async def audit_cron(ctx: dict) -> int:
@@ -193,6 +207,10 @@ async def _startup(ctx: dict) -> None:
         ctx["metrics_share"] = metrics_share.Publisher(ctx["redis"], settings.worker.metrics_share_seconds)
         ctx["metrics_share"].start()
     ctx["engine"] = Engine(pool, sender, job_queue.Queue(ctx["redis"]), SignerCache(keyring), settings.worker.engine)
+    # A sender of its own: the engine's counts on every pending send being one it reserved room for.
+    ctx["operational"] = OperationalSender(pool, Sender(settings.worker.sender), keyring, settings.worker.engine.retry,
+                                           lease_ms=settings.worker.engine.lease_ms,
+                                           timeout_ms=settings.worker.sender.timeout_ms_default)
     logger.info("worker started on the %s event loop", event_loop.name(asyncio.get_running_loop()))
 
 
@@ -212,6 +230,8 @@ async def _shutdown(ctx: dict) -> None:
     sender = ctx.get("sender")
     if sender is not None:
         await sender.close()
+    if ctx.get("operational") is not None:
+        await ctx["operational"].sender.close()
     if engine is not None:  # after the sender: the sends that ended while it closed are written too
         await engine.close()
     if ctx.get("owns_pool", True) and ctx.get("pool") is not None:
@@ -477,6 +497,8 @@ def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = T
                    func(deletion.delete_account, name=deletion.JOB_NAME, max_tries=1, timeout=DELETION_TIMEOUT_SECONDS)],
         cron_jobs=[
             cron(sweep, name="sweep", second=set(range(0, 60, worker_settings.sweep_interval_seconds)),
+                 run_at_startup=True, unique=True, timeout=SWEEP_TIMEOUT_SECONDS, max_tries=1),
+            cron(operational_cron, name="operational", second=set(range(0, 60, worker_settings.sweep_interval_seconds)),
                  run_at_startup=True, unique=True, timeout=SWEEP_TIMEOUT_SECONDS, max_tries=1),
             *_audit_cron(worker_settings.audit_interval_minutes),
             cron(retention_cron, name="retention", second=30, unique=True, timeout=RETENTION_TIMEOUT_SECONDS,

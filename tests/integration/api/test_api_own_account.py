@@ -44,7 +44,6 @@ async def test_an_account_reads_and_sets_its_own_retention(api):
         ({"payload_retention_days": "30"}, "payload_retention_days"),
         ({"payload_retention_days": 1.5}, "payload_retention_days"),
         ({"payload_retention_days": None}, "payload_retention_days"),
-        ({}, "payload_retention_days"),
         ({"payload_retention_days": 5, "price_per_delivery": 0}, "price_per_delivery"),
     ],
 )
@@ -58,6 +57,24 @@ async def test_bad_retention_bodies_answer_422_naming_the_field_and_change_nothi
     row = await api.pool.fetchrow("SELECT payload_retention_days, price_per_delivery FROM accounts WHERE id = $1",
                                   account_id)
     assert tuple(row) == (30, 1)
+
+
+async def test_an_empty_patch_changes_nothing_and_a_threshold_leaves_the_retention_as_it_was(api):
+    """Each setting is changed only when given: {} answers the account unchanged, and setting the
+    low balance threshold keeps the retention (and the reverse)."""
+    account_id, headers = await api.account()
+    response = await api.client.patch("/v1/account", json={}, headers=headers)
+    assert response.status == 200
+    assert ((await response.json())["payload_retention_days"], (await response.json())["low_balance_threshold"]) == (30, None)
+    response = await api.client.patch("/v1/account", json={"payload_retention_days": 9}, headers=headers)
+    response = await api.client.patch("/v1/account", json={"low_balance_threshold": 5}, headers=headers)
+    body = await response.json()
+    assert (body["payload_retention_days"], body["low_balance_threshold"]) == (9, 5)
+    response = await api.client.patch("/v1/account", json={"payload_retention_days": 10}, headers=headers)
+    assert (await response.json())["low_balance_threshold"] == 5
+    operator = await api.client.patch(f"/v1/accounts/{account_id}", json={"low_balance_threshold": None},
+                                      headers=api.operator)
+    assert ((await operator.json())["payload_retention_days"], (await operator.json())["low_balance_threshold"]) == (10, None)
 
 
 async def test_malformed_json_is_400_and_changes_nothing(api):

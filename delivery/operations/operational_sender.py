@@ -1,0 +1,189 @@
+"""Send operational events: dispatch the outbox, claim what is due, sign, send, record, retry.
+
+The worker runs `run_once` every OPERATIONAL_SECONDS (its `operational` cron) and the same work
+needs no Redis: everything is in PostgreSQL, and a step lost to a killed worker or a PostgreSQL
+restart is done again from there.
+
+1. Dispatch (one statement): events not yet dispatched (a delivery.dead batch once it is full or
+   DEAD_BATCH_WINDOW_SECONDS old) get one operational delivery per subscribed, enabled
+   operational endpoint of their account (if it is active), and are marked dispatched. Unique (event, endpoint):
+   a dispatch run twice makes nothing twice.
+2. Expire leases: a delivery left `sending` past its lease (its worker died) is due again, or dead
+   when that was its last attempt.
+3. Claim (one statement, SKIP LOCKED): due deliveries go `sending` on their next attempt, leased.
+4. Send each with the Standard Webhooks headers signed by the operational endpoint's own secret:
+   webhook-id is the event's id, the body `{"type", "timestamp", "data"}`, the same bytes on
+   every attempt. The existing sender (SSRF guard at connect time, bounded reads, timeouts).
+5. Record, fenced by attempt as deliveries are: 2xx delivered; else the next attempt on the
+   retry schedule (Retry-After honoured), or dead (`out_of_retries`) after the last.
+
+Operational deliveries are never charged and never touch the ledger or the deliveries table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import asyncpg
+
+from billing.operational_outbox import DEAD_BATCH_WINDOW_SECONDS
+from billing.tables import OPERATIONAL_DEAD_BATCH_MAX
+from delivery.engine import retry
+from delivery.engine.sender import Sender, SendRequest, SendResult
+from delivery.store.operational import open_secret
+from signing import Keyring, Signer
+
+logger = logging.getLogger(__name__)
+
+DISPATCH_BATCH_MAX = 500  # events dispatched per statement
+CLAIM_BATCH_MAX = 100  # deliveries claimed per run
+LEASE_MS = 60_000  # the default; the worker passes its own (HOOKLEDGER_LEASE_MS)
+SEND_TIMEOUT_MS = 10_000  # the default; a send ends within half its lease in any case
+ERROR_CHARS_MAX = 1000
+
+
+@dataclass(frozen=True)
+class RunReport:
+    dispatched: int = 0
+    expired: int = 0
+    sent: int = 0
+    delivered: int = 0
+    retrying: int = 0
+    dead: int = 0
+
+
+_DISPATCH = (
+    "WITH ready AS ("
+    "   SELECT id, account_id, type FROM operational_events"
+    "   WHERE dispatched_at IS NULL AND (batch_key IS NULL OR batch_size >= $2"
+    "     OR created_at <= now() - $3 * interval '1 second')"
+    "   ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED),"
+    " marked AS (UPDATE operational_events e SET dispatched_at = now() FROM ready WHERE e.id = ready.id RETURNING e.id),"
+    " made AS ("
+    "   INSERT INTO operational_deliveries (id, account_id, event_id, endpoint_id, attempts_max)"
+    "   SELECT operational_event_id(), r.account_id, r.id, o.id, $4 FROM ready r"
+    "   JOIN accounts a ON a.id = r.account_id AND a.status = 'active'"
+    "   JOIN operational_endpoints o ON o.account_id = r.account_id AND o.enabled AND o.deleted_at IS NULL"
+    "     AND (o.event_types IS NULL OR r.type = ANY (o.event_types))"
+    "   ON CONFLICT (event_id, endpoint_id) DO NOTHING RETURNING id)"
+    " SELECT (SELECT count(*) FROM marked) AS events, (SELECT count(*) FROM made) AS deliveries"
+)
+_EXPIRE_LEASES = (
+    "UPDATE operational_deliveries SET leased_until = NULL,"
+    "   state = CASE WHEN attempt >= attempts_max THEN 'dead' ELSE 'pending' END,"
+    "   dead_reason = CASE WHEN attempt >= attempts_max THEN 'attempts_exhausted' END,"
+    "   finished_at = CASE WHEN attempt >= attempts_max THEN now() END,"
+    "   last_error = 'lease expired before a result was recorded', next_attempt_at = now()"
+    " WHERE id IN (SELECT id FROM operational_deliveries WHERE state = 'sending' AND leased_until < now()"
+    "   ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)"
+)
+# Due deliveries, claimed; with what sending them needs. An endpoint disabled or deleted since
+# the dispatch, or an account no longer active: its delivery dies unsent (marked in the same statement).
+_CLAIM = (
+    "WITH due AS ("
+    "   SELECT id FROM operational_deliveries WHERE state = 'pending' AND next_attempt_at <= now()"
+    "   ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED),"
+    " claimed AS ("
+    "   UPDATE operational_deliveries d SET"
+    "     state = CASE WHEN o.enabled AND a.status = 'active' THEN 'sending' ELSE 'dead' END,"
+    "     dead_reason = CASE WHEN a.status <> 'active' THEN 'account_closed' WHEN o.enabled THEN NULL"
+    "       WHEN o.deleted_at IS NULL THEN 'endpoint_disabled' ELSE 'endpoint_deleted' END,"
+    "     finished_at = CASE WHEN o.enabled AND a.status = 'active' THEN NULL ELSE now() END,"
+    "     attempt = d.attempt + CASE WHEN o.enabled AND a.status = 'active' THEN 1 ELSE 0 END,"
+    "     leased_until = CASE WHEN o.enabled AND a.status = 'active' THEN now() + $2 * interval '1 millisecond' END"
+    "   FROM due, operational_endpoints o, accounts a"
+    "   WHERE d.id = due.id AND o.id = d.endpoint_id AND a.id = d.account_id"
+    "   RETURNING d.id, d.event_id, d.endpoint_id, d.attempt, d.attempts_max, d.state, o.url, o.secret)"
+    " SELECT c.*, e.type, e.created_at, e.data FROM claimed c JOIN operational_events e ON e.id = c.event_id"
+)
+_DELIVERED = (
+    "UPDATE operational_deliveries SET state = 'delivered', leased_until = NULL, finished_at = now(),"
+    "   last_status_code = $3, last_error = NULL"
+    " WHERE id = $1 AND attempt = $2 AND state = 'sending'"
+)
+_RETRY = (
+    "UPDATE operational_deliveries SET state = 'pending', leased_until = NULL,"
+    "   next_attempt_at = now() + $5 * interval '1 second', last_status_code = $3, last_error = $4"
+    " WHERE id = $1 AND attempt = $2 AND state = 'sending' AND attempt < attempts_max"
+)
+_DEAD = (
+    "UPDATE operational_deliveries SET state = 'dead', dead_reason = 'out_of_retries', leased_until = NULL,"
+    "   finished_at = now(), last_status_code = $3, last_error = $4"
+    " WHERE id = $1 AND attempt = $2 AND state = 'sending'"
+)
+
+
+def event_body(event_type: str, created_at, data: str) -> bytes:
+    """The payload (Standard Webhooks structure), the same bytes on every attempt of the event."""
+    return json.dumps({"type": event_type, "timestamp": created_at.isoformat(), "data": json.loads(data)},
+                      separators=(",", ":")).encode()
+
+
+class OperationalSender:
+    def __init__(self, pool: asyncpg.Pool, sender: Sender, keyring: Keyring | None,
+                 settings: retry.RetrySettings, rng: random.Random | None = None, *, lease_ms: int = LEASE_MS,
+                 timeout_ms: int = SEND_TIMEOUT_MS) -> None:
+        self.lease_ms = lease_ms
+        self.timeout_ms = max(1000, min(timeout_ms, lease_ms // 2))
+        self.pool = pool
+        self.sender = sender
+        self.keyring = keyring
+        self.settings = settings
+        self.rng = rng or random.Random()
+
+    async def run_once(self) -> RunReport:
+        """Dispatch, expire leases, claim, send and record one bounded round."""
+        row = await self.pool.fetchrow(_DISPATCH, DISPATCH_BATCH_MAX, OPERATIONAL_DEAD_BATCH_MAX,
+                                       DEAD_BATCH_WINDOW_SECONDS, self.settings.schedule.attempts_max)
+        expired = int((await self.pool.execute(_EXPIRE_LEASES, CLAIM_BATCH_MAX)).split()[-1])
+        claimed = await self.pool.fetch(_CLAIM, CLAIM_BATCH_MAX, self.lease_ms)
+        sending = [row for row in claimed if row["state"] == "sending"]
+        results = await asyncio.gather(*(self._send(row) for row in sending))
+        outcomes = [await self._record(row, result) for row, result in zip(sending, results, strict=True)]
+        return RunReport(dispatched=row["events"], expired=expired, sent=len(sending),
+                         delivered=outcomes.count("delivered"), retrying=outcomes.count("retrying"),
+                         dead=outcomes.count("dead") + len(claimed) - len(sending))
+
+    async def _send(self, row) -> SendResult:
+        try:
+            secret = (open_secret(row["secret"], self.keyring, row["endpoint_id"])
+                      if self.keyring and row["secret"] is not None else None)
+        except Exception as error:  # noqa: BLE001 - a secret that cannot be opened fails this attempt
+            logger.warning("operational endpoint %s: its secret cannot be decrypted (%r)", row["endpoint_id"], error)
+            secret = None
+        if secret is None:
+            return SendResult(None, 0, "not sent: the operational endpoint's secret cannot be decrypted", "", None,
+                              False, False)
+        body = event_body(row["type"], row["created_at"], row["data"])
+        signer = Signer([secret])
+        event_id = str(row["event_id"])
+        request = SendRequest(str(row["id"]), row["attempt"], row["url"], body,
+                              lambda: signer.headers(event_id, int(time.time()), body), self.timeout_ms,
+                              str(row["endpoint_id"]))
+        return await self.sender.send(request)
+
+    async def _record(self, row, result: SendResult) -> str:
+        error = result.error[:ERROR_CHARS_MAX] if result.error else None
+        if result.success:
+            await self.pool.execute(_DELIVERED, row["id"], row["attempt"], result.status_code)
+            return "delivered"
+        delay = retry.delay_before(row["attempt"] + 1, self.settings.schedule, self.rng)
+        if delay is not None:
+            if result.retry_after_seconds is not None:
+                delay = max(delay, min(result.retry_after_seconds, self.settings.delay_cap_seconds))
+            if await self.pool.execute(_RETRY, row["id"], row["attempt"], result.status_code, error,
+                                       float(delay)) == "UPDATE 1":
+                return "retrying"
+        await self.pool.execute(_DEAD, row["id"], row["attempt"], result.status_code, error)
+        return "dead"
+
+
+async def operational_counts(pool: asyncpg.Pool) -> dict[str, int]:
+    """Operational deliveries by state (for the audit's report: counted apart, never charged)."""
+    rows = await pool.fetch("SELECT state, count(*) AS n FROM operational_deliveries GROUP BY state")
+    return {row["state"]: row["n"] for row in rows}
