@@ -7,7 +7,8 @@ objects). Most batches need none of that deciding:
 every account active, with a balance that covers everything the batch charges it, no
 idempotency key seen before. For those, one autocommit statement does the fan-out itself:
 
-  1. each request's subscribed endpoints (one index probe per request), numbered per message;
+  1. each request's subscribed endpoints, those of its application (one probe of
+     ix_endpoints_application_id_account_id per request), numbered per message;
   2. the batch's accounts locked in id order (as every writer locks them, so none deadlocks),
      each kept only if it is active and its balance covers its share of the batch at its price
      as it stands once locked (a row changed by a concurrent write is checked on its newest
@@ -64,6 +65,7 @@ class DirectBatch:
             *self._keys(),
             self.delivery_bases,
             self.attempts_max,
+            [request.application_id or request.account_id for request in requests],
         )
 
     def _keys(self) -> tuple[list | None, list | None]:
@@ -102,7 +104,8 @@ def _deliveries_made(position: str) -> str:
 
 # $1 to $7: per request, its message id, account, event type, payload, idempotency key, request
 # hash (keyed requests only; both arrays NULL when no request of the batch is keyed) and the base
-# of its deliveries' ids; $8 attempts_max.
+# of its deliveries' ids; $8 attempts_max; $9 per request, its application (the account's id for
+# its default application).
 #
 # The endpoint probe is LATERAL with OFFSET 0, one index probe per request whatever the
 # statistics say, as in the planned read. The key check is a scalar subquery per keyed request,
@@ -111,15 +114,16 @@ def _deliveries_made(position: str) -> str:
 # since fails the insert on that index, and the statement writes nothing.
 DIRECT_WRITE = (
     "WITH request AS ("
-    "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[], $7::uuid[])"
-    "     WITH ORDINALITY AS r(message_id, account_id, event_type, payload, idempotency_key, request_hash,"
-    "       delivery_base, position)),"
+    "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[], $7::uuid[],"
+    "     $9::uuid[]) WITH ORDINALITY AS r(message_id, account_id, event_type, payload, idempotency_key, request_hash,"
+    "       delivery_base, application_id, position)),"
     " fan_out AS ("
     "   SELECT r.account_id, r.message_id, r.delivery_base, e.id AS endpoint_id,"
     "     row_number() OVER (PARTITION BY r.message_id ORDER BY e.id) AS number"
     "   FROM request r CROSS JOIN LATERAL ("
     "     SELECT e.id FROM endpoints e"
-    "     WHERE e.account_id = r.account_id AND e.enabled AND e.deleted_at IS NULL"
+    "     WHERE e.application_id = r.application_id AND e.account_id = r.account_id AND e.enabled"
+    "       AND e.deleted_at IS NULL"
     "       AND (e.event_types IS NULL OR r.event_type = ANY (e.event_types)) OFFSET 0) e),"
     " charged AS (SELECT account_id, count(*) AS deliveries FROM fan_out GROUP BY account_id),"
     " locked AS ("
@@ -138,8 +142,8 @@ DIRECT_WRITE = (
     "   UPDATE accounts a SET balance = a.balance - l.total FROM locked l"
     "   WHERE (SELECT ok FROM ok) AND a.id = l.id AND l.total <> 0),"
     " message_rows AS ("
-    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash)"
-    "   SELECT message_id, account_id, event_type, payload, idempotency_key, request_hash FROM request"
+    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, application_id)"
+    "   SELECT message_id, account_id, event_type, payload, idempotency_key, request_hash, application_id FROM request"
     "   WHERE (SELECT ok FROM ok)),"
     " delivery_rows AS ("
     "   INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"

@@ -125,6 +125,8 @@ def validate(request: MessageRequest) -> None:
             raise InvalidInput(f"endpoint_ids must be a tuple of 1 to {TARGET_ENDPOINTS_MAX} endpoint ids")
         if not all(isinstance(endpoint_id, uuid.UUID) for endpoint_id in targets) or len(set(targets)) != len(targets):
             raise InvalidInput("endpoint_ids must be distinct UUIDs")
+    if request.application_id is not None and not isinstance(request.application_id, uuid.UUID):
+        raise InvalidInput("application_id must be the UUID of an application of the account")
     if request.replay_of is not None and not isinstance(request.replay_of, uuid.UUID):
         raise InvalidInput("replay_of must be the UUID of the delivery replayed")
 

@@ -108,6 +108,46 @@ api_keys = sa.Table(
     comment="Account API keys, stored only as SHA-256 hashes; the prefix lets a person tell keys apart.",
 )
 
+# Applications (0016): one customer of the account's app. The account pays for every delivery;
+# an application groups endpoints, and a message goes to one application. An account's default
+# application has the account's own id (created with the account by a trigger,
+# billing.application_triggers), so the routes without an application name it without a lookup.
+APPLICATION_NAME_LENGTH_MAX = 200
+APPLICATION_UID_LENGTH_MAX = 256
+APPLICATION_METADATA_BYTES_MAX = 16_384
+APPLICATION_RATE_LIMIT_MAX = 100_000  # deliveries a second
+
+applications = sa.Table(
+    "applications",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
+    # The account's own name for it (its customer's id in its system), unique among the
+    # account's live applications; NULL for none.
+    sa.Column("uid", sa.Text),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("metadata", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    # The rate its endpoints are meant to be sent at, in deliveries a second; NULL for none.
+    sa.Column("rate_limit_per_second", sa.Integer),
+    _created_at(),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("deleted_at", sa.DateTime(timezone=True)),
+    sa.CheckConstraint(_length("name", 1, APPLICATION_NAME_LENGTH_MAX), name="name_length"),
+    sa.CheckConstraint("uid IS NULL OR " + _length("uid", 1, APPLICATION_UID_LENGTH_MAX), name="uid_length"),
+    sa.CheckConstraint(f"jsonb_typeof(metadata) = 'object' AND octet_length(metadata::text) <= {APPLICATION_METADATA_BYTES_MAX}",
+                       name="metadata_size"),
+    sa.CheckConstraint(f"rate_limit_per_second BETWEEN 1 AND {APPLICATION_RATE_LIMIT_MAX}", name="rate_limit_range"),
+    # The default application (id = account_id) is never deleted: the routes without an
+    # application send to it.
+    sa.CheckConstraint("deleted_at IS NULL OR id <> account_id", name="default_not_deleted"),
+    # What endpoints' (account_id, application_id) refers to, and an account's pages in id order.
+    sa.UniqueConstraint("account_id", "id"),
+    sa.Index("uq_applications_live_uid", "account_id", "uid", unique=True,
+             postgresql_where=sa.text("deleted_at IS NULL AND uid IS NOT NULL")),
+    comment="One customer of an account's app: its endpoints, and the messages sent to it."
+            " The account pays; usage per application is a sum over the ledger.",
+)
+
 endpoints = sa.Table(
     "endpoints",
     metadata,
@@ -132,6 +172,10 @@ endpoints = sa.Table(
     # Custom headers sent with every request (0013), a JSON object of name -> value; NULL when
     # none. Checked by delivery.store.endpoint_headers; bounded here in bytes.
     sa.Column("headers", pg.JSONB),
+    # The application it belongs to (0016), of the same account; it never changes.
+    sa.Column("application_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.ForeignKeyConstraint(["account_id", "application_id"], ["applications.account_id", "applications.id"],
+                            name="fk_endpoints_application"),
     sa.CheckConstraint(_length("url", 1, 2048), name="url_length"),
     sa.CheckConstraint(_length("description", 0, 1000), name="description_length"),
     sa.CheckConstraint("disabled_reason IS NULL OR " + _length("disabled_reason", 1, 500), name="disabled_reason_length"),
@@ -142,6 +186,9 @@ endpoints = sa.Table(
     sa.CheckConstraint("jsonb_typeof(headers) = 'object' AND octet_length(headers::text) <= 16384",
                        name="headers_size"),
     sa.Index(None, "account_id"),
+    # An application's endpoints (0016): the fan-out's probe (which skips the deleted ones), and
+    # its usage, which sums over the deliveries of every endpoint it ever had.
+    sa.Index(None, "application_id", "account_id"),
     comment="Where an account's webhooks go. Secrets are encrypted at rest (signing.at_rest); event_types NULL means every type.",
 )
 
@@ -160,6 +207,9 @@ messages = sa.Table(
     # "account_deletion". What was erased is not kept.
     sa.Column("payload_erased_at", sa.DateTime(timezone=True)),
     sa.Column("payload_erased_by", sa.Text),
+    # The application it was sent to (0016), of the same account (checked by billing.references);
+    # its deliveries go only to that application's endpoints.
+    sa.Column("application_id", pg.UUID(as_uuid=True), nullable=False),
     sa.CheckConstraint(_length("event_type", 1, 256), name="event_type_length"),
     sa.CheckConstraint(
         "payload_erased_by IS NULL OR " + _length("payload_erased_by", 1, ERASED_BY_LENGTH_MAX),

@@ -93,6 +93,8 @@ class Endpoint(msgspec.Struct):
     updated_at: datetime
     signing_key_type: KeyTypeField
     headers: CustomHeaders
+    application_id: Annotated[uuid.UUID | None, msgspec.Meta(description=(
+        "The application it belongs to; the account's own id for its default application."))] = None
 
 
 class EndpointList(msgspec.Struct):

@@ -81,36 +81,52 @@ async def endpoint_ids(request: web.Request) -> tuple[ApiContext, uuid.UUID, uui
 
 @routes.post("/v1/endpoints")
 async def create_endpoint(request: web.Request) -> web.Response:
+    """In the account's default application (POST /v1/applications/{app}/endpoints: in another)."""
     ctx = context(request)
     account_id = await ctx.account(request)
+    return await create_in(request, ctx, account_id, None)
+
+
+async def create_in(request: web.Request, ctx: ApiContext, account_id: uuid.UUID,
+                    application_id: uuid.UUID | None) -> web.Response:
+    """Create an endpoint from the request's body in an application of the account (None: its default)."""
     body = decode(await request.read(), EndpointCreate)
     _check_url(ctx, body.url)
     _check_event_types(body.event_types)
     _check_secret(body.secret)
     _check_key_type(body.secret, body.signing_key_type)
     _check_headers(body.headers)
-    return await idempotency.once(request, str(account_id), lambda executor: _create(ctx, executor, account_id, body))
+    return await idempotency.once(request, str(account_id),
+                                  lambda executor: _create(ctx, executor, account_id, body, application_id))
 
 
-async def _create(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, body: EndpointCreate) -> web.Response:
+async def _create(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, body: EndpointCreate,
+                  application_id: uuid.UUID | None) -> web.Response:
     secret = _key_to_make(body.secret, body.signing_key_type, signing_keys.HMAC)
     try:
         endpoint = await store.create_endpoint(
             executor, account_id, body.url, secret=secret, keyring=ctx.keyring,
             event_types=body.event_types, description=body.description, timeout_ms=body.timeout_ms,
             enabled=body.enabled, headers=body.headers or None,
-            outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds,
+            outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds, application_id=application_id,
         )
     except store.EndpointLimitReached as error:
         raise Problem(409, str(error), "limit-reached") from None
+    except store.ApplicationGone:
+        raise not_found("application") from None
     return responses.json(_endpoint(endpoint), 201)
 
 
 @routes.get("/v1/endpoints")
 async def list_endpoints(request: web.Request) -> web.Response:
+    """The endpoints of the account's default application (GET /v1/applications/{app}/endpoints: another's)."""
     ctx = context(request)
     account_id = await ctx.account(request)
-    endpoints = await store.list_endpoints(ctx.pool, account_id)
+    return await list_in(ctx, account_id, None)
+
+
+async def list_in(ctx: ApiContext, account_id: uuid.UUID, application_id: uuid.UUID | None) -> web.Response:
+    endpoints = await store.list_endpoints(ctx.pool, account_id, application_id)
     return responses.json(responses.EndpointList([_endpoint(endpoint) for endpoint in endpoints]))
 
 

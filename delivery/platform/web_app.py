@@ -14,6 +14,7 @@ from delivery.api import (
     middleware,
     routes_accounts,
     routes_api_keys,
+    routes_applications,
     routes_deliveries,
     routes_endpoints,
     routes_messages,
@@ -79,7 +80,7 @@ def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> w
         auth=Authenticator(pool, api.operator_key, api.auth_cache_ttl_ms), coalescer=coalescer,
     )
     for module in (routes_accounts, routes_api_keys, routes_endpoints, routes_messages, routes_deliveries, routes_ops,
-                   routes_operator_reads, routes_recover, docs_page):
+                   routes_operator_reads, routes_recover, routes_applications, docs_page):
         app.add_routes(module.routes)
     dashboard.setup(app)  # the web dashboard under /dashboard (delivery/dashboard)
     app.cleanup_ctx.append(_revocation_listener)

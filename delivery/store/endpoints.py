@@ -27,7 +27,8 @@ from signing import Keyring, decrypt_secret, encrypt_secret
 
 logger = logging.getLogger(__name__)
 
-ENDPOINTS_PER_ACCOUNT_MAX = 100
+ENDPOINTS_PER_APPLICATION_MAX = 100
+ENDPOINTS_PER_ACCOUNT_MAX = ENDPOINTS_PER_APPLICATION_MAX  # in its default application, what the routes without one see
 EVENT_TYPES_PER_ENDPOINT_MAX = 100
 DESCRIPTION_LENGTH_MAX = 1000
 ENDPOINT_TIMEOUT_MS_MIN = 1000
@@ -37,7 +38,11 @@ SETTLE_ON_DELETE_MAX = 100  # pending deliveries refunded right away; the worker
 
 
 class EndpointLimitReached(Exception):
-    """The account already has the most endpoints allowed."""
+    """The application already has the most endpoints allowed."""
+
+
+class ApplicationGone(Exception):
+    """The application was deleted (or is not the account's)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class Endpoint:
     updated_at: datetime | None = None
     signing_key_type: str = signing_keys.HMAC
     headers: dict[str, str] | None = None  # custom headers (delivery.store.endpoint_headers); None: none
+    application_id: uuid.UUID | None = None  # the application it belongs to (the account's id: its default)
 
     @classmethod
     def from_row(cls, row) -> Endpoint:
@@ -61,7 +67,7 @@ class Endpoint:
 
 
 _COLUMNS = ("id, account_id, url, description, event_types, enabled, disabled_reason, timeout_ms, created_at,"
-            " updated_at, signing_key_type, headers")
+            " updated_at, signing_key_type, headers, application_id")
 
 
 def seal_secret(secret: str, keyring: Keyring, endpoint_id: uuid.UUID) -> bytes:
@@ -85,14 +91,16 @@ async def insert_endpoint(
     enabled: bool = True,
     signing_key_type: str = signing_keys.HMAC,
     headers: dict[str, str] | None = None,
+    application_id: uuid.UUID | None = None,
 ) -> Endpoint:
-    """Insert a validated endpoint (callers validate the URL and headers, and encrypt the secret first)."""
+    """Insert a validated endpoint (callers validate the URL and headers, and encrypt the secret
+    first); `application_id` None puts it in the account's default application."""
     row = await pool.fetchrow(
         "INSERT INTO endpoints (id, account_id, url, description, event_types, secret, timeout_ms, enabled,"
-        "   signing_key_type, headers)"
-        f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb) RETURNING {_COLUMNS}",
+        "   signing_key_type, headers, application_id)"
+        f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11) RETURNING {_COLUMNS}",
         endpoint_id or ids.new_id(), account_id, url, description, event_types, secret_ciphertext, timeout_ms, enabled,
-        signing_key_type, endpoint_headers.stored(headers),
+        signing_key_type, endpoint_headers.stored(headers), application_id or account_id,
     )
     return Endpoint.from_row(row)
 
@@ -110,14 +118,18 @@ async def create_endpoint(
     enabled: bool = True,
     headers: dict[str, str] | None = None,
     outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS,
+    application_id: uuid.UUID | None = None,
 ) -> Endpoint:
-    """Create an endpoint under the per-account bound; raises EndpointLimitReached past it.
+    """Create an endpoint in an application of the account (None: its default application) under
+    the per-application bound; raises EndpointLimitReached past it, ApplicationGone when the
+    application was deleted meanwhile.
 
     `secret` is its signing key: a `whsec_` secret or an Ed25519 `whsk_` private key
     (delivery.store.signing_keys), sealed at rest either way.
 
     The account row is locked first (the platform's one lock order), so two concurrent creates
-    cannot both pass the count. A COMMIT whose answer is lost is resolved (resolved_transaction):
+    cannot both pass the count, and an application's deletion (which locks it too) cannot slip in
+    between the check that the application is live and the insert. A COMMIT whose answer is lost is resolved (resolved_transaction):
     a client told "failed" would make a second endpoint, and every message would then be
     delivered, and charged, twice. Not written: NotWritten; cannot tell: OutcomeUnknown naming
     the endpoint's id. Given a connection inside a caller's transaction (a keyed create), it is a
@@ -128,26 +140,34 @@ async def create_endpoint(
     try:
         async with resolved_transaction(executor, wait_seconds=outcome_wait_seconds) as connection:
             await accounts.lock_active(connection, account_id, "endpoints")
-            count = await connection.fetchval(
-                "SELECT count(*) FROM endpoints WHERE account_id = $1 AND deleted_at IS NULL", account_id
+            application_id = application_id or account_id
+            row = await connection.fetchrow(
+                "SELECT ap.deleted_at IS NULL AS live, (SELECT count(*) FROM endpoints e"
+                "   WHERE e.application_id = ap.id AND e.account_id = ap.account_id AND e.deleted_at IS NULL) AS endpoints"
+                " FROM applications ap WHERE ap.id = $1 AND ap.account_id = $2", application_id, account_id,
             )
-            if count >= ENDPOINTS_PER_ACCOUNT_MAX:
-                raise EndpointLimitReached(f"an account has at most {ENDPOINTS_PER_ACCOUNT_MAX} endpoints")
+            if row is None or not row["live"]:
+                raise ApplicationGone(f"no application {application_id}")
+            if row["endpoints"] >= ENDPOINTS_PER_APPLICATION_MAX:
+                raise EndpointLimitReached(
+                    f"an application has at most {ENDPOINTS_PER_APPLICATION_MAX} endpoints (endpoints_per_application)")
             return await insert_endpoint(
                 connection, account_id, url, secret_ciphertext=ciphertext, event_types=event_types,
                 description=description, timeout_ms=timeout_ms, endpoint_id=endpoint_id, enabled=enabled,
-                signing_key_type=signing_keys.key_type_of(secret), headers=headers,
+                signing_key_type=signing_keys.key_type_of(secret), headers=headers, application_id=application_id,
             )
     except OutcomeUnknown as unknown:
         unknown.look_for = f"endpoint {endpoint_id} (GET /v1/endpoints/{endpoint_id})"
         raise
 
 
-async def list_endpoints(pool: Executor, account_id: uuid.UUID) -> list[Endpoint]:
-    """Every live endpoint of the account (at most ENDPOINTS_PER_ACCOUNT_MAX), oldest first."""
+async def list_endpoints(pool: Executor, account_id: uuid.UUID, application_id: uuid.UUID | None = None) -> list[Endpoint]:
+    """Every live endpoint of an application of the account (None: its default application; at
+    most ENDPOINTS_PER_APPLICATION_MAX), oldest first."""
     rows = await pool.fetch(
-        f"SELECT {_COLUMNS} FROM endpoints WHERE account_id = $1 AND deleted_at IS NULL ORDER BY id LIMIT $2",
-        account_id, ENDPOINTS_PER_ACCOUNT_MAX,
+        f"SELECT {_COLUMNS} FROM endpoints WHERE application_id = $1 AND account_id = $2 AND deleted_at IS NULL"
+        " ORDER BY id LIMIT $3",
+        application_id or account_id, account_id, ENDPOINTS_PER_APPLICATION_MAX,
     )
     return [Endpoint.from_row(row) for row in rows]
 

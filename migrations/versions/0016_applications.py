@@ -1,0 +1,88 @@
+"""Applications: an account's customers, each with its own endpoints; a message goes to one.
+
+Every account gets its default application, whose id is the account's own, and every existing
+endpoint and message moves to it (nothing else changes: deliveries follow their message and
+endpoint, the ledger is untouched). A trigger makes the default application of each new account,
+and rows inserted without an application go to it (billing.application_triggers). The reference
+checks of messages and deliveries are made again so that a message names an application of its
+account and a delivery's message and endpoint belong to one application (billing.references).
+
+The downgrade refuses while any account has an application besides its default: merging their
+endpoints into one set per account would send every message to all of them.
+
+Revision ID: 0016
+Revises: 0013
+Create Date: 2026-12-06
+"""
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql as pg
+
+from billing import application_triggers, references
+
+revision = '0016'
+down_revision = '0013'
+branch_labels = None
+depends_on = None
+
+_COMMENT = ("One customer of an account's app: its endpoints, and the messages sent to it."
+            " The account pays; usage per application is a sum over the ledger.")
+
+
+def upgrade() -> None:
+    op.create_table(
+        "applications",
+        sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+        sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id", name="fk_applications_account_id"),
+                  nullable=False),
+        sa.Column("uid", sa.Text),
+        sa.Column("name", sa.Text, nullable=False),
+        sa.Column("metadata", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+        sa.Column("rate_limit_per_second", sa.Integer),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+        sa.Column("deleted_at", sa.DateTime(timezone=True)),
+        sa.PrimaryKeyConstraint("id", name="pk_applications"),
+        sa.CheckConstraint("char_length(name) BETWEEN 1 AND 200", name="ck_applications_name_length"),
+        sa.CheckConstraint("uid IS NULL OR char_length(uid) BETWEEN 1 AND 256", name="ck_applications_uid_length"),
+        sa.CheckConstraint("jsonb_typeof(metadata) = 'object' AND octet_length(metadata::text) <= 16384",
+                           name="ck_applications_metadata_size"),
+        sa.CheckConstraint("rate_limit_per_second BETWEEN 1 AND 100000", name="ck_applications_rate_limit_range"),
+        sa.CheckConstraint("deleted_at IS NULL OR id <> account_id", name="ck_applications_default_not_deleted"),
+        sa.UniqueConstraint("account_id", "id", name="uq_applications_account_id_id"),
+        comment=_COMMENT,
+    )
+    op.create_index("uq_applications_live_uid", "applications", ["account_id", "uid"], unique=True,
+                    postgresql_where="deleted_at IS NULL AND uid IS NOT NULL")
+    op.execute("INSERT INTO applications (id, account_id, name, created_at)"
+               f" SELECT id, id, '{application_triggers.DEFAULT_APPLICATION_NAME}', created_at FROM accounts")
+
+    op.add_column("endpoints", sa.Column("application_id", pg.UUID(as_uuid=True)))
+    op.execute("UPDATE endpoints SET application_id = account_id")
+    op.alter_column("endpoints", "application_id", nullable=False)
+    op.create_foreign_key("fk_endpoints_application", "endpoints", "applications",
+                          ["account_id", "application_id"], ["account_id", "id"])
+    op.create_index("ix_endpoints_application_id_account_id", "endpoints", ["application_id", "account_id"])
+
+    op.add_column("messages", sa.Column("application_id", pg.UUID(as_uuid=True)))
+    op.execute("UPDATE messages SET application_id = account_id")
+    op.alter_column("messages", "application_id", nullable=False)
+
+    for statement in application_triggers.upgrade_statements() + references.application_check_statements():
+        op.execute(statement)
+
+
+def downgrade() -> None:
+    op.execute(
+        "DO $$ BEGIN IF EXISTS (SELECT FROM applications WHERE id <> account_id) THEN"
+        " RAISE EXCEPTION 'applications other than the accounts'' defaults exist: downgrading would merge their"
+        " endpoints into one set per account'; END IF; END $$"
+    )
+    for statement in references.application_check_reset_statements() + application_triggers.downgrade_statements():
+        op.execute(statement)
+    op.drop_column("messages", "application_id")
+    op.drop_index("ix_endpoints_application_id_account_id", table_name="endpoints")
+    op.drop_constraint("fk_endpoints_application", "endpoints", type_="foreignkey")
+    op.drop_column("endpoints", "application_id")
+    op.drop_index("uq_applications_live_uid", table_name="applications")
+    op.drop_table("applications")
