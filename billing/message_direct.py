@@ -13,8 +13,10 @@ idempotency key seen before. For those, one autocommit statement does the fan-ou
      each kept only if it is active and its balance covers its share of the batch at its price
      as it stands once locked (a row changed by a concurrent write is checked on its newest
      version);
-  3. "ok" only if every account of the batch was kept, no request's idempotency key is already
-     used, and no message goes to more endpoints than its delivery ids can number;
+  3. "ok" only if every account of the batch was kept, every application named (other than an
+     account's default, which is never deleted) is a live one of its account (one primary-key
+     probe each), no request's idempotency key is already used, and no message goes to more
+     endpoints than its delivery ids can number;
   4. only if ok: the balances moved, and the messages, deliveries and charges inserted.
 
 It answers ok and the deliveries it made. Not ok, it wrote nothing, and the caller decides the
@@ -134,6 +136,9 @@ DIRECT_WRITE = (
     "   ORDER BY a.id FOR UPDATE OF a),"
     " ok AS ("
     "   SELECT (SELECT count(*) FROM locked) = (SELECT count(DISTINCT account_id) FROM request)"
+    "     AND NOT EXISTS (SELECT FROM request r WHERE r.application_id <> r.account_id"
+    "       AND (SELECT ap.deleted_at IS NULL FROM applications ap"
+    "            WHERE ap.id = r.application_id AND ap.account_id = r.account_id) IS NOT TRUE)"
     "     AND NOT EXISTS (SELECT FROM request r WHERE r.idempotency_key IS NOT NULL"
     "       AND (SELECT true FROM messages m"
     "            WHERE m.account_id = r.account_id AND m.idempotency_key = r.idempotency_key LIMIT 1))"

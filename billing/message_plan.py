@@ -21,6 +21,7 @@ from datetime import datetime
 from billing import ids
 from billing.errors import (
     AccountNotActive,
+    ApplicationNotFound,
     AccountNotFound,
     BillingError,
     IdempotencyConflict,
@@ -86,13 +87,15 @@ class MessageCreated:
 class Plan:
     """What one batch will write, decided in memory after the accounts are read."""
 
-    def __init__(self, accounts, endpoints, targets, replays, transaction_id: int, read_at: datetime | None) -> None:
+    def __init__(self, accounts, endpoints, targets, applications, replays, transaction_id: int,
+                 read_at: datetime | None) -> None:
         self.transaction_id = transaction_id  # locked: pg_current_xact_id(), for resolve_outcome
         self.read_at = read_at  # unlocked: when the read ran on this connection's backend, ditto
         self.accounts = accounts  # account id -> its row as read (locked, or not)
         self.balances = {account_id: row["balance"] for account_id, row in accounts.items()}
         self.endpoints = endpoints  # (account id, application id) -> [(endpoint id, event types)]
         self.targets = targets  # endpoint id -> (account id, application id): the live endpoints targeted
+        self.applications = applications  # {(account id, application id)}: the live applications named
         self.replays = replays  # (account id, key) -> (request hash, MessageCreated)
         self.messages: list[tuple] = []
         self.message_applications: list[uuid.UUID] = []  # beside each message: its application
@@ -126,10 +129,14 @@ class Plan:
                 targets[row["endpoint_id"]] = (row["id"], row["application_id"])
             else:
                 endpoints[row["id"], row["application_id"]].append((row["endpoint_id"], row["event_types"]))
+        named = sorted({request.application for request in requests if request.application is not None})
+        applications = set()
+        if named:  # the live applications the batch names (an account's default is never deleted)
+            applications = {(row["account_id"], row["id"]) for row in await connection.fetch(_LIVE_APPLICATIONS, named)}
         keyed = [r for r in requests if r.idempotency_key is not None and r.account_id in accounts]
         replays = await _load_replays(connection, keyed) if keyed else {}
         transaction_id = rows[0]["transaction_id"] if rows and lock else 0
-        return cls(accounts, endpoints, targets, replays, transaction_id,
+        return cls(accounts, endpoints, targets, applications, replays, transaction_id,
                    rows[0]["read_at"] if rows and not lock else None)
 
     def decide(self, request: MessageRequest, attempts_max: int) -> MessageCreated | BillingError:
@@ -165,6 +172,8 @@ class Plan:
 
     def _targets(self, request: MessageRequest) -> tuple[uuid.UUID, list[uuid.UUID]] | BillingError:
         """The request's application and the endpoints it goes to."""
+        if request.application is not None and (request.account_id, request.application) not in self.applications:
+            return ApplicationNotFound(f"no live application {request.application} of account {request.account_id}")
         if request.endpoint_ids is None:
             application_id = request.application_id or request.account_id
             live = self.endpoints.get((request.account_id, application_id), ())
@@ -235,6 +244,9 @@ class Plan:
             self.message_applications,
         )
 
+
+# The live applications among $1 (those a batch names), with their accounts.
+_LIVE_APPLICATIONS = "SELECT id, account_id FROM applications WHERE id = ANY($1::uuid[]) AND deleted_at IS NULL"
 
 # Read the batch's accounts and the endpoints it can go to, in one round trip. $1 the accounts;
 # $3, $4 the (account, application) pairs the batch fans out to, and $2 the event types of the

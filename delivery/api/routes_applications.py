@@ -14,6 +14,7 @@ its 409 limit-reached.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated
@@ -23,6 +24,8 @@ from aiohttp import web
 
 from billing import usage as billing_usage
 from billing.database import Executor
+from billing.errors import ApplicationNotFound
+from billing.ids import parse_id
 from billing.messages import MessageRequest
 from billing.tables import APPLICATION_METADATA_BYTES_MAX, APPLICATION_RATE_LIMIT_MAX, APPLICATION_UID_LENGTH_MAX
 from delivery.api import idempotency, responses, routes_endpoints
@@ -38,6 +41,14 @@ routes = web.RouteTableDef()
 _UID_PATTERN = r"^[A-Za-z0-9_.:\-]+$(?!\n)"  # validation's identifier: letters, digits and _ . : -
 PATTERN_WORDS.setdefault(_UID_PATTERN, "may contain only letters, digits and _ . : - (like invoice.paid)")
 METADATA_PAIRS_MAX = 50
+# A send names its application by id or uid. An id is taken as it is (the write checks that it is a
+# live application of the account, in the same statement); a uid is looked up, and the answer kept
+# here for UID_CACHE_SECONDS, so sending by uid costs no query either. This process forgets a uid
+# it changes or deletes at once; another API process sees the change within UID_CACHE_SECONDS (a
+# deleted application's uid there answers 404, as the write refuses a deleted application).
+UID_CACHE_SECONDS = 5.0
+UID_CACHE_ENTRIES_MAX = 100_000
+_uid_cache: dict[tuple[uuid.UUID, str], tuple[uuid.UUID, float]] = {}  # (account, uid) -> (id, expires)
 
 Uid = Annotated[str, msgspec.Meta(
     min_length=1, max_length=APPLICATION_UID_LENGTH_MAX, pattern=_UID_PATTERN,
@@ -136,6 +147,32 @@ async def _found(request: web.Request) -> tuple[ApiContext, uuid.UUID, store.App
     return ctx, account_id, application
 
 
+def _forget(account_id: uuid.UUID, uid: str | None) -> None:
+    if uid is not None:
+        _uid_cache.pop((account_id, uid), None)
+
+
+async def _send_target(ctx: ApiContext, account_id: uuid.UUID, reference: str) -> uuid.UUID:
+    """The id of the application a send names, without a query for an id or a recently seen uid."""
+    try:
+        return parse_id(reference)
+    except ValueError:
+        pass
+    now = time.monotonic()
+    cached = _uid_cache.get((account_id, reference))
+    if cached is not None and cached[1] > now:
+        return cached[0]
+    application = None
+    if 1 <= len(reference) <= APPLICATION_UID_LENGTH_MAX:
+        application = await store.find(ctx.pool, account_id, reference)
+    if application is None:
+        raise not_found("application")
+    if len(_uid_cache) >= UID_CACHE_ENTRIES_MAX:
+        _uid_cache.clear()
+    _uid_cache[account_id, reference] = (application.id, now + UID_CACHE_SECONDS)
+    return application.id
+
+
 @routes.post("/v1/applications")
 async def create_application(request: web.Request) -> web.Response:
     ctx = context(request)
@@ -189,6 +226,7 @@ async def patch_application(request: web.Request) -> web.Response:
     body = decode(await request.read(), ApplicationPatch)
     changes = {name: value for name, value in msgspec.structs.asdict(body).items() if value is not msgspec.UNSET}
     _check(changes.get("uid"), changes.get("metadata"))
+    _forget(account_id, application.uid)
     try:
         updated = await store.update_application(ctx.pool, account_id, application.id, changes)
     except store.UidTaken as error:
@@ -203,6 +241,7 @@ async def delete_application(request: web.Request) -> web.Response:
     """Deletes the application and its endpoints; their pending deliveries are refunded as when an
     endpoint is deleted. 409 for the default application."""
     ctx, account_id, application = await _found(request)
+    _forget(account_id, application.uid)
     try:
         endpoint_ids = await store.delete_application(ctx.pool, account_id, application.id)
     except store.DefaultApplication as error:
@@ -218,7 +257,10 @@ async def delete_application(request: web.Request) -> web.Response:
 @routes.post("/v1/applications/{app}/messages")
 async def create_message(request: web.Request) -> web.Response:
     """As POST /v1/messages, fanned out to this application's subscribed endpoints only."""
-    ctx, account_id, application = await _found(request)
+    ctx = context(request)
+    account_id = await ctx.account(request)
+    reference = request.match_info["app"]
+    application_id = await _send_target(ctx, account_id, reference)
     limit = ctx.settings.api.payload_bytes_max
     if request.content_length is not None and request.content_length > body_bytes_max(limit):
         raise Problem(413, f"the payload is larger than {limit} bytes", "payload-too-large")
@@ -226,8 +268,12 @@ async def create_message(request: web.Request) -> web.Response:
     body, payload = decode_message(await request.read())
     if len(payload) > limit:
         raise Problem(413, f"the payload is larger than {limit} bytes", "payload-too-large")
-    created = await submit(ctx, MessageRequest(account_id, body.event_type, payload, key,
-                                               application_id=application.id))
+    try:
+        created = await submit(ctx, MessageRequest(account_id, body.event_type, payload, key,
+                                                   application_id=application_id))
+    except ApplicationNotFound:
+        _forget(account_id, reference)
+        raise not_found("application") from None
     return accepted(created)
 
 

@@ -41,6 +41,7 @@ class AsyncClient:
             timeout=timeout, follow_redirects=False,
         )
         self.endpoints = AsyncEndpoints(self)
+        self.applications = AsyncApplications(self)
         self.deliveries = AsyncDeliveries(self)
         self.accounts = AsyncAccounts(self)
         self.api_keys = AsyncApiKeys(self)
@@ -240,3 +241,62 @@ class AsyncApiKeys(_AsyncResource):
 
     async def revoke(self, key_id: Id) -> None:
         await self._run(calls.revoke_api_key(key_id))
+
+
+class AsyncApplications(_AsyncResource):
+    """An account's applications; `application` is an application's id or its uid."""
+
+    async def create(self, name: str, *, uid: str | None = None, metadata: dict[str, str] | None = None,
+               rate_limit_per_second: int | None = None, idempotency_key: str | None = None) -> models.Application:
+        """A new application; a retry of this call (same key) answers the first create's."""
+        return await self._run(calls.create_application(name, uid=uid, metadata=metadata,
+                                                   rate_limit_per_second=rate_limit_per_second,
+                                                   idempotency_key=calls.key_or_new(idempotency_key)))
+
+    async def list(self, *, limit: int | None = None, cursor: str | None = None) -> models.Page[models.Application]:
+        """One page, oldest first (the default application first of all)."""
+        return await self._run(calls.list_applications(limit, cursor))
+
+    async def iterate(self, *, page_size: int | None = None) -> AsyncIterator[models.Application]:
+        """Every application, page by page."""
+        cursor = None
+        while True:
+            page = await self.list(limit=page_size, cursor=cursor)
+            for application in page.data:
+                yield application
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def get(self, application: Id) -> models.Application:
+        return await self._run(calls.get_application(application))
+
+    async def update(self, application: Id, *, name: str = UNSET, uid: str | None = UNSET,
+               metadata: dict[str, str] = UNSET, rate_limit_per_second: int | None = UNSET) -> models.Application:
+        changes = {"name": name, "uid": uid, "metadata": metadata, "rate_limit_per_second": rate_limit_per_second}
+        return await self._run(calls.update_application(application, changes))
+
+    async def delete(self, application: Id) -> models.ApplicationDeleted:
+        """Deletes it and its endpoints (their pending deliveries are refunded); not the default one."""
+        return await self._run(calls.delete_application(application))
+
+    async def send(self, application: Id, event_type: str, payload: Any, *,
+             idempotency_key: str | None = None) -> models.Message:
+        """Send an event to the application's subscribed endpoints only; each delivery is charged to the account."""
+        return await self._run(calls.send_to_application(application, event_type, payload,
+                                                    calls.key_or_new(idempotency_key)))
+
+    async def create_endpoint(self, application: Id, url: str, *, description: str = "",
+                        event_types: Sequence[str] | None = None, timeout_ms: int | None = None, enabled: bool = True,
+                        secret: str | None = None, idempotency_key: str | None = None) -> models.Endpoint:
+        return await self._run(calls.create_application_endpoint(
+            application, url, description=description, event_types=event_types, timeout_ms=timeout_ms,
+            enabled=enabled, secret=secret, idempotency_key=calls.key_or_new(idempotency_key)))
+
+    async def list_endpoints(self, application: Id) -> tuple[models.Endpoint, ...]:
+        return await self._run(calls.list_application_endpoints(application))
+
+    async def usage(self, application: Id, *, since: datetime | str | None = None,
+              until: datetime | str | None = None) -> models.ApplicationUsage:
+        """Its charges, refunds and reclaims in [since, until), from the account's ledger."""
+        return await self._run(calls.application_usage(application, since, until))

@@ -82,12 +82,48 @@ class Endpoint(msgspec.Struct, frozen=True):
     updated_at: datetime
     signing_key_type: str = "hmac"  # hmac (a whsec_ secret, v1) | ed25519 (receivers verify v1a with a whpk_ key)
     headers: dict[str, str] | None = None  # custom headers sent with every request, outside the signature
+    application_id: uuid.UUID | None = None  # its application; the account's own id for the default one
 
 
 class EndpointDeleted(msgspec.Struct, frozen=True):
     id: uuid.UUID
     deleted: bool
     refunded_now: int  # pending deliveries refunded at once; the rest die at their pre-send check
+
+
+class Application(msgspec.Struct, frozen=True):
+    """One customer of the account's app: its own endpoints; a message sent to it reaches only those."""
+
+    id: uuid.UUID
+    uid: str | None  # the account's own id for it, usable wherever an application id is
+    name: str
+    metadata: dict[str, str]
+    rate_limit_per_second: int | None
+    is_default: bool  # the account's default application (its id is the account's): where send() goes
+    created_at: datetime
+    updated_at: datetime
+
+
+class ApplicationDeleted(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    deleted: bool
+    endpoints_deleted: int
+    refunded_now: int
+
+
+class ApplicationUsage(msgspec.Struct, frozen=True):
+    """What an application's deliveries moved on the account's ledger in [since, until)."""
+
+    application_id: uuid.UUID
+    since: datetime | None
+    until: datetime | None
+    charges: int
+    charged: int
+    refunds: int
+    refunded: int
+    reclaims: int
+    reclaimed: int
+    net: int  # credits paid: charged - refunded + reclaimed
 
 
 class CreatedDelivery(msgspec.Struct, frozen=True):

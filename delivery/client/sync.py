@@ -41,6 +41,7 @@ class Client:
             timeout=timeout, follow_redirects=False,
         )
         self.endpoints = Endpoints(self)
+        self.applications = Applications(self)
         self.deliveries = Deliveries(self)
         self.accounts = Accounts(self)
         self.api_keys = ApiKeys(self)
@@ -239,3 +240,62 @@ class ApiKeys(_Resource):
 
     def revoke(self, key_id: Id) -> None:
         self._run(calls.revoke_api_key(key_id))
+
+
+class Applications(_Resource):
+    """An account's applications; `application` is an application's id or its uid."""
+
+    def create(self, name: str, *, uid: str | None = None, metadata: dict[str, str] | None = None,
+               rate_limit_per_second: int | None = None, idempotency_key: str | None = None) -> models.Application:
+        """A new application; a retry of this call (same key) answers the first create's."""
+        return self._run(calls.create_application(name, uid=uid, metadata=metadata,
+                                                   rate_limit_per_second=rate_limit_per_second,
+                                                   idempotency_key=calls.key_or_new(idempotency_key)))
+
+    def list(self, *, limit: int | None = None, cursor: str | None = None) -> models.Page[models.Application]:
+        """One page, oldest first (the default application first of all)."""
+        return self._run(calls.list_applications(limit, cursor))
+
+    def iterate(self, *, page_size: int | None = None) -> Iterator[models.Application]:
+        """Every application, page by page."""
+        cursor = None
+        while True:
+            page = self.list(limit=page_size, cursor=cursor)
+            for application in page.data:
+                yield application
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def get(self, application: Id) -> models.Application:
+        return self._run(calls.get_application(application))
+
+    def update(self, application: Id, *, name: str = UNSET, uid: str | None = UNSET,
+               metadata: dict[str, str] = UNSET, rate_limit_per_second: int | None = UNSET) -> models.Application:
+        changes = {"name": name, "uid": uid, "metadata": metadata, "rate_limit_per_second": rate_limit_per_second}
+        return self._run(calls.update_application(application, changes))
+
+    def delete(self, application: Id) -> models.ApplicationDeleted:
+        """Deletes it and its endpoints (their pending deliveries are refunded); not the default one."""
+        return self._run(calls.delete_application(application))
+
+    def send(self, application: Id, event_type: str, payload: Any, *,
+             idempotency_key: str | None = None) -> models.Message:
+        """Send an event to the application's subscribed endpoints only; each delivery is charged to the account."""
+        return self._run(calls.send_to_application(application, event_type, payload,
+                                                    calls.key_or_new(idempotency_key)))
+
+    def create_endpoint(self, application: Id, url: str, *, description: str = "",
+                        event_types: Sequence[str] | None = None, timeout_ms: int | None = None, enabled: bool = True,
+                        secret: str | None = None, idempotency_key: str | None = None) -> models.Endpoint:
+        return self._run(calls.create_application_endpoint(
+            application, url, description=description, event_types=event_types, timeout_ms=timeout_ms,
+            enabled=enabled, secret=secret, idempotency_key=calls.key_or_new(idempotency_key)))
+
+    def list_endpoints(self, application: Id) -> tuple[models.Endpoint, ...]:
+        return self._run(calls.list_application_endpoints(application))
+
+    def usage(self, application: Id, *, since: datetime | str | None = None,
+              until: datetime | str | None = None) -> models.ApplicationUsage:
+        """Its charges, refunds and reclaims in [since, until), from the account's ledger."""
+        return self._run(calls.application_usage(application, since, until))
