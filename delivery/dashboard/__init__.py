@@ -22,6 +22,7 @@ from aiohttp import web
 from delivery.dashboard import (
     pages,
     routes_account,
+    routes_applications,
     routes_deliveries,
     routes_endpoints,
     routes_operator,
@@ -43,8 +44,8 @@ def setup(app: web.Application) -> web.Application:
         undefined=jinja2.StrictUndefined, filters=pages.FILTERS,
     )
     dashboard[routes_operator.STATE] = routes_operator.DashboardState()
-    for module in (routes_session, routes_account, routes_endpoints, routes_deliveries, routes_operator,
-                   routes_operator_accounts):
+    for module in (routes_session, routes_account, routes_endpoints, routes_applications, routes_deliveries,
+                   routes_operator, routes_operator_accounts):
         dashboard.add_routes(module.routes)
     dashboard.router.add_static("/static/", STATIC_DIR)
     # /dashboard itself, without the slash, is the sub-application's too (its path "" under the
