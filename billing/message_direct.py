@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from billing import ids
-from billing.message_plan import CreatedDelivery, MessageCreated, MessageRequest
+from billing.message_plan import CHANNEL_SEPARATOR, CreatedDelivery, MessageCreated, MessageRequest, joined_channels
 
 DELIVERIES_PER_MESSAGE_MAX = 0xFFFF  # what the 16 bits of a delivery's number can count
 
@@ -68,7 +68,14 @@ class DirectBatch:
             self.delivery_bases,
             self.attempts_max,
             [request.application_id or request.account_id for request in requests],
+            self._channels(),
         )
+
+    def _channels(self) -> list | None:
+        """Each request's channels, joined, or one NULL for a batch without any (most)."""
+        if all(request.channels is None for request in self.requests):
+            return None
+        return [joined_channels(request) for request in self.requests]
 
     def _keys(self) -> tuple[list | None, list | None]:
         """The idempotency keys and request hashes, or two NULLs for a batch with no key (most):
@@ -107,7 +114,8 @@ def _deliveries_made(position: str) -> str:
 # $1 to $7: per request, its message id, account, event type, payload, idempotency key, request
 # hash (keyed requests only; both arrays NULL when no request of the batch is keyed) and the base
 # of its deliveries' ids; $8 attempts_max; $9 per request, its application (the account's id for
-# its default application).
+# its default application); $10 per request, its channels joined by CHANNEL_SEPARATOR (NULL:
+# none; the whole array NULL when no request of the batch has any).
 #
 # The endpoint probe is LATERAL with OFFSET 0, one index probe per request whatever the
 # statistics say, as in the planned read. The key check is a scalar subquery per keyed request,
@@ -116,9 +124,10 @@ def _deliveries_made(position: str) -> str:
 # since fails the insert on that index, and the statement writes nothing.
 DIRECT_WRITE = (
     "WITH request AS ("
-    "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[], $7::uuid[],"
-    "     $9::uuid[]) WITH ORDINALITY AS r(message_id, account_id, event_type, payload, idempotency_key, request_hash,"
-    "       delivery_base, application_id, position)),"
+    "   SELECT r.*, string_to_array(r.joined_channels, '" + CHANNEL_SEPARATOR + "') AS channels"
+    "   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[], $7::uuid[],"
+    "     $9::uuid[], $10::text[]) WITH ORDINALITY AS r(message_id, account_id, event_type, payload, idempotency_key,"
+    "       request_hash, delivery_base, application_id, joined_channels, position)),"
     " fan_out AS ("
     "   SELECT r.account_id, r.message_id, r.delivery_base, e.id AS endpoint_id,"
     "     row_number() OVER (PARTITION BY r.message_id ORDER BY e.id) AS number"
@@ -126,7 +135,9 @@ DIRECT_WRITE = (
     "     SELECT e.id FROM endpoints e"
     "     WHERE e.application_id = r.application_id AND e.account_id = r.account_id AND e.enabled"
     "       AND e.deleted_at IS NULL"
-    "       AND (e.event_types IS NULL OR r.event_type = ANY (e.event_types)) OFFSET 0) e),"
+    "       AND (e.event_types IS NULL OR r.event_type = ANY (e.event_types) OR (e.event_type_prefixes IS NOT NULL"
+    "         AND EXISTS (SELECT FROM unnest(e.event_type_prefixes) AS p WHERE starts_with(r.event_type, p))))"
+    "       AND (e.channels IS NULL OR e.channels && r.channels) OFFSET 0) e),"
     " charged AS (SELECT account_id, count(*) AS deliveries FROM fan_out GROUP BY account_id),"
     " locked AS ("
     "   SELECT a.id, a.price_per_delivery AS price, coalesce(c.deliveries, 0) * a.price_per_delivery AS total"
@@ -147,8 +158,10 @@ DIRECT_WRITE = (
     "   UPDATE accounts a SET balance = a.balance - l.total FROM locked l"
     "   WHERE (SELECT ok FROM ok) AND a.id = l.id AND l.total <> 0),"
     " message_rows AS ("
-    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, application_id)"
-    "   SELECT message_id, account_id, event_type, payload, idempotency_key, request_hash, application_id FROM request"
+    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, application_id,"
+    "     channels)"
+    "   SELECT message_id, account_id, event_type, payload, idempotency_key, request_hash, application_id, channels"
+    "   FROM request"
     "   WHERE (SELECT ok FROM ok)),"
     " delivery_rows AS ("
     "   INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"

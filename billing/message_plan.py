@@ -47,6 +47,9 @@ class MessageRequest:
     # or the account's own id, is the account's default application. A targeted request (a
     # replay) goes to its endpoints' application, which must then be this one if given.
     application_id: uuid.UUID | None = None
+    # Up to MESSAGE_CHANNELS_MAX channels: only endpoints that filter on no channel, or on one of
+    # these, receive it. None: no channels.
+    channels: tuple[str, ...] | None = None
 
     @property
     def application(self) -> uuid.UUID | None:
@@ -58,6 +61,8 @@ class MessageRequest:
         if self.application is not None:
             # One key reused for another application conflicts (and the default's hash is as before).
             content += b"\0application\0" + self.application.bytes
+        if self.channels is not None:
+            content += b"\0channels\0" + CHANNEL_SEPARATOR.join(self.channels).encode()
         if self.endpoint_ids is not None:
             # The target is part of what was asked, so one key reused for another target conflicts.
             content += b"\0" + b"".join(endpoint_id.bytes for endpoint_id in self.endpoint_ids)
@@ -65,6 +70,27 @@ class MessageRequest:
             # So does the delivery replayed: one key reused to replay another one conflicts.
             content += b"\0replay\0" + self.replay_of.bytes
         return hashlib.sha256(content).digest()
+
+
+# Channels travel to the statements joined by this (a channel is letters, digits and _ . : -), one
+# text per message: unnest would flatten an array of arrays.
+CHANNEL_SEPARATOR = ","
+
+
+def subscribed(event_type: str, event_types, prefixes) -> bool:
+    """Whether an endpoint subscribed to `event_types` (None: every type), whose wildcard
+    subscriptions ("invoice.*") have `prefixes` ("invoice."), takes `event_type`."""
+    return (event_types is None or event_type in event_types
+            or (prefixes is not None and any(event_type.startswith(prefix) for prefix in prefixes)))
+
+
+def in_channels(message_channels, endpoint_channels) -> bool:
+    """Whether an endpoint filtering on `endpoint_channels` (None: on none) takes a message of `message_channels`."""
+    return endpoint_channels is None or bool(message_channels and not set(endpoint_channels).isdisjoint(message_channels))
+
+
+def joined_channels(request: MessageRequest) -> str | None:
+    return None if request.channels is None else CHANNEL_SEPARATOR.join(request.channels)
 
 
 @dataclass(frozen=True)
@@ -93,12 +119,14 @@ class Plan:
         self.read_at = read_at  # unlocked: when the read ran on this connection's backend, ditto
         self.accounts = accounts  # account id -> its row as read (locked, or not)
         self.balances = {account_id: row["balance"] for account_id, row in accounts.items()}
-        self.endpoints = endpoints  # (account id, application id) -> [(endpoint id, event types)]
+        # (account id, application id) -> [(endpoint id, event types, wildcard prefixes, channels)]
+        self.endpoints = endpoints
         self.targets = targets  # endpoint id -> (account id, application id): the live endpoints targeted
         self.applications = applications  # {(account id, application id)}: the live applications named
         self.replays = replays  # (account id, key) -> (request hash, MessageCreated)
         self.messages: list[tuple] = []
         self.message_applications: list[uuid.UUID] = []  # beside each message: its application
+        self.message_channels: list[str | None] = []  # beside each message: its channels, joined
         self.deliveries: list[tuple] = []
         self.replay_of: list[uuid.UUID | None] = []  # beside each delivery: the delivery it replays, if any
 
@@ -128,7 +156,8 @@ class Plan:
             if row["targeted"]:
                 targets[row["endpoint_id"]] = (row["id"], row["application_id"])
             else:
-                endpoints[row["id"], row["application_id"]].append((row["endpoint_id"], row["event_types"]))
+                endpoints[row["id"], row["application_id"]].append(
+                    (row["endpoint_id"], row["event_types"], row["event_type_prefixes"], row["channels"]))
         named = sorted({request.application for request in requests if request.application is not None})
         applications = set()
         if named:  # the live applications the batch names (an account's default is never deleted)
@@ -178,7 +207,8 @@ class Plan:
             application_id = request.application_id or request.account_id
             live = self.endpoints.get((request.account_id, application_id), ())
             return application_id, [
-                endpoint_id for endpoint_id, event_types in live if event_types is None or request.event_type in event_types
+                endpoint_id for endpoint_id, event_types, prefixes, channels in live
+                if subscribed(request.event_type, event_types, prefixes) and in_channels(request.channels, channels)
             ]
         found = [self.targets.get(endpoint_id) for endpoint_id in request.endpoint_ids]
         for endpoint_id, target in zip(request.endpoint_ids, found, strict=True):
@@ -196,6 +226,7 @@ class Plan:
              attempts_max: int) -> MessageCreated:
         message_id, *delivery_ids = ids.new_ids(1 + len(subscribed))
         self.message_applications.append(application_id)
+        self.message_channels.append(joined_channels(request))
         self.messages.append(
             (message_id, request.account_id, request.event_type, request.payload,
              request.idempotency_key, request.request_hash() if request.idempotency_key else None)
@@ -227,9 +258,10 @@ class Plan:
         balances = list(zip(*changed)) or [[], []]
         if self._replays():
             await connection.execute(WRITE_BATCH_REPLAYS, *self._rows(), *balances, self.replay_of,
-                                     self.message_applications)
+                                     self.message_applications, self.message_channels)
         else:
-            await connection.execute(WRITE_BATCH, *self._rows(), *balances, self.message_applications)
+            await connection.execute(WRITE_BATCH, *self._rows(), *balances, self.message_applications,
+                                     self.message_channels)
 
     async def write_gated(self, connection) -> bool:
         """Unlocked: one autocommit statement writes the whole batch if every account with new
@@ -241,7 +273,7 @@ class Plan:
             [self.accounts[account_id]["balance"] - self.balances[account_id] for account_id in accounts],
             [self.accounts[account_id]["price_per_delivery"] for account_id in accounts],
             *([self.replay_of] if replays else []),
-            self.message_applications,
+            self.message_applications, self.message_channels,
         )
 
 
@@ -263,15 +295,16 @@ _READ_ACCOUNTS_ENDPOINTS = (
     "   SELECT a.id, a.status, a.balance, a.price_per_delivery, {marker} FROM accounts a"
     "   WHERE a.id = ANY($1::uuid[]) ORDER BY a.id{lock}),"
     " endpoint AS ("
-    "   SELECT k.account_id, e.id, e.application_id, e.event_types, false AS targeted"
+    "   SELECT k.account_id, e.*, false AS targeted"
     "   FROM unnest($3::uuid[], $4::uuid[]) AS k(account_id, application_id) CROSS JOIN LATERAL ("
-    "     SELECT e.id, e.application_id, e.event_types FROM endpoints e"
+    "     SELECT e.id, e.application_id, e.event_types, e.event_type_prefixes, e.channels FROM endpoints e"
     "     WHERE e.application_id = k.application_id AND e.account_id = k.account_id AND e.enabled"
-    "       AND e.deleted_at IS NULL AND (e.event_types IS NULL OR e.event_types && $2::text[]) OFFSET 0) e"
+    "       AND e.deleted_at IS NULL"
+    "       AND (e.event_types IS NULL OR e.event_types && $2::text[] OR e.event_type_prefixes IS NOT NULL) OFFSET 0) e"
     "   UNION ALL"
-    "   SELECT e.account_id, e.id, e.application_id, e.event_types, true FROM endpoints e"
-    "   WHERE e.id = ANY($5::uuid[]) AND e.enabled AND e.deleted_at IS NULL)"
-    " SELECT a.*, e.id AS endpoint_id, e.application_id, e.event_types, e.targeted"
+    "   SELECT e.account_id, e.id, e.application_id, e.event_types, e.event_type_prefixes, e.channels, true"
+    "   FROM endpoints e WHERE e.id = ANY($5::uuid[]) AND e.enabled AND e.deleted_at IS NULL)"
+    " SELECT a.*, e.id AS endpoint_id, e.application_id, e.event_types, e.event_type_prefixes, e.channels, e.targeted"
     " FROM account a LEFT JOIN endpoint e ON e.account_id = a.id ORDER BY a.id, e.id"
 )
 LOCK_ACCOUNTS_READ_ENDPOINTS = _READ_ACCOUNTS_ENDPOINTS.format(
@@ -284,9 +317,13 @@ READ_ACCOUNTS_ENDPOINTS = _READ_ACCOUNTS_ENDPOINTS.format(marker="statement_time
 # deliveries' rows (below), with, for a batch that replays a delivery, their replay_of and webhook_id.
 _INSERT_BATCH = (
     " message_rows AS ("
-    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, application_id)"
-    "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[],"
-    "     ${application}::uuid[]){only}),"
+    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, application_id,"
+    "     channels)"
+    "   SELECT m.id, m.account_id, m.event_type, m.payload, m.idempotency_key, m.request_hash, m.application_id,"
+    "     string_to_array(m.channels, '" + CHANNEL_SEPARATOR + "')"
+    "   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[],"
+    "     ${application}::uuid[], ${channels}::text[])"
+    "     AS m(id, account_id, event_type, payload, idempotency_key, request_hash, application_id, channels){only}),"
     " delivery_rows AS ("
     "   INSERT INTO deliveries {deliveries}{only}"
     "   RETURNING id, account_id, price),"
@@ -316,9 +353,10 @@ _REPLAY_DELIVERIES = (
 
 def _insert_batch(only: str, replay_of: int | None, application: int) -> str:
     """The inserts; with `replay_of`, the number of the parameter that carries each delivery's
-    replay_of; `application`, that of the messages' applications (each statement's last)."""
+    replay_of; `application`, that of the messages' applications, and the one after it their
+    channels (each statement's last two)."""
     deliveries = _DELIVERIES if replay_of is None else _REPLAY_DELIVERIES.format(replay_of=replay_of)
-    return _INSERT_BATCH.format(only=only, deliveries=deliveries, application=application)
+    return _INSERT_BATCH.format(only=only, deliveries=deliveries, application=application, channels=application + 1)
 
 
 # The locked write: the rows, and the balances the plan computed ($13, $14), in one statement.

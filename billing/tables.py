@@ -116,6 +116,19 @@ APPLICATION_NAME_LENGTH_MAX = 200
 APPLICATION_UID_LENGTH_MAX = 256
 APPLICATION_METADATA_BYTES_MAX = 16_384
 APPLICATION_RATE_LIMIT_MAX = 100_000  # deliveries a second
+MESSAGE_CHANNELS_MAX = 10
+ENDPOINT_CHANNELS_MAX = 100
+CHANNEL_LENGTH_MAX = 128
+EVENT_TYPE_SCHEMA_BYTES_MAX = 65_536
+EVENT_TYPE_DESCRIPTION_LENGTH_MAX = 1000
+EVENT_TYPES_PER_ACCOUNT_MAX = 1000
+# What a subscription "invoice.*" matches by: its prefix "invoice.". IMMUTABLE, so that a generated
+# column may use it (endpoints.event_type_prefixes); NULL when no subscription is a wildcard.
+EVENT_TYPE_PREFIXES_FUNCTION = """
+CREATE FUNCTION event_type_prefixes(types text[]) RETURNS text[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT nullif(array(SELECT left(t, -1) FROM unnest(types) AS t WHERE right(t, 2) = '.*'), '{}')
+$$
+"""
 
 applications = sa.Table(
     "applications",
@@ -148,6 +161,26 @@ applications = sa.Table(
             " The account pays; usage per application is a sum over the ledger.",
 )
 
+event_types = sa.Table(
+    "event_types",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("description", sa.Text, nullable=False, server_default=""),
+    # A JSON Schema (draft 2020-12) the payload of a message of this type must pass; NULL: any payload.
+    sa.Column("schema", pg.JSONB),
+    sa.Column("archived", sa.Boolean, nullable=False, server_default=sa.false()),
+    _created_at(),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.CheckConstraint(_length("name", 1, 256), name="name_length"),
+    sa.CheckConstraint(_length("description", 0, EVENT_TYPE_DESCRIPTION_LENGTH_MAX), name="description_length"),
+    sa.CheckConstraint(f"jsonb_typeof(schema) IN ('object', 'boolean') AND octet_length(schema::text) <= {EVENT_TYPE_SCHEMA_BYTES_MAX}",
+                       name="schema_size"),
+    sa.UniqueConstraint("account_id", "name"),
+    comment="An account's catalog of event types (0016): what each means and, with a schema, what its payload must be.",
+)
+
 endpoints = sa.Table(
     "endpoints",
     metadata,
@@ -174,6 +207,12 @@ endpoints = sa.Table(
     sa.Column("headers", pg.JSONB),
     # The application it belongs to (0016), of the same account; it never changes.
     sa.Column("application_id", pg.UUID(as_uuid=True), nullable=False),
+    # The channels it takes messages of (0016); NULL: every message, with channels or without.
+    sa.Column("channels", pg.ARRAY(sa.Text)),
+    # The prefixes of its wildcard subscriptions ("invoice.*" -> "invoice."), derived by the
+    # database from event_types (0016), so the fan-out tests a wildcard only where there is one.
+    sa.Column("event_type_prefixes", pg.ARRAY(sa.Text), sa.Computed("event_type_prefixes(event_types)", persisted=True)),
+    sa.CheckConstraint(f"cardinality(channels) BETWEEN 1 AND {ENDPOINT_CHANNELS_MAX}", name="channels_count"),
     sa.ForeignKeyConstraint(["account_id", "application_id"], ["applications.account_id", "applications.id"],
                             name="fk_endpoints_application"),
     sa.CheckConstraint(_length("url", 1, 2048), name="url_length"),
@@ -210,6 +249,10 @@ messages = sa.Table(
     # The application it was sent to (0016), of the same account (checked by billing.references);
     # its deliveries go only to that application's endpoints.
     sa.Column("application_id", pg.UUID(as_uuid=True), nullable=False),
+    # Up to MESSAGE_CHANNELS_MAX channels (0016): only endpoints that filter on none, or on one of
+    # these, receive it. NULL: none.
+    sa.Column("channels", pg.ARRAY(sa.Text)),
+    sa.CheckConstraint(f"cardinality(channels) BETWEEN 1 AND {MESSAGE_CHANNELS_MAX}", name="channels_count"),
     sa.CheckConstraint(_length("event_type", 1, 256), name="event_type_length"),
     sa.CheckConstraint(
         "payload_erased_by IS NULL OR " + _length("payload_erased_by", 1, ERASED_BY_LENGTH_MAX),

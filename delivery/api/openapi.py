@@ -15,6 +15,7 @@ from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX
 from billing.tables import DEAD_REASONS, DELIVERY_STATES
 from delivery.api import openapi_examples as examples, responses as r, routes_recover as recover, validation as v
 from delivery.api import routes_applications as applications
+from delivery.api import routes_event_types as event_types
 from delivery.api import routes_operator_reads as operator_reads
 from delivery.api.problems import ProblemBody
 
@@ -25,6 +26,7 @@ TAGS = {
     "Messages": "Send an event: one charged delivery per subscribed endpoint, in one transaction.",
     "Deliveries": "Each delivery of a message to an endpoint: its state, attempts, ledger entries and replays.",
     "Applications": "An account's customers: each has its own endpoints, a message goes to one, the account pays.",
+    "Event types": "The event catalog: each type's description, an optional JSON Schema its payloads must pass, archived.",
     "Endpoints": "Where messages go: URL, event types, timeout, signing secret, and recovery after an outage.",
     "Billing": "The balance, the append-only ledger that proves it, and top-ups.",
     "API keys": "An account's keys; only hashes are stored, a key is shown once.",
@@ -124,6 +126,25 @@ applications_operations = (
               {200: applications.ApplicationUsage}, (404, 422),
               parameters=(_APP, _query("since", _DATE_TIME, "RFC 3339; absent: from the first entry."),
                           _query("until", _DATE_TIME, "RFC 3339, excluded; absent: up to now."))),
+)
+
+_NAME = {"name": "name", "in": "path", "required": True, "description": "The event type's name.",
+         "schema": {"type": "string", "minLength": 1, "maxLength": 256}}
+event_type_operations = (
+    Operation("post", "/v1/event-types", "createEventType", "Event types", "Add an event type to the catalog",
+              "A name, a description, an optional JSON Schema (draft 2020-12, checked here: 422 naming the path of"
+              " what is wrong) that every payload of the type must then pass, archived. 409 for a name the account"
+              " has", ACCOUNT, {201: event_types.EventTypeBody}, (409, 422), event_types.EventTypeCreate),
+    Operation("get", "/v1/event-types", "listEventTypes", "Event types", "List the event catalog",
+              "Oldest first; archived ones only with include_archived=true", ACCOUNT,
+              {200: event_types.EventTypePage}, (422,),
+              parameters=(_LIMIT, {**_ID_CURSOR, "description": "next_cursor of the previous page."},
+                          _query("include_archived", {"enum": ["true", "false"]}))),
+    Operation("get", "/v1/event-types/{name}", "getEventType", "Event types", "Read an event type",
+              "Read an event type by name", ACCOUNT, {200: event_types.EventTypeBody}, (404,), parameters=(_NAME,)),
+    Operation("patch", "/v1/event-types/{name}", "updateEventType", "Event types", "Change an event type",
+              "Change its description or schema (null: none), or archive it (no new messages of it)", ACCOUNT,
+              {200: event_types.EventTypeBody}, (404, 422), event_types.EventTypePatch, parameters=(_NAME,)),
 )
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -250,6 +271,7 @@ OPERATIONS: tuple[Operation, ...] = (
               ACCOUNT, {202: r.MessageAccepted}, (400, 402, 404, 409, 422, 503), v.Empty, body_optional=True,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
     *applications_operations,
+    *event_type_operations,
     Operation("get", "/healthz", "getHealth", "Health", "Liveness",
               "The process is up", None, {200: r.Health}),
     Operation("get", "/readyz", "getReadiness", "Health", "Readiness",
@@ -268,12 +290,13 @@ _DESCRIPTIONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No content", 
 
 
 EXAMPLES = {**examples.EXAMPLES, **operator_reads.EXAMPLES}
-REQUEST_BODY_TYPES = (*v.REQUEST_BODIES, v.Empty, *recover.REQUEST_BODIES, *applications.REQUEST_BODIES)
+REQUEST_BODY_TYPES = (*v.REQUEST_BODIES, v.Empty, *recover.REQUEST_BODIES, *applications.REQUEST_BODIES,
+                      *event_types.REQUEST_BODIES)
 
 
 def _schemas() -> dict:
     kinds = (*REQUEST_BODY_TYPES, *r.RESPONSE_BODIES, *recover.RESPONSE_BODIES, *operator_reads.RESPONSE_BODIES,
-             *applications.RESPONSE_BODIES,
+             *applications.RESPONSE_BODIES, *event_types.RESPONSE_BODIES,
              ProblemBody)
     _, components = msgspec.json.schema_components(kinds, ref_template="#/components/schemas/{name}")
     for name, schema in components.items():

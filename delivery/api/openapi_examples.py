@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from delivery.api import responses as r, routes_applications, routes_recover as recover, validation as v
+from delivery.api import responses as r, routes_applications, routes_event_types, routes_recover as recover, validation as v
 from delivery.api.problems import TYPE_BASE, FieldError, ProblemBody, response, Problem
 
 _ACCOUNT = uuid.UUID("0190c5f2-4b7e-7c1a-9d1e-6f3a2b1c0d01")
@@ -102,6 +102,7 @@ _INSTANCES: tuple[msgspec.Struct, ...] = (
 EXAMPLES: dict[str, object] = {type(instance).__name__: msgspec.json.decode(msgspec.json.encode(instance))
                                for instance in _INSTANCES}
 EXAMPLES.update(routes_applications.EXAMPLES)
+EXAMPLES.update(routes_event_types.EXAMPLES)
 
 
 # A typical problem of each error status, as the API writes it.

@@ -95,6 +95,8 @@ class Endpoint(msgspec.Struct):
     headers: CustomHeaders
     application_id: Annotated[uuid.UUID | None, msgspec.Meta(description=(
         "The application it belongs to; the account's own id for its default application."))] = None
+    channels: Annotated[list[str] | None, msgspec.Meta(description=(
+        "It receives only messages with one of these channels; null: every message."))] = None
 
 
 class EndpointList(msgspec.Struct):

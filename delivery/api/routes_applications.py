@@ -28,7 +28,7 @@ from billing.errors import ApplicationNotFound
 from billing.ids import parse_id
 from billing.messages import MessageRequest
 from billing.tables import APPLICATION_METADATA_BYTES_MAX, APPLICATION_RATE_LIMIT_MAX, APPLICATION_UID_LENGTH_MAX
-from delivery.api import idempotency, responses, routes_endpoints
+from delivery.api import event_catalog, idempotency, responses, routes_endpoints
 from delivery.api.context import ApiContext, context
 from delivery.api.problems import FieldError, Problem, not_found, validation
 from delivery.api.routes_messages import accepted, body_bytes_max, message_idempotency_key, submit
@@ -268,9 +268,11 @@ async def create_message(request: web.Request) -> web.Response:
     body, payload = decode_message(await request.read())
     if len(payload) > limit:
         raise Problem(413, f"the payload is larger than {limit} bytes", "payload-too-large")
+    channels = event_catalog.channels_of(body.channels)
+    await event_catalog.check_message(ctx.pool, account_id, body.event_type, payload)
     try:
         created = await submit(ctx, MessageRequest(account_id, body.event_type, payload, key,
-                                                   application_id=application_id))
+                                                   application_id=application_id, channels=channels))
     except ApplicationNotFound:
         _forget(account_id, reference)
         raise not_found("application") from None

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from billing.errors import BillingError
 from billing.messages import MessageCreated, MessageRequest
-from delivery.api import api_keys, group_commit, problems, responses
+from delivery.api import api_keys, event_catalog, group_commit, problems, responses
 from delivery.operations.dead_letters import REPLAY_KEY_PREFIX
 from delivery.api.context import ApiContext, context
 from delivery.api.idempotency import idempotency_key
@@ -126,5 +126,7 @@ async def create_message(request: web.Request) -> web.Response:
     body, payload = decode_message(await request.read())
     if len(payload) > limit:
         raise _too_large(limit)
-    created = await submit(ctx, MessageRequest(account_id, body.event_type, payload, key))
+    channels = event_catalog.channels_of(body.channels)
+    await event_catalog.check_message(ctx.pool, account_id, body.event_type, payload)
+    created = await submit(ctx, MessageRequest(account_id, body.event_type, payload, key, channels=channels))
     return accepted(created)

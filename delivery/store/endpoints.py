@@ -60,6 +60,7 @@ class Endpoint:
     signing_key_type: str = signing_keys.HMAC
     headers: dict[str, str] | None = None  # custom headers (delivery.store.endpoint_headers); None: none
     application_id: uuid.UUID | None = None  # the application it belongs to (the account's id: its default)
+    channels: list[str] | None = None  # the channels it takes messages of; None: every message
 
     @classmethod
     def from_row(cls, row) -> Endpoint:
@@ -67,7 +68,7 @@ class Endpoint:
 
 
 _COLUMNS = ("id, account_id, url, description, event_types, enabled, disabled_reason, timeout_ms, created_at,"
-            " updated_at, signing_key_type, headers, application_id")
+            " updated_at, signing_key_type, headers, application_id, channels")
 
 
 def seal_secret(secret: str, keyring: Keyring, endpoint_id: uuid.UUID) -> bytes:
@@ -92,15 +93,16 @@ async def insert_endpoint(
     signing_key_type: str = signing_keys.HMAC,
     headers: dict[str, str] | None = None,
     application_id: uuid.UUID | None = None,
+    channels: list[str] | None = None,
 ) -> Endpoint:
     """Insert a validated endpoint (callers validate the URL and headers, and encrypt the secret
     first); `application_id` None puts it in the account's default application."""
     row = await pool.fetchrow(
         "INSERT INTO endpoints (id, account_id, url, description, event_types, secret, timeout_ms, enabled,"
-        "   signing_key_type, headers, application_id)"
-        f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11) RETURNING {_COLUMNS}",
+        "   signing_key_type, headers, application_id, channels)"
+        f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12) RETURNING {_COLUMNS}",
         endpoint_id or ids.new_id(), account_id, url, description, event_types, secret_ciphertext, timeout_ms, enabled,
-        signing_key_type, endpoint_headers.stored(headers), application_id or account_id,
+        signing_key_type, endpoint_headers.stored(headers), application_id or account_id, channels,
     )
     return Endpoint.from_row(row)
 
@@ -119,6 +121,7 @@ async def create_endpoint(
     headers: dict[str, str] | None = None,
     outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS,
     application_id: uuid.UUID | None = None,
+    channels: list[str] | None = None,
 ) -> Endpoint:
     """Create an endpoint in an application of the account (None: its default application) under
     the per-application bound; raises EndpointLimitReached past it, ApplicationGone when the
@@ -155,6 +158,7 @@ async def create_endpoint(
                 connection, account_id, url, secret_ciphertext=ciphertext, event_types=event_types,
                 description=description, timeout_ms=timeout_ms, endpoint_id=endpoint_id, enabled=enabled,
                 signing_key_type=signing_keys.key_type_of(secret), headers=headers, application_id=application_id,
+                channels=channels,
             )
     except OutcomeUnknown as unknown:
         unknown.look_for = f"endpoint {endpoint_id} (GET /v1/endpoints/{endpoint_id})"
@@ -180,7 +184,7 @@ async def get_endpoint(pool: Executor, account_id: uuid.UUID, endpoint_id: uuid.
     return None if row is None else Endpoint.from_row(row)
 
 
-_UPDATABLE = ("url", "description", "event_types", "enabled", "timeout_ms", "headers")
+_UPDATABLE = ("url", "description", "event_types", "enabled", "timeout_ms", "headers", "channels")
 
 
 async def update_endpoint(
@@ -202,6 +206,7 @@ async def update_endpoint(
         "   disabled_reason = CASE WHEN $9 AND $10 THEN NULL ELSE disabled_reason END,"
         "   timeout_ms = CASE WHEN $11 THEN $12 ELSE timeout_ms END,"
         "   headers = CASE WHEN $13 THEN $14::jsonb ELSE headers END,"
+        "   channels = CASE WHEN $15 THEN $16::text[] ELSE channels END,"
         "   updated_at = now()"
         f" WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL RETURNING {_COLUMNS}",
         endpoint_id, account_id,

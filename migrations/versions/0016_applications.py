@@ -1,4 +1,5 @@
 """Applications: an account's customers, each with its own endpoints; a message goes to one.
+The event catalog, wildcard subscriptions and channels.
 
 Every account gets its default application, whose id is the account's own, and every existing
 endpoint and message moves to it (nothing else changes: deliveries follow their message and
@@ -6,6 +7,11 @@ endpoint, the ledger is untouched). A trigger makes the default application of e
 and rows inserted without an application go to it (billing.application_triggers). The reference
 checks of messages and deliveries are made again so that a message names an application of its
 account and a delivery's message and endpoint belong to one application (billing.references).
+
+The event catalog: event_types (name, description, an optional JSON Schema, archived), one set
+per account. endpoints.event_type_prefixes holds the prefixes of an endpoint's wildcard
+subscriptions ("invoice.*"), generated from event_types by event_type_prefixes(). Messages may
+carry up to 10 channels, and an endpoint may take only messages of some channels.
 
 The downgrade refuses while any account has an application besides its default: merging their
 endpoints into one set per account would send every message to all of them.
@@ -18,7 +24,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql as pg
 
-from billing import application_triggers, references
+from billing import application_triggers, references, tables
 
 revision = '0016'
 down_revision = '0013'
@@ -71,6 +77,33 @@ def upgrade() -> None:
     for statement in application_triggers.upgrade_statements() + references.application_check_statements():
         op.execute(statement)
 
+    op.create_table(
+        "event_types",
+        sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+        sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id", name="fk_event_types_account_id"),
+                  nullable=False),
+        sa.Column("name", sa.Text, nullable=False),
+        sa.Column("description", sa.Text, nullable=False, server_default=""),
+        sa.Column("schema", pg.JSONB),
+        sa.Column("archived", sa.Boolean, nullable=False, server_default=sa.false()),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+        sa.PrimaryKeyConstraint("id", name="pk_event_types"),
+        sa.CheckConstraint("char_length(name) BETWEEN 1 AND 256", name="ck_event_types_name_length"),
+        sa.CheckConstraint("char_length(description) BETWEEN 0 AND 1000", name="ck_event_types_description_length"),
+        sa.CheckConstraint("jsonb_typeof(schema) IN ('object', 'boolean') AND octet_length(schema::text) <= 65536",
+                           name="ck_event_types_schema_size"),
+        sa.UniqueConstraint("account_id", "name", name="uq_event_types_account_id_name"),
+        comment="An account's catalog of event types (0016): what each means and, with a schema, what its payload must be.",
+    )
+    op.execute(tables.EVENT_TYPE_PREFIXES_FUNCTION)
+    op.add_column("endpoints", sa.Column("channels", pg.ARRAY(sa.Text)))
+    op.add_column("endpoints", sa.Column("event_type_prefixes", pg.ARRAY(sa.Text),
+                                         sa.Computed("event_type_prefixes(event_types)", persisted=True)))
+    op.create_check_constraint("ck_endpoints_channels_count", "endpoints", "cardinality(channels) BETWEEN 1 AND 100")
+    op.add_column("messages", sa.Column("channels", pg.ARRAY(sa.Text)))
+    op.create_check_constraint("ck_messages_channels_count", "messages", "cardinality(channels) BETWEEN 1 AND 10")
+
 
 def downgrade() -> None:
     op.execute(
@@ -78,6 +111,13 @@ def downgrade() -> None:
         " RAISE EXCEPTION 'applications other than the accounts'' defaults exist: downgrading would merge their"
         " endpoints into one set per account'; END IF; END $$"
     )
+    op.drop_constraint("ck_messages_channels_count", "messages", type_="check")
+    op.drop_column("messages", "channels")
+    op.drop_constraint("ck_endpoints_channels_count", "endpoints", type_="check")
+    op.drop_column("endpoints", "event_type_prefixes")
+    op.drop_column("endpoints", "channels")
+    op.execute("DROP FUNCTION event_type_prefixes(text[])")
+    op.drop_table("event_types")
     for statement in references.application_check_reset_statements() + application_triggers.downgrade_statements():
         op.execute(statement)
     op.drop_column("messages", "application_id")
