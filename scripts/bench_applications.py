@@ -59,6 +59,24 @@ async def setup(api_url: str, database_url: str, operator_key: str, count: int) 
     }
 
 
+# What bench_ingest's fan-out 1 body ({"n":1,"text":"hello"}) passes: a few keywords to check.
+PAYLOAD_SCHEMA = {"type": "object", "required": ["n", "text"],
+                  "properties": {"n": {"type": "integer", "minimum": 0}, "text": {"type": "string", "maxLength": 100}}}
+
+
+async def schema_case(api_url: str, operator_key: str) -> dict[str, tuple[list, list]]:
+    """Label -> (keys, paths): one account sending fanout1 (one endpoint) with PAYLOAD_SCHEMA on that type."""
+    async with aiohttp.ClientSession() as session:
+        _, key = await _account(session, api_url, operator_key, "bench schema")
+        headers = {"Authorization": f"Bearer {key}"}
+        async with session.post(f"{api_url}/v1/event-types", headers=headers,
+                                json={"name": "fanout1", "schema": PAYLOAD_SCHEMA}) as response:
+            assert response.status == 201, await response.text()
+        async with session.post(f"{api_url}/v1/endpoints", headers=headers, json={"url": "https://example.com/h"}) as response:
+            assert response.status == 201, await response.text()
+    return {"one account, schema": ([key], ["/v1/messages"])}
+
+
 async def _timed(session: aiohttp.ClientSession, method: str, url: str, headers: dict, times: int, **fields) -> float:
     """Milliseconds per call, over `times` calls one after another (each must succeed)."""
     started = time.perf_counter()

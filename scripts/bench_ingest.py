@@ -13,6 +13,8 @@ With `--applications N`, one account sends to its applications (POST /v1/applica
 fan-out 1): to one application, and round-robin over N applications of one endpoint each, in the
 same run, beside the same trivial handler; and it times creating and listing applications with one
 and with N applications in the account.
+With `--schema`, one more account sends at fan-out 1 with a JSON Schema on its event type, so
+every payload is checked (delivery/api/event_catalog.py), beside the hot account without one.
 With `--without-writes`, each API run is followed by one of the same API with its group commit
 answering every batch at once without writing (`serve_api_without_writes`): the HTTP side's
 share alone, so that the gap between the API and the trivial handler splits into what the HTTP
@@ -33,7 +35,7 @@ and, with more than one C, each case at its best C against the trivial handler a
 
 Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest.py [--seconds 5] [--concurrency 96,256] [--accounts 1000]
        [--event-loop auto|uvloop|asyncio] [--fan-outs 1,4] [--no-bare-sql] [--without-writes]
-       [--load-generator wrk|raw|aiohttp] [--applications 10000]
+       [--load-generator wrk|raw|aiohttp] [--applications 10000] [--schema]
 """
 
 from __future__ import annotations
@@ -376,7 +378,7 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
                                   "cpu_shares": shares, "cpu_waits": waits, "requests_per_transaction": batch_mean,
                                   "transaction_ms": transaction_ms,
                                   "statuses": {str(k): v for k, v in dict(statuses).items()}})
-    if applications is not None:
+    if applications:
         for label, (keys, paths) in applications.items():
             rate, statuses = await load(api_url, keys, BODIES[1], seconds, concurrency, paths)
             ceilings.append((await load(trivial_url, hot_key, BODIES[1], seconds, concurrency))[0])
@@ -475,9 +477,13 @@ async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str)
         loop_name = event_loop.chosen(arguments.event_loop)
         print(f"the API and the trivial handler run on the {loop_name} event loop (--event-loop {arguments.event_loop});"
               f" the load comes from {_load_generator} (--load-generator)")
-        applications = None
+        applications = {}
         if arguments.applications:
-            applications = await bench_applications.setup(api_url, database_url, OPERATOR_KEY, arguments.applications)
+            applications.update(await bench_applications.setup(api_url, database_url, OPERATOR_KEY,
+                                                               arguments.applications))
+        if arguments.schema:
+            applications.update(await bench_applications.schema_case(api_url, OPERATOR_KEY))
+        if applications:
             await admin_database(database_url, "ANALYZE")
         report = {"benchmark": "ingest", "event_loop": loop_name, "load_generator": _load_generator,
                   "applications": [],
@@ -530,6 +536,9 @@ if __name__ == "__main__":
     parser.add_argument("--applications", type=int, default=0, metavar="N",
                         help="also send to one application and round-robin over N applications (1 endpoint each)"
                              " of one account, and time creating and listing applications with 1 and with N")
+    parser.add_argument("--schema", action="store_true",
+                        help="also send as one hot account whose event type has a JSON Schema every payload is checked"
+                             " against (beside the same account's sends without one)")
     parser.add_argument("--no-bare-sql", dest="bare_sql", action="store_false", help="skip the bare-SQL runs")
     parser.add_argument("--without-writes", action="store_true",
                         help="after each API run, run the same API with its group commit answering without writing")

@@ -14,6 +14,7 @@ its 409 limit-reached.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from datetime import UTC, datetime
@@ -46,6 +47,7 @@ METADATA_PAIRS_MAX = 50
 # here for UID_CACHE_SECONDS, so sending by uid costs no query either. This process forgets a uid
 # it changes or deletes at once; another API process sees the change within UID_CACHE_SECONDS (a
 # deleted application's uid there answers 404, as the write refuses a deleted application).
+_REFERENCE = re.compile(r"[A-Za-z0-9_.:\-]{1,%d}" % APPLICATION_UID_LENGTH_MAX)  # an id or a uid, nothing else
 UID_CACHE_SECONDS = 5.0
 UID_CACHE_ENTRIES_MAX = 100_000
 _uid_cache: dict[tuple[uuid.UUID, str], tuple[uuid.UUID, float]] = {}  # (account, uid) -> (id, expires)
@@ -54,7 +56,10 @@ Uid = Annotated[str, msgspec.Meta(
     min_length=1, max_length=APPLICATION_UID_LENGTH_MAX, pattern=_UID_PATTERN,
     description="The account's own id for the application (its customer's id), unique among its live"
                 " applications; letters, digits and _ . : -, not shaped like a UUID.")]
-Metadata = Annotated[dict[str, str], msgspec.Meta(
+_NO_NUL = r"^[^\u0000]*$(?!\n)"  # PostgreSQL's jsonb holds no NUL character
+PATTERN_WORDS.setdefault(_NO_NUL, "must not contain a NUL character")
+MetadataText = Annotated[str, msgspec.Meta(max_length=1000, pattern=_NO_NUL)]
+Metadata = Annotated[dict[MetadataText, MetadataText], msgspec.Meta(
     max_length=METADATA_PAIRS_MAX,
     description=f"Names and values of the account's own, at most {METADATA_PAIRS_MAX} pairs and"
                 f" {APPLICATION_METADATA_BYTES_MAX} bytes as JSON.")]
@@ -140,7 +145,7 @@ async def _found(request: web.Request) -> tuple[ApiContext, uuid.UUID, store.App
     account_id = await ctx.account(request)
     reference = request.match_info["app"]
     application = None
-    if 1 <= len(reference) <= APPLICATION_UID_LENGTH_MAX:
+    if _REFERENCE.fullmatch(reference):
         application = await store.find(ctx.pool, account_id, reference)
     if application is None:
         raise not_found("application")
@@ -163,7 +168,7 @@ async def _send_target(ctx: ApiContext, account_id: uuid.UUID, reference: str) -
     if cached is not None and cached[1] > now:
         return cached[0]
     application = None
-    if 1 <= len(reference) <= APPLICATION_UID_LENGTH_MAX:
+    if _REFERENCE.fullmatch(reference):
         application = await store.find(ctx.pool, account_id, reference)
     if application is None:
         raise not_found("application")

@@ -5,6 +5,7 @@ that payloads of the type must pass (checked on every message create), and an ar
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -20,6 +21,14 @@ from delivery.api.validation import EventType, Query, decode, path_id
 from delivery.store import event_types as store
 
 routes = web.RouteTableDef()
+_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,256}")  # what an event type's name may be; any other path is a 404
+
+
+def _name(request: web.Request) -> str:
+    name = request.match_info["name"]
+    if not _NAME.fullmatch(name):
+        raise not_found("event type")
+    return name
 
 Description = Annotated[str, msgspec.Meta(max_length=EVENT_TYPE_DESCRIPTION_LENGTH_MAX, pattern=r"^[^\u0000]*$(?!\n)")]
 Schema = Annotated[dict[str, Any] | bool | None, msgspec.Meta(description=(
@@ -67,8 +76,11 @@ def _body(event_type: store.EventType) -> EventTypeBody:
 def _check_schema(schema: object) -> None:
     if schema is None:
         return
-    if len(json.dumps(schema).encode()) > EVENT_TYPE_SCHEMA_BYTES_MAX:
+    text = json.dumps(schema)
+    if len(text.encode()) > EVENT_TYPE_SCHEMA_BYTES_MAX:
         raise validation([FieldError("schema", f"must be at most {EVENT_TYPE_SCHEMA_BYTES_MAX} bytes as JSON")])
+    if "\\u0000" in text:  # PostgreSQL's jsonb holds no NUL character
+        raise validation([FieldError("schema", "must not contain a NUL character")])
     errors = event_catalog.schema_errors(schema)
     if errors:
         raise validation(errors, "the schema is not a JSON Schema (draft 2020-12)")
@@ -113,7 +125,7 @@ async def list_event_types(request: web.Request) -> web.Response:
 async def get_event_type(request: web.Request) -> web.Response:
     ctx = context(request)
     account_id = await ctx.account(request)
-    found = await store.get(ctx.pool, account_id, request.match_info["name"][:300])
+    found = await store.get(ctx.pool, account_id, _name(request))
     if found is None:
         raise not_found("event type")
     return responses.json(_body(found))
@@ -123,10 +135,11 @@ async def get_event_type(request: web.Request) -> web.Response:
 async def patch_event_type(request: web.Request) -> web.Response:
     ctx = context(request)
     account_id = await ctx.account(request)
+    name = _name(request)
     body = decode(await request.read(), EventTypePatch)
     changes = {name: value for name, value in msgspec.structs.asdict(body).items() if value is not msgspec.UNSET}
     _check_schema(changes.get("schema"))
-    updated = await store.update(ctx.pool, account_id, request.match_info["name"][:300], changes)
+    updated = await store.update(ctx.pool, account_id, name, changes)
     if updated is None:
         raise not_found("event type")
     event_catalog.forget(account_id)

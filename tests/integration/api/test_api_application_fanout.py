@@ -13,6 +13,7 @@ import pytest
 
 from billing import ids
 from billing import messages as billing_messages
+from billing.settle import DeadReason, settle
 
 APPLICATIONS = 40
 SENDS = 400
@@ -117,3 +118,22 @@ async def test_the_database_refuses_a_delivery_whose_endpoint_is_in_another_appl
         await api.pool.execute("UPDATE endpoints SET application_id = account_id WHERE id = $1", endpoints["b"])
     after = await api.counts()
     assert {**after, "accounts": 0, "api_keys": 0} == {**before, "accounts": 0, "api_keys": 0}
+
+
+async def test_a_replay_of_an_applications_delivery_stays_in_that_application(api):
+    """Replaying a dead delivery of an application's endpoint makes a message of that application
+    (the database would refuse one that crossed), charged to the account, to the same endpoint."""
+    account_id, headers = await api.account(balance=10)
+    assert (await api.client.post("/v1/applications", json={"name": "a", "uid": "a"}, headers=headers)).status == 201
+    endpoint = await (await api.client.post("/v1/applications/a/endpoints", json={"url": "https://example.com/h"},
+                                            headers=headers)).json()
+    sent = await (await api.client.post("/v1/applications/a/messages", json={"event_type": "a", "payload": {}},
+                                        headers=headers)).json()
+    (delivery,) = sent["deliveries"]
+    await settle(api.pool, uuid.UUID(delivery["id"]), DeadReason.ENDPOINT_DISABLED, attempt=0)
+    replayed = await api.client.post(f"/v1/deliveries/{delivery['id']}/replay", headers=headers)
+    assert replayed.status == 202, await replayed.text()
+    body = await replayed.json()
+    assert [d["endpoint_id"] for d in body["deliveries"]] == [endpoint["id"]]
+    application_id = await api.pool.fetchval("SELECT application_id FROM messages WHERE id = $1", uuid.UUID(body["id"]))
+    assert str(application_id) == endpoint["application_id"] != str(account_id)
