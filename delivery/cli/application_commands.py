@@ -122,12 +122,15 @@ def send(
     payload_json: Annotated[str, typer.Argument(metavar="PAYLOAD_JSON", show_default=False,
                                                 help="The payload as JSON, sent byte for byte; - reads stdin.")],
     idempotency_key: Annotated[Optional[str], typer.Option("--idempotency-key", metavar="KEY")] = None,
+    channel: Annotated[Optional[list[str]], typer.Option("--channel", "-c", metavar="CHANNEL",
+                                                         help="A channel of the message (repeat, at most 10).")] = None,
     api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False,
 ) -> None:
     """Send an event to this application's subscribed endpoints only; each delivery is charged to you."""
     payload = payload_of(payload_json)
     with api(api_url, api_key, as_json) as client:
-        message = client.applications.send(app, event_type, payload, idempotency_key=idempotency_key)
+        message = client.applications.send(app, event_type, payload, idempotency_key=idempotency_key,
+                                           channels=channel or None)
     emit(message, as_json, lambda console: console.print(
         f"message {message.id}: {len(message.deliveries)} deliveries, {message.total_charged} credits charged",
         markup=False, soft_wrap=True))

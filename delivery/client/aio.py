@@ -42,6 +42,7 @@ class AsyncClient:
         )
         self.endpoints = AsyncEndpoints(self)
         self.applications = AsyncApplications(self)
+        self.event_types = AsyncEventTypes(self)
         self.deliveries = AsyncDeliveries(self)
         self.accounts = AsyncAccounts(self)
         self.api_keys = AsyncApiKeys(self)
@@ -70,14 +71,15 @@ class AsyncClient:
             await self._sleep(delay)
             retry_number, waited = retry_number + 1, waited + delay
 
-    async def send(self, event_type: str, payload: Any, *, idempotency_key: str | None = None) -> models.Message:
+    async def send(self, event_type: str, payload: Any, *, idempotency_key: str | None = None,
+             channels: Sequence[str] | None = None) -> models.Message:
         """Send an event to every subscribed endpoint; each delivery is charged. Answers 202 at once.
 
         Without `idempotency_key` one is generated for this call and reused on its retries, so a
         retried send never charges twice. `payload` is any JSON value; pass `msgspec.Raw(b'...')`
         to send exact bytes.
         """
-        return await self._run(calls.send(event_type, payload, calls.key_or_new(idempotency_key)))
+        return await self._run(calls.send(event_type, payload, calls.key_or_new(idempotency_key), channels))
 
     async def balance(self) -> models.Balance:
         return await self._run(calls.balance())
@@ -281,10 +283,10 @@ class AsyncApplications(_AsyncResource):
         return await self._run(calls.delete_application(application))
 
     async def send(self, application: Id, event_type: str, payload: Any, *,
-             idempotency_key: str | None = None) -> models.Message:
+             idempotency_key: str | None = None, channels: Sequence[str] | None = None) -> models.Message:
         """Send an event to the application's subscribed endpoints only; each delivery is charged to the account."""
         return await self._run(calls.send_to_application(application, event_type, payload,
-                                                    calls.key_or_new(idempotency_key)))
+                                                    calls.key_or_new(idempotency_key), channels))
 
     async def create_endpoint(self, application: Id, url: str, *, description: str = "",
                         event_types: Sequence[str] | None = None, timeout_ms: int | None = None, enabled: bool = True,
@@ -300,3 +302,25 @@ class AsyncApplications(_AsyncResource):
               until: datetime | str | None = None) -> models.ApplicationUsage:
         """Its charges, refunds and reclaims in [since, until), from the account's ledger."""
         return await self._run(calls.application_usage(application, since, until))
+
+
+class AsyncEventTypes(_AsyncResource):
+    """The account's event catalog, by name."""
+
+    async def create(self, name: str, *, description: str = "", schema: dict[str, Any] | bool | None = None,
+               archived: bool = False) -> models.EventType:
+        """A new event type; with `schema` (a JSON Schema, draft 2020-12) every payload of it must pass."""
+        return await self._run(calls.create_event_type(name, description=description, schema=schema, archived=archived))
+
+    async def list(self, *, limit: int | None = None, cursor: str | None = None,
+             include_archived: bool = False) -> models.Page[models.EventType]:
+        return await self._run(calls.list_event_types(limit, cursor, include_archived))
+
+    async def get(self, name: str) -> models.EventType:
+        return await self._run(calls.get_event_type(name))
+
+    async def update(self, name: str, *, description: str = UNSET, schema: dict[str, Any] | bool | None = UNSET,
+               archived: bool = UNSET) -> models.EventType:
+        """Change its description, its schema (None: none) or archive it."""
+        return await self._run(calls.update_event_type(name, {"description": description, "schema": schema,
+                                                          "archived": archived}))

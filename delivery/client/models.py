@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -124,6 +124,18 @@ class ApplicationUsage(msgspec.Struct, frozen=True):
     reclaims: int
     reclaimed: int
     net: int  # credits paid: charged - refunded + reclaimed
+
+
+class EventType(msgspec.Struct, frozen=True):
+    """An entry of the account's event catalog; with a schema, every payload of the type must pass it."""
+
+    id: uuid.UUID
+    name: str
+    description: str
+    schema: dict[str, Any] | bool | None
+    archived: bool  # no new messages of it
+    created_at: datetime
+    updated_at: datetime
 
 
 class CreatedDelivery(msgspec.Struct, frozen=True):

@@ -42,6 +42,7 @@ class Client:
         )
         self.endpoints = Endpoints(self)
         self.applications = Applications(self)
+        self.event_types = EventTypes(self)
         self.deliveries = Deliveries(self)
         self.accounts = Accounts(self)
         self.api_keys = ApiKeys(self)
@@ -70,14 +71,15 @@ class Client:
             self._sleep(delay)
             retry_number, waited = retry_number + 1, waited + delay
 
-    def send(self, event_type: str, payload: Any, *, idempotency_key: str | None = None) -> models.Message:
+    def send(self, event_type: str, payload: Any, *, idempotency_key: str | None = None,
+             channels: Sequence[str] | None = None) -> models.Message:
         """Send an event to every subscribed endpoint; each delivery is charged. Answers 202 at once.
 
         Without `idempotency_key` one is generated for this call and reused on its retries, so a
         retried send never charges twice. `payload` is any JSON value; pass `msgspec.Raw(b'...')`
         to send exact bytes.
         """
-        return self._run(calls.send(event_type, payload, calls.key_or_new(idempotency_key)))
+        return self._run(calls.send(event_type, payload, calls.key_or_new(idempotency_key), channels))
 
     def balance(self) -> models.Balance:
         return self._run(calls.balance())
@@ -280,10 +282,10 @@ class Applications(_Resource):
         return self._run(calls.delete_application(application))
 
     def send(self, application: Id, event_type: str, payload: Any, *,
-             idempotency_key: str | None = None) -> models.Message:
+             idempotency_key: str | None = None, channels: Sequence[str] | None = None) -> models.Message:
         """Send an event to the application's subscribed endpoints only; each delivery is charged to the account."""
         return self._run(calls.send_to_application(application, event_type, payload,
-                                                    calls.key_or_new(idempotency_key)))
+                                                    calls.key_or_new(idempotency_key), channels))
 
     def create_endpoint(self, application: Id, url: str, *, description: str = "",
                         event_types: Sequence[str] | None = None, timeout_ms: int | None = None, enabled: bool = True,
@@ -299,3 +301,25 @@ class Applications(_Resource):
               until: datetime | str | None = None) -> models.ApplicationUsage:
         """Its charges, refunds and reclaims in [since, until), from the account's ledger."""
         return self._run(calls.application_usage(application, since, until))
+
+
+class EventTypes(_Resource):
+    """The account's event catalog, by name."""
+
+    def create(self, name: str, *, description: str = "", schema: dict[str, Any] | bool | None = None,
+               archived: bool = False) -> models.EventType:
+        """A new event type; with `schema` (a JSON Schema, draft 2020-12) every payload of it must pass."""
+        return self._run(calls.create_event_type(name, description=description, schema=schema, archived=archived))
+
+    def list(self, *, limit: int | None = None, cursor: str | None = None,
+             include_archived: bool = False) -> models.Page[models.EventType]:
+        return self._run(calls.list_event_types(limit, cursor, include_archived))
+
+    def get(self, name: str) -> models.EventType:
+        return self._run(calls.get_event_type(name))
+
+    def update(self, name: str, *, description: str = UNSET, schema: dict[str, Any] | bool | None = UNSET,
+               archived: bool = UNSET) -> models.EventType:
+        """Change its description, its schema (None: none) or archive it."""
+        return self._run(calls.update_event_type(name, {"description": description, "schema": schema,
+                                                          "archived": archived}))

@@ -47,3 +47,25 @@ def test_refusals_have_their_exit_codes(cli):
     default = cli("applications", "delete", cli("applications", "list", "--json", key=key).stdout and
                   json.loads(cli("applications", "list", "--json", key=key).stdout)["data"][0]["id"], key=key)
     assert default.exit_code == 1 and "409" in default.stderr
+
+
+def test_event_types_and_channels(cli):
+    """The catalog through the CLI: create with a schema, list, show, a send refused by the schema
+    (exit 1 naming the path), archive; a send to an application with channels."""
+    _, key = cli.account(balance=100, price=1)
+    created = _json(cli("event-types", "create", "invoice.paid", "--description", "Paid",
+                        "--schema", '{"type": "object", "required": ["amount"]}', "--json", key=key))
+    assert created["schema"] == {"type": "object", "required": ["amount"]}
+    assert "invoice.paid" in cli("event-types", "list", key=key).stdout
+    refused = cli("send", "invoice.paid", "{}", key=key)
+    assert refused.exit_code == 1 and "payload" in refused.stderr
+    assert cli("event-types", "create", "bad", "--schema", "{not json", key=key).exit_code == 2
+    bad = cli("event-types", "create", "bad", "--schema", '{"type": "nonsense"}', key=key)
+    assert bad.exit_code == 1 and "schema.type" in bad.stderr
+    archived = _json(cli("event-types", "update", "invoice.paid", "--archive", "--no-schema", "--json", key=key))
+    assert archived["archived"] is True and archived["schema"] is None
+    assert _json(cli("event-types", "list", "--json", key=key))["data"] == []
+    _json(cli("applications", "create", "A", "--uid", "a", "--json", key=key))
+    _json(cli("applications", "add-endpoint", "a", "https://example.com/a", "--json", key=key))
+    sent = _json(cli("applications", "send", "a", "user.created", "{}", "-c", "eu", "--json", key=key))
+    assert len(sent["deliveries"]) == 1

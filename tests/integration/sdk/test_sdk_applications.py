@@ -7,7 +7,15 @@ import asyncio
 
 import pytest
 
-from delivery.client import Application, ApplicationUsage, Client, ConflictError, NotFoundError, ValidationError
+from delivery.client import (
+    Application,
+    ApplicationUsage,
+    Client,
+    ConflictError,
+    EventType,
+    NotFoundError,
+    ValidationError,
+)
 
 
 async def test_applications_through_the_async_client(sdk, account):
@@ -58,3 +66,22 @@ async def test_applications_through_the_blocking_client(base_url, account):
 
     app, uids, message, usage = await asyncio.to_thread(use)
     assert uids == [None, "b-1"] and len(message.deliveries) == 1 and usage.charges == 1 and app.uid == "b-1"
+
+
+async def test_event_catalog_and_channels_through_the_async_client(sdk):
+    """Event types (create, page, read, update, archive) and a send with channels, typed; a payload
+    failing its type's schema raises ValidationError naming the path."""
+    created = await sdk.event_types.create("invoice.paid", description="Paid",
+                                           schema={"type": "object", "required": ["amount"]})
+    assert isinstance(created, EventType) and created.schema == {"type": "object", "required": ["amount"]}
+    assert [e.name for e in (await sdk.event_types.list()).data] == ["invoice.paid"]
+    with pytest.raises(ValidationError) as refused:
+        await sdk.send("invoice.paid", {"n": 1})
+    assert [error.field for error in refused.value.errors] == ["payload"]
+    updated = await sdk.event_types.update("invoice.paid", schema=None, description="Paid in full")
+    assert (updated.schema, updated.description) == (None, "Paid in full")
+    assert (await sdk.event_types.update("invoice.paid", archived=True)).archived
+    assert (await sdk.event_types.list()).data == () and len((await sdk.event_types.list(include_archived=True)).data) == 1
+    unfiltered = await sdk.endpoints.create("https://example.com/all")
+    message = await sdk.send("user.created", {}, channels=["us"])
+    assert [d.endpoint_id for d in message.deliveries] == [unfiltered.id]
