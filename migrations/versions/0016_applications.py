@@ -13,8 +13,10 @@ per account. endpoints.event_type_prefixes holds the prefixes of an endpoint's w
 subscriptions ("invoice.*"), generated from event_types by event_type_prefixes(). Messages may
 carry up to 10 channels, and an endpoint may take only messages of some channels.
 
-The downgrade refuses while any account has an application besides its default: merging their
-endpoints into one set per account would send every message to all of them.
+The downgrade refuses while any account has an application besides its default (merging their
+endpoints into one set per account would send every message to all of them), or while an
+endpoint has a wildcard subscription or channels (it would receive other messages than now).
+It drops the event catalog and messages' channels.
 
 Revision ID: 0016
 Revises: 0013
@@ -109,7 +111,10 @@ def downgrade() -> None:
     op.execute(
         "DO $$ BEGIN IF EXISTS (SELECT FROM applications WHERE id <> account_id) THEN"
         " RAISE EXCEPTION 'applications other than the accounts'' defaults exist: downgrading would merge their"
-        " endpoints into one set per account'; END IF; END $$"
+        " endpoints into one set per account'; END IF;"
+        " IF EXISTS (SELECT FROM endpoints WHERE event_type_prefixes IS NOT NULL OR channels IS NOT NULL) THEN"
+        " RAISE EXCEPTION 'endpoints with wildcard subscriptions or channels exist: downgraded, they would"
+        " receive other messages than now'; END IF; END $$"
     )
     op.drop_constraint("ck_messages_channels_count", "messages", type_="check")
     op.drop_column("messages", "channels")

@@ -63,7 +63,8 @@ async def test_upgrade_moves_everything_to_a_default_application_and_downgrades(
     """Upgrade from 0013 with data: nothing lost or changed, every row in its account's default
     application, the audit clean, an old key still replays its message, a new account (even one
     inserted by hand) gets its default application. Downgrading gives back the rows as they were;
-    with another application present the downgrade refuses and changes nothing."""
+    with another application, or an endpoint subscribed to a wildcard, the downgrade refuses and
+    changes nothing."""
     await migrate.downgrade_async(database_url, "0013")
     connection = await asyncpg.connect(database_url)
     try:
@@ -104,8 +105,19 @@ async def test_upgrade_moves_everything_to_a_default_application_and_downgrades(
         await connection.close()
 
     await migrate.upgrade_async(database_url)
+    # An endpoint subscribed to a wildcard would receive other messages once downgraded: refused.
     connection = await asyncpg.connect(database_url)
     try:
+        endpoint_id = before["endpoints"][0][0]
+        await connection.execute("UPDATE endpoints SET event_types = '{invoice.*}' WHERE id = $1", endpoint_id)
+    finally:
+        await connection.close()
+    with pytest.raises(Exception, match="wildcard subscriptions or channels"):
+        await migrate.downgrade_async(database_url, "0013")
+    # So does any application besides the defaults (its rows are kept for good: messages point at them).
+    connection = await asyncpg.connect(database_url)
+    try:
+        await connection.execute("UPDATE endpoints SET event_types = NULL WHERE id = $1", endpoint_id)
         await connection.execute("INSERT INTO applications (id, account_id, name) VALUES ($1, $2, 'customer')",
                                  uuid.uuid4(), before["accounts"][0][0])
         kept = await _snapshot(connection)
