@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from billing import ids
 from billing.database import Executor, transaction
 from billing.errors import AccountNotClosable, AccountNotFound, BulkSettleMismatch
+from billing.settle import CREDITS_MOVED
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ async def bulk_settle(executor: Executor, account_id: uuid.UUID) -> BulkSettled:
                 f" marked dead {result.marked_dead}; nothing was settled",
                 mismatches=[],
             )
+    CREDITS_MOVED["refunded"] += result.refunded_amount or 0
     return result
 
 

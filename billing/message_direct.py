@@ -67,9 +67,15 @@ class DirectBatch:
             *self._keys(),
             self.delivery_bases,
             self.attempts_max,
+            self._trace_contexts(),
             [request.application_id or request.account_id for request in requests],
             self._channels(),
         )
+
+    def _trace_contexts(self) -> list | None:
+        """The messages' trace contexts, or NULL for a batch with none (every batch while tracing is off)."""
+        contexts = [request.trace_context for request in self.requests]
+        return contexts if any(contexts) else None
 
     def _channels(self) -> list | None:
         """Each request's channels, joined, or one NULL for a batch without any (most)."""
@@ -113,9 +119,10 @@ def _deliveries_made(position: str) -> str:
 
 # $1 to $7: per request, its message id, account, event type, payload, idempotency key, request
 # hash (keyed requests only; both arrays NULL when no request of the batch is keyed) and the base
-# of its deliveries' ids; $8 attempts_max; $9 per request, its application (the account's id for
-# its default application); $10 per request, its channels joined by CHANNEL_SEPARATOR (NULL:
-# none; the whole array NULL when no request of the batch has any).
+# of its deliveries' ids; $8 attempts_max; $9 each message's trace context (NULL while tracing is off);
+# $10 per request, its application (the account's id for its default application); $11 per
+# request, its channels joined by CHANNEL_SEPARATOR (NULL: none; the whole array NULL when no
+# request of the batch has any).
 #
 # The endpoint probe is LATERAL with OFFSET 0, one index probe per request whatever the
 # statistics say, as in the planned read. The key check is a scalar subquery per keyed request,
@@ -126,8 +133,8 @@ DIRECT_WRITE = (
     "WITH request AS ("
     "   SELECT r.*, string_to_array(r.joined_channels, '" + CHANNEL_SEPARATOR + "') AS channels"
     "   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[], $7::uuid[],"
-    "     $9::uuid[], $10::text[]) WITH ORDINALITY AS r(message_id, account_id, event_type, payload, idempotency_key,"
-    "       request_hash, delivery_base, application_id, joined_channels, position)),"
+    "     $9::text[], $10::uuid[], $11::text[]) WITH ORDINALITY AS r(message_id, account_id, event_type, payload,"
+    "       idempotency_key, request_hash, delivery_base, trace_context, application_id, joined_channels, position)),"
     " fan_out AS ("
     "   SELECT r.account_id, r.message_id, r.delivery_base, e.id AS endpoint_id,"
     "     row_number() OVER (PARTITION BY r.message_id ORDER BY e.id) AS number"
@@ -158,9 +165,10 @@ DIRECT_WRITE = (
     "   UPDATE accounts a SET balance = a.balance - l.total FROM locked l"
     "   WHERE (SELECT ok FROM ok) AND a.id = l.id AND l.total <> 0),"
     " message_rows AS ("
-    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, application_id,"
-    "     channels)"
-    "   SELECT message_id, account_id, event_type, payload, idempotency_key, request_hash, application_id, channels"
+    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, trace_context,"
+    "     application_id, channels)"
+    "   SELECT message_id, account_id, event_type, payload, idempotency_key, request_hash, trace_context,"
+    "     application_id, channels"
     "   FROM request"
     "   WHERE (SELECT ok FROM ok)),"
     " delivery_rows AS ("

@@ -50,6 +50,10 @@ class MessageRequest:
     # Up to MESSAGE_CHANNELS_MAX channels: only endpoints that filter on no channel, or on one of
     # these, receive it. None: no channels.
     channels: tuple[str, ...] | None = None
+    # The W3C traceparent of the request's span (delivery.tracing), kept with the message so that
+    # every attempt of its deliveries joins that trace; None when tracing is off. Not part of what
+    # was asked: the request hash leaves it out.
+    trace_context: str | None = None
 
     @property
     def application(self) -> uuid.UUID | None:
@@ -129,6 +133,7 @@ class Plan:
         self.message_channels: list[str | None] = []  # beside each message: its channels, joined
         self.deliveries: list[tuple] = []
         self.replay_of: list[uuid.UUID | None] = []  # beside each delivery: the delivery it replays, if any
+        self.trace_contexts: list[str | None] = []  # beside each message: its trace context, if any
 
     @classmethod
     async def load(cls, connection, requests: list[MessageRequest], *, lock: bool = True) -> Plan:
@@ -231,6 +236,7 @@ class Plan:
             (message_id, request.account_id, request.event_type, request.payload,
              request.idempotency_key, request.request_hash() if request.idempotency_key else None)
         )
+        self.trace_contexts.append(request.trace_context)
         created = []
         for endpoint_id, delivery_id in zip(subscribed, delivery_ids, strict=True):
             self.deliveries.append((delivery_id, request.account_id, message_id, endpoint_id, price, attempts_max))
@@ -245,6 +251,11 @@ class Plan:
         message of the batch goes to any endpoint)."""
         return [*zip(*self.messages), *(list(zip(*self.deliveries)) or [[]] * 6)]
 
+    def _traces(self) -> list | None:
+        """The messages' trace contexts, last of the write's parameters: a NULL array (no element
+        encoded; unnest pads it with NULLs) when no message of the batch has one."""
+        return self.trace_contexts if any(self.trace_contexts) else None
+
     def _replays(self) -> bool:
         """Whether a delivery of the batch replays one: then the write carries the replay_of column."""
         return any(replayed is not None for replayed in self.replay_of)
@@ -257,10 +268,10 @@ class Plan:
                    if balance != self.accounts[account_id]["balance"]]
         balances = list(zip(*changed)) or [[], []]
         if self._replays():
-            await connection.execute(WRITE_BATCH_REPLAYS, *self._rows(), *balances, self.replay_of,
+            await connection.execute(WRITE_BATCH_REPLAYS, *self._rows(), *balances, self.replay_of, self._traces(),
                                      self.message_applications, self.message_channels)
         else:
-            await connection.execute(WRITE_BATCH, *self._rows(), *balances, self.message_applications,
+            await connection.execute(WRITE_BATCH, *self._rows(), *balances, self._traces(), self.message_applications,
                                      self.message_channels)
 
     async def write_gated(self, connection) -> bool:
@@ -272,7 +283,7 @@ class Plan:
             GATED_WRITE_REPLAYS if replays else GATED_WRITE, *self._rows(), accounts,
             [self.accounts[account_id]["balance"] - self.balances[account_id] for account_id in accounts],
             [self.accounts[account_id]["price_per_delivery"] for account_id in accounts],
-            *([self.replay_of] if replays else []),
+            *([self.replay_of] if replays else []), self._traces(),
             self.message_applications, self.message_channels,
         )
 
@@ -313,17 +324,19 @@ READ_ACCOUNTS_ENDPOINTS = _READ_ACCOUNTS_ENDPOINTS.format(marker="statement_time
 
 # The batch's rows: its messages, its deliveries, and one charge per delivery, its id derived
 # from the delivery id (invariant I1), written in the same statement as the delivery. {only}
-# limits the inserts (the unlocked write's "ok"); $1 to $12 the columns. {deliveries}: the
-# deliveries' rows (below), with, for a batch that replays a delivery, their replay_of and webhook_id.
+# limits the inserts (the unlocked write's "ok"); $1 to $12 the columns, ${trace} the messages' trace
+# contexts. {deliveries}: the deliveries' rows (below), with, for a batch that replays a delivery,
+# their replay_of and webhook_id.
 _INSERT_BATCH = (
     " message_rows AS ("
-    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, application_id,"
-    "     channels)"
-    "   SELECT m.id, m.account_id, m.event_type, m.payload, m.idempotency_key, m.request_hash, m.application_id,"
-    "     string_to_array(m.channels, '" + CHANNEL_SEPARATOR + "')"
+    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, trace_context,"
+    "     application_id, channels)"
+    "   SELECT m.id, m.account_id, m.event_type, m.payload, m.idempotency_key, m.request_hash, m.trace_context,"
+    "     m.application_id, string_to_array(m.channels, '" + CHANNEL_SEPARATOR + "')"
     "   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[],"
-    "     ${application}::uuid[], ${channels}::text[])"
-    "     AS m(id, account_id, event_type, payload, idempotency_key, request_hash, application_id, channels){only}),"
+    "     ${trace}::text[], ${application}::uuid[], ${channels}::text[])"
+    "     AS m(id, account_id, event_type, payload, idempotency_key, request_hash, trace_context, application_id,"
+    "       channels){only}),"
     " delivery_rows AS ("
     "   INSERT INTO deliveries {deliveries}{only}"
     "   RETURNING id, account_id, price),"
@@ -351,18 +364,19 @@ _REPLAY_DELIVERIES = (
 )
 
 
-def _insert_batch(only: str, replay_of: int | None, application: int) -> str:
+def _insert_batch(only: str, replay_of: int | None, trace: int) -> str:
     """The inserts; with `replay_of`, the number of the parameter that carries each delivery's
-    replay_of; `application`, that of the messages' applications, and the one after it their
-    channels (each statement's last two)."""
+    replay_of; `trace`, that of the messages' trace contexts, and the two after it their
+    applications and their channels (each statement's last three)."""
     deliveries = _DELIVERIES if replay_of is None else _REPLAY_DELIVERIES.format(replay_of=replay_of)
-    return _INSERT_BATCH.format(only=only, deliveries=deliveries, application=application, channels=application + 1)
+    return _INSERT_BATCH.format(only=only, deliveries=deliveries, trace=trace, application=trace + 1,
+                                channels=trace + 2)
 
 
 # The locked write: the rows, and the balances the plan computed ($13, $14), in one statement.
 def _write_batch(replay_of: int | None) -> str:
     return (
-        "WITH" + _insert_batch("", replay_of, 15 if replay_of is None else 16) +
+        "WITH" + _insert_batch("", replay_of, 15 if replay_of is None else replay_of + 1) +
         " UPDATE accounts SET balance = t.balance FROM unnest($13::uuid[], $14::bigint[]) AS t(id, balance)"
         " WHERE accounts.id = t.id"
     )
@@ -385,7 +399,7 @@ def _gated_write(replay_of: int | None) -> str:
         " gate AS ("
         "   UPDATE accounts a SET balance = a.balance - t.total"
         "   FROM unnest($13::uuid[], $14::bigint[]) AS t(id, total), ok WHERE ok.ok AND a.id = t.id),"
-        + _insert_batch(" WHERE (SELECT ok FROM ok)", replay_of, 16 if replay_of is None else 17) +
+        + _insert_batch(" WHERE (SELECT ok FROM ok)", replay_of, 16 if replay_of is None else replay_of + 1) +
         " SELECT ok FROM ok"
     )
 
@@ -394,8 +408,8 @@ def _gated_write(replay_of: int | None) -> str:
 # sends the plain statement: its deliveries' replay_of and webhook_id are NULL, which costs
 # nothing to write (the row has a null bitmap anyway) and nothing to send. A batch with a replay
 # in it sends one more uuid array ($15, $16): each delivery's replay_of, NULL where it replays
-# none; the statement reads each replayed delivery's webhook-id itself. Last, in every one: each
-# message's application.
+# none; the statement reads each replayed delivery's webhook-id itself. Last come the messages'
+# trace contexts (a NULL array while tracing is off), applications and channels.
 WRITE_BATCH = _write_batch(None)
 WRITE_BATCH_REPLAYS = _write_batch(15)
 GATED_WRITE = _gated_write(None)

@@ -47,7 +47,7 @@ from billing.database import (
 from billing.errors import BillingError, InvalidInput
 from billing.message_direct import DIRECT_READ_BACK, DIRECT_WRITE, DirectBatch
 from billing.message_plan import CreatedDelivery, MessageCreated, MessageRequest, Plan
-from billing.tables import CHANNEL_LENGTH_MAX, MESSAGE_CHANNELS_MAX
+from billing.tables import CHANNEL_LENGTH_MAX, MESSAGE_CHANNELS_MAX, TRACE_CONTEXT_LENGTH_MAX
 
 __all__ = [
     "BATCH_REQUESTS_MAX", "EVENT_TYPE_LENGTH_MAX", "IDEMPOTENCY_KEY_LENGTH_MAX", "OUTCOME_WAIT_SECONDS",
@@ -138,6 +138,9 @@ def validate(request: MessageRequest) -> None:
             raise InvalidInput(f"channels must be distinct, of 1 to {CHANNEL_LENGTH_MAX} letters, digits and _ . : -")
     if request.application_id is not None and not isinstance(request.application_id, uuid.UUID):
         raise InvalidInput("application_id must be the UUID of an application of the account")
+    context = request.trace_context
+    if context is not None and (not isinstance(context, str) or not 1 <= len(context) <= TRACE_CONTEXT_LENGTH_MAX):
+        raise InvalidInput(f"trace_context must be 1 to {TRACE_CONTEXT_LENGTH_MAX} characters")
     if request.replay_of is not None and not isinstance(request.replay_of, uuid.UUID):
         raise InvalidInput("replay_of must be the UUID of the delivery replayed")
 

@@ -19,12 +19,18 @@ rolls back: a stuck delivery beats a made-up refund, and the audit reports stuck
 
 from __future__ import annotations
 
+import collections
 import enum
 import uuid
 from dataclasses import dataclass
 
 from billing.database import Executor, transaction
 from billing.errors import DeliveryNotFound, InvalidInput, LedgerMismatch
+
+# Credits moved by this process since it started, by kind: "refunded" (settle and the bulk settle of
+# billing.closeout) and "reclaimed", counted once the write's own transaction (or savepoint) is
+# done. Plain counters: billing never imports delivery, whose metrics read them at each scrape.
+CREDITS_MOVED: collections.Counter[str] = collections.Counter()
 
 
 class DeadReason(enum.StrEnum):
@@ -119,6 +125,7 @@ async def settle(
         refunded = await connection.fetchval(_MARK_DEAD_AND_REFUND, delivery_id, str(reason))
     if refunded is None:
         return Settled(delivery_id, Outcome.ALREADY_SETTLED, 0)
+    CREDITS_MOVED["refunded"] += refunded
     return Settled(delivery_id, Outcome.REFUNDED, refunded, reason)
 
 
@@ -145,6 +152,7 @@ async def reclaim(executor: Executor, delivery_id: uuid.UUID) -> Settled:
         amount = await connection.fetchval(_RECLAIM, delivery_id, delivery["account_id"], delivery["price"])
     if amount is None:
         return Settled(delivery_id, Outcome.NOT_RECLAIMED, 0)
+    CREDITS_MOVED["reclaimed"] += -amount
     return Settled(delivery_id, Outcome.RECLAIMED, amount)
 
 

@@ -61,6 +61,9 @@ def _in(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({quoted})"
 
 
+TRACE_CONTEXT_LENGTH_MAX = 128  # a traceparent is 55 characters; a later version may be longer
+
+
 def _length(column: str, low: int, high: int) -> str:
     return f"char_length({column}) BETWEEN {low} AND {high}"
 
@@ -246,6 +249,9 @@ messages = sa.Table(
     # "account_deletion". What was erased is not kept.
     sa.Column("payload_erased_at", sa.DateTime(timezone=True)),
     sa.Column("payload_erased_by", sa.Text),
+    # The W3C traceparent of the request that created it, when tracing is on (delivery.tracing):
+    # each attempt of its deliveries joins that trace (0017).
+    sa.Column("trace_context", sa.Text),
     # The application it was sent to (0016), of the same account (checked by billing.references);
     # its deliveries go only to that application's endpoints.
     sa.Column("application_id", pg.UUID(as_uuid=True), nullable=False),
@@ -254,6 +260,8 @@ messages = sa.Table(
     sa.Column("channels", pg.ARRAY(sa.Text)),
     sa.CheckConstraint(f"cardinality(channels) BETWEEN 1 AND {MESSAGE_CHANNELS_MAX}", name="channels_count"),
     sa.CheckConstraint(_length("event_type", 1, 256), name="event_type_length"),
+    sa.CheckConstraint("trace_context IS NULL OR " + _length("trace_context", 1, TRACE_CONTEXT_LENGTH_MAX),
+                       name="trace_context_length"),
     sa.CheckConstraint(
         "payload_erased_by IS NULL OR " + _length("payload_erased_by", 1, ERASED_BY_LENGTH_MAX),
         name="payload_erased_by_length",

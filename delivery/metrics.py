@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from billing import messages
+from billing import messages, settle
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -123,6 +123,77 @@ class _CreateWrites(Collector):
 
 REGISTRY.register(_CreateWrites())
 
+CREDITS_CHARGED = Counter(
+    "hookledger_credits_charged",
+    "Credits charged for the deliveries of the messages the API accepted (rate(): credits per second).",
+    registry=REGISTRY,
+)
+
+
+class _CreditsMoved(Collector):
+    """Credits refunded or reclaimed by this process (billing.settle.CREDITS_MOVED), read at each
+    scrape: billing keeps plain counters. Worker-side: the workers share it (WORKER_SUMMED)."""
+
+    def __init__(self, kind: str, documentation: str) -> None:
+        self._kind = kind
+        self._name = f"hookledger_credits_{kind}"
+        self._documentation = documentation
+
+    def describe(self):
+        return [CounterMetricFamily(self._name, self._documentation)]
+
+    def collect(self):
+        yield CounterMetricFamily(self._name, self._documentation, value=settle.CREDITS_MOVED[self._kind])
+
+
+CREDITS_REFUNDED = _CreditsMoved(
+    "refunded", "Credits refunded to accounts by deliveries that died (settle, and account deletions' bulk settle).")
+CREDITS_RECLAIMED = _CreditsMoved(
+    "reclaimed", "Credits taken back from refunds by deliveries whose late 2xx arrived after they died.")
+REGISTRY.register(CREDITS_REFUNDED)
+REGISTRY.register(CREDITS_RECLAIMED)
+
+_WORKER_STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+CLAIM_TO_SEND = Histogram(
+    "hookledger_worker_claim_to_send_seconds",
+    "Seconds from a delivery's claim to its request leaving (the pre-send check, signing, and waiting for"
+    " its endpoint's turn).",
+    buckets=_WORKER_STEP_BUCKETS,
+    registry=REGISTRY,
+)
+ANSWER_TO_RECORD = Histogram(
+    "hookledger_worker_answer_to_record_seconds",
+    "Seconds from a receiver's answer (or the send's error) to its result's write committing.",
+    buckets=_WORKER_STEP_BUCKETS,
+    registry=REGISTRY,
+)
+
+# The N endpoints that are furthest behind, read from PostgreSQL at scrape time: per-endpoint
+# series for these only, so the number of series stays bounded however many endpoints there are.
+WORST_ENDPOINTS_MAX = 10
+ENDPOINT_OLDEST_DUE_AGE = Gauge(
+    "hookledger_endpoint_oldest_due_delivery_age_seconds",
+    f"How long the oldest due delivery of each of the {WORST_ENDPOINTS_MAX} endpoints furthest behind has"
+    " been due, read from PostgreSQL at scrape time (the others have no series).",
+    ["endpoint"],
+    registry=REGISTRY,
+)
+ENDPOINT_RETRYING = Gauge(
+    "hookledger_endpoint_retrying_deliveries",
+    f"Pending deliveries that failed at least once, for each of the {WORST_ENDPOINTS_MAX} endpoints with the"
+    " most, read from PostgreSQL at scrape time (the others have no series).",
+    ["endpoint"],
+    registry=REGISTRY,
+)
+
+
+def set_worst_endpoints(gauge: Gauge, rows) -> None:
+    """Replace a per-endpoint gauge's series with these (endpoint id, value) rows."""
+    gauge.clear()
+    for endpoint_id, value in rows:
+        gauge.labels(str(endpoint_id)).set(value)
+
+
 API_REQUESTS = Counter(
     "hookledger_api_requests_total",
     "API requests by route template and status code.",
@@ -181,7 +252,8 @@ REDIS_REACHABLE = Gauge(
 # Counted in the worker processes only. The API publishes them as the workers share them through
 # Redis (delivery.engine.metrics_share): the counters and the histogram summed over the live workers, the
 # gauges summarized; never its own copies, which would be zeros.
-WORKER_SUMMED = (DELIVERIES, ATTEMPTS, DELIVERY_LATENCY, REFUNDS)
+WORKER_SUMMED = (DELIVERIES, ATTEMPTS, DELIVERY_LATENCY, REFUNDS, CREDITS_REFUNDED, CREDITS_RECLAIMED, CLAIM_TO_SEND,
+                 ANSWER_TO_RECORD)
 WORKER_GAUGES = (REDIS_REACHABLE, AUDIT_VIOLATIONS, AUDIT_NOTICES, AUDIT_LAST_RUN, RETENTION_BACKLOG, RETENTION_ERASED)
 
 
@@ -201,9 +273,13 @@ def count_results(results, summary) -> None:
     # Counted first and added once per label: labels() takes a lock and builds a key each call,
     # which at a few thousand results a second showed in the worker's profile.
     by_class: dict[str, int] = {}
+    recorded_at = time.monotonic()
+    observe_record = ANSWER_TO_RECORD.observe
     for result in results:
         label = status_class(result.status_code)
         by_class[label] = by_class.get(label, 0) + 1
+        if result.answered_at is not None:
+            observe_record(max(0.0, recorded_at - result.answered_at))
     for label, count in by_class.items():
         ATTEMPTS.labels(label).inc(count)
     delivered = [*summary.delivered, *summary.reclaimed]

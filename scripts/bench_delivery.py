@@ -16,6 +16,13 @@ the end) and a dedicated Redis database number (flushed before and after):
 4. naive: one arq job per delivery, one transaction per step (claim, load, record each its own),
    a new ClientSession per send (`--naive-worker`, a subprocess), on a smaller N.
 
+With `--tracing off,1%,100%` it measures the cost of tracing instead: for each mode, in the order
+given and then reversed (so a drift of the shared machine's speed falls on every mode alike), a
+drain of --deliveries by one worker, with tracing off, or on and exporting over OTLP/HTTP to a
+loopback collector that discards (scripts/otlp_sink.py); that share of the messages carries a
+sampled trace context, as the API stores one for the requests it samples. It prints each mode's
+rate and the worker's CPU per 1,000 deliveries as ratios of the first mode's.
+
 Every engine feature stays on: encrypted secrets and signing, fencing, the pre-send check, the
 batched record, the SSRF guard (loopback allowed by HOOKLEDGER_DEV=1). The receiver is its own
 process (`--serve-receiver`); it counts requests, records each webhook-id's arrival time and
@@ -28,6 +35,7 @@ CPU PostgreSQL and Redis spent leaves room for.
 
     .venv/bin/python scripts/bench_delivery.py [--deliveries 20000] [--naive-deliveries 2000]
         [--workers 1,2] [--endpoints 24] [--rate 500] [--seconds 10] [--body-bytes 512] [--event-loop auto]
+        [--tracing off,1%,100%]
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import asyncio
 import base64
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -61,6 +70,7 @@ from delivery.engine.results import AttemptResult, record_results
 from delivery.engine.sender import SESSION_HEADERS, Sender, SendRequest
 from delivery.store.signer_cache import SignerCache, endpoint_secret_context
 import cpu_shares  # scripts/, beside this file
+import otlp_sink  # scripts/, beside this file
 from bench_ingest import free_port, stop_servers, wait_ready  # scripts/, beside this file
 from scratch_database import add_redis_db_argument, scratch_database, scratch_redis  # scripts/, beside this file
 from signing import Keyring, encrypt_secret, format_keyring, generate_at_rest_key, generate_secret, parse_keyring, verify
@@ -195,7 +205,7 @@ class Bench:
         self.receiver_pid = 0
 
     def environment(self) -> dict[str, str]:
-        return {**os.environ, "DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url, "HOOKLEDGER_DEV": "1",
+        return {**otlp_sink.without_tracing(dict(os.environ)), "DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url, "HOOKLEDGER_DEV": "1",
                 "HOOKLEDGER_SECRET_KEYS": format_keyring(self.keyring), "PYTHONUNBUFFERED": "1",
                 "HOOKLEDGER_EVENT_LOOP": self.arguments.event_loop}
 
@@ -229,12 +239,14 @@ class Bench:
         await self.redis.aclose()
         await self.pool.close()
 
-    async def create(self, count: int) -> list[uuid.UUID]:
-        """Create count deliveries (fan-out 1, endpoints in turn); ids in creation order."""
+    async def create(self, count: int, traced_share: float = 0.0) -> list[uuid.UUID]:
+        """Create count deliveries (fan-out 1, endpoints in turn); ids in creation order. That share
+        of the messages carries a sampled W3C trace context, as the API stores for a sampled request."""
         made: list[uuid.UUID] = []
         while len(made) < count:
             batch = min(CREATE_BATCH_MAX, count - len(made))
-            requests = [MessageRequest(self.account_id, f"bench.{(self.created + n) % self.arguments.endpoints}", self.body)
+            requests = [MessageRequest(self.account_id, f"bench.{(self.created + n) % self.arguments.endpoints}", self.body,
+                                       trace_context=_trace_context() if random.random() < traced_share else None)
                         for n in range(batch)]
             self.created += batch
             results = await create_messages(self.pool, requests, attempts_max=8)
@@ -301,13 +313,16 @@ class Bench:
         stats = await self.wait_for_arrivals(count, 10)
         return {**_rates(stats, count, started), "cpu_ms_per_1000": shares["bench"], "cpu_shares": shares}
 
-    async def drain(self, count: int, workers: int) -> dict:
+    async def drain(self, count: int, workers: int, tracing: dict[str, str] | None = None,
+                    traced_share: float = 0.0) -> dict:
+        """Create count deliveries, then start the workers (with `tracing`, the OTEL_* environment
+        that turns tracing on) and time them from the first arrival to the last."""
         await self.reset_receiver(VERIFIED_PER_PHASE)
-        delivery_ids = await self.create(count)
+        delivery_ids = await self.create(count, traced_share)
         await self.steady_state()
         await self.queue.wake(delivery_ids)  # what the API does right after the commit
         started = time.time()
-        processes = [self.start(command="worker") for _ in range(workers)]
+        processes = [self.start(command="worker", environment=tracing) for _ in range(workers)]
         try:
             stats = await self.wait_for_arrivals(count, processes=processes)
         finally:
@@ -413,6 +428,41 @@ class Bench:
                 "verified": stats["verified"], "invalid": stats["invalid"]}
 
 
+def _trace_context() -> str:
+    """A sampled W3C traceparent of a trace of its own."""
+    return f"00-{random.getrandbits(128):032x}-{random.getrandbits(64) or 1:016x}-01"
+
+
+async def measure_tracing(bench: Bench, arguments) -> dict:
+    """The cost of tracing: a drain by one worker per mode, the modes in order and then reversed."""
+    modes = arguments.tracing
+    sink = subprocess.Popen([sys.executable, str(Path(__file__).with_name("otlp_sink.py"))], stdout=subprocess.PIPE)
+    try:
+        port = int(sink.stdout.readline())
+        runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+        for mode in [*modes, *reversed(modes)]:
+            share = otlp_sink.ratio(mode)
+            drain = await bench.drain(arguments.deliveries, 1, otlp_sink.environment(mode, port), share or 0.0)
+            runs[mode].append(drain)
+            print(f"  tracing {mode:5}  {drain['rate']:7.0f} deliveries/s  worker CPU {drain['cpu_ms_per_1000']:.0f} ms"
+                  f" per 1,000  delivered {drain['delivered']}/{drain['arrived']}", flush=True)
+    finally:
+        stop_servers([sink])
+    base = runs[modes[0]]
+    base_rate = statistics.mean(run["rate"] for run in base)
+    base_cpu = statistics.mean(run["cpu_ms_per_1000"] for run in base)
+    ratios = []
+    print(f"the cost of tracing, a drain of {arguments.deliveries} deliveries by one worker, each mode twice:")
+    for mode in modes:
+        rate = statistics.mean(run["rate"] for run in runs[mode])
+        cpu = statistics.mean(run["cpu_ms_per_1000"] for run in runs[mode])
+        ratios.append({"mode": mode, "rate": rate, "rate_ratio": rate / base_rate, "worker_cpu_ms_per_1000": cpu,
+                       "cpu_ratio": cpu / base_cpu})
+        print(f"  tracing {mode:5}  {rate:7.0f} deliveries/s  rate x{rate / base_rate:.3f} of {modes[0]}'s;"
+              f" worker CPU {cpu:.0f} ms per 1,000 deliveries, x{cpu / base_cpu:.3f}")
+    return {"modes": modes, "runs": runs, "ratios": ratios}
+
+
 def _mean_shares(runs: list[dict]) -> dict:
     roles = runs[0].get("cpu_shares", {})
     return {role: statistics.mean(run["cpu_shares"][role] for run in runs) for role in roles}
@@ -454,6 +504,13 @@ async def _measure(arguments, database_url: str, redis_url: str) -> None:
     try:
         bench.receiver_pid = receiver.pid
         await bench.setup(int(receiver.stdout.readline()))
+        if arguments.tracing:
+            results = {**results, "tracing": await measure_tracing(bench, arguments)}
+            await bench.close()
+            if arguments.json:
+                arguments.json.write_text(json.dumps({"benchmark": "delivery_tracing", "deliveries": arguments.deliveries,
+                                                      "results": results}, indent=2, default=str) + "\n")
+            return
         # The machine is shared, so the ceiling is measured right before and after every drain
         # and each drain is compared with the mean of the two beside it.
         ceilings = [await bench.ceiling(arguments.deliveries, concurrency)]
@@ -554,6 +611,8 @@ def main() -> None:
     parser.add_argument("--naive-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--event-loop", choices=event_loop.CHOICES, default=config.load().event_loop,
                         help="the loop of the workers, the naive worker and the ceiling's client (the receiver keeps asyncio's)")
+    parser.add_argument("--tracing", type=otlp_sink.modes, default=None, metavar="MODES",
+                        help="measure the cost of tracing instead, for each of these modes (say off,1%%,100%%)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     arguments = parser.parse_args()
     if arguments.serve_receiver is not None:

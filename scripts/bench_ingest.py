@@ -15,6 +15,11 @@ same run, beside the same trivial handler; and it times creating and listing app
 and with N applications in the account.
 With `--schema`, one more account sends at fan-out 1 with a JSON Schema on its event type, so
 every payload is checked (delivery/api/event_catalog.py), beside the hot account without one.
+With `--tracing off,1%,100%` it measures the cost of tracing instead: one `hookledger api` per
+mode (off; on, sampling that share of requests, exporting over OTLP/HTTP to a loopback collector
+that discards, scripts/otlp_sink.py), loaded in turn, in the order given and then reversed (so a
+drift of the shared machine's speed falls on every mode alike), at the first concurrency for
+1,000 accounts; each mode's rate and the API's CPU per 1,000 messages as a ratio of off's.
 With `--without-writes`, each API run is followed by one of the same API with its group commit
 answering every batch at once without writing (`serve_api_without_writes`): the HTTP side's
 share alone, so that the gap between the API and the trivial handler splits into what the HTTP
@@ -35,7 +40,7 @@ and, with more than one C, each case at its best C against the trivial handler a
 
 Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest.py [--seconds 5] [--concurrency 96,256] [--accounts 1000]
        [--event-loop auto|uvloop|asyncio] [--fan-outs 1,4] [--no-bare-sql] [--without-writes]
-       [--load-generator wrk|raw|aiohttp] [--applications 10000] [--schema]
+       [--load-generator wrk|raw|aiohttp] [--applications 10000] [--schema] [--tracing off,1%,100%]
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ from delivery import event_loop
 from delivery.platform import config
 import bench_applications  # scripts/, beside this file
 import cpu_shares  # scripts/, beside this file
+import otlp_sink  # scripts/, beside this file
 import raw_load  # scripts/, beside this file
 import wrk_load  # scripts/, beside this file
 from scratch_database import add_redis_db_argument, scratch_database, scratch_redis  # scripts/, beside this file
@@ -437,7 +443,69 @@ async def main(arguments: argparse.Namespace) -> None:
     # No worker runs here, so the API's wake-up jobs stay queued: they go to a Redis database of
     # the run's own, emptied afterwards, not into the queue of the database REDIS_URL names.
     async with scratch_database(server_url) as database_url, scratch_redis(redis_url, arguments.redis_db) as redis_url:
-        await _run(arguments, database_url, redis_url)
+        if arguments.tracing:
+            await _run_tracing(arguments, database_url, redis_url)
+        else:
+            await _run(arguments, database_url, redis_url)
+
+
+async def _run_tracing(arguments: argparse.Namespace, database_url: str, redis_url: str) -> None:
+    """The cost of tracing: one API per mode, loaded in turn (modes, then the same reversed)."""
+    modes = arguments.tracing
+    sink = subprocess.Popen([sys.executable, str(Path(__file__).with_name("otlp_sink.py"))], stdout=subprocess.PIPE)
+    sink_port = int(sink.stdout.readline())
+    base = {**otlp_sink.without_tracing(dict(os.environ)), "DATABASE_URL": database_url, "REDIS_URL": redis_url,
+            "HOOKLEDGER_OPERATOR_KEY": OPERATOR_KEY, "HOOKLEDGER_SECRET_KEYS": KEYRING,
+            "HOOKLEDGER_LOG_LEVEL": "warning", "HOOKLEDGER_EVENT_LOOP": arguments.event_loop,
+            "HOOKLEDGER_GROUP_COMMIT_CONCURRENCY": str(arguments.group_commit_concurrency)}
+    ports = {mode: free_port() for mode in modes}
+    servers = {mode: subprocess.Popen([sys.executable, "-m", "delivery", "api"], env={
+        **base, **otlp_sink.environment(mode, sink_port), "HOOKLEDGER_API_PORT": str(ports[mode])}) for mode in modes}
+    urls = {mode: f"http://127.0.0.1:{port}" for mode, port in ports.items()}
+    try:
+        for mode in modes:
+            await wait_ready(f"{urls[mode]}/readyz", servers[mode])
+        keys, _ = await _setup_accounts(urls[modes[0]], arguments.accounts)
+        concurrency, seconds = arguments.concurrency[0], arguments.seconds
+        for mode in modes:
+            await load(urls[mode], keys, BODIES[1], 1, concurrency)  # warm up
+        await admin_database(database_url, "ANALYZE")
+        print(f"the cost of tracing: {', '.join(modes)} (one API each, exporting to a discarding collector on"
+              f" loopback), {concurrency} in flight, {arguments.accounts} accounts; the load from {_load_generator}")
+        report: dict = {"benchmark": "ingest_tracing", "modes": modes, "concurrency": concurrency, "seconds": seconds,
+                        "accounts": arguments.accounts, "load_generator": _load_generator, "runs": []}
+        for fan_out in arguments.fan_outs:
+            runs: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
+            for mode in [*modes, *reversed(modes)]:
+                roles = {"api": [servers[mode].pid], "collector": [sink.pid]}
+                before = _snapshots(roles)
+                rate, statuses = await load(urls[mode], keys, BODIES[fan_out], seconds, concurrency)
+                shares, _ = _per_thousand(before, roles, statuses.get(202, 0))
+                runs[mode].append((rate, shares.get("api", float("nan"))))
+                report["runs"].append({"fan_out": fan_out, "mode": mode, "messages_per_second": rate,
+                                       "cpu_shares": shares, "statuses": {str(k): v for k, v in statuses.items()}})
+                print(f"  fan-out {fan_out}  tracing {mode:5}  {rate:9.0f} msg/s   CPU ms per 1,000 messages:"
+                      f" {cpu_shares.describe(shares)}")
+            _print_tracing_ratios(fan_out, modes, runs, report)
+        if arguments.json:
+            arguments.json.write_text(json.dumps(report, indent=2) + "\n")
+    finally:
+        stop_servers(list(servers.values()))  # before the collector: they export what they hold as they stop
+        stop_servers([sink])
+
+
+def _print_tracing_ratios(fan_out: int, modes: list[str], runs: dict, report: dict) -> None:
+    """Each mode's mean rate and the API's mean CPU per message, as ratios of the first mode's."""
+    means = {mode: (sum(rate for rate, _ in values) / len(values), sum(cpu for _, cpu in values) / len(values))
+             for mode, values in runs.items()}
+    base_rate, base_cpu = means[modes[0]]
+    for mode in modes:
+        rate, cpu = means[mode]
+        print(f"fan-out {fan_out}  tracing {mode:5}  {rate:9.0f} msg/s  rate x{rate / base_rate:.3f} of {modes[0]}'s;"
+              f" API CPU {cpu:.0f} ms per 1,000 messages, x{cpu / base_cpu:.3f}")
+        report.setdefault("ratios", []).append({"fan_out": fan_out, "mode": mode, "messages_per_second": rate,
+                                                "rate_ratio": rate / base_rate, "api_cpu_ms_per_1000": cpu,
+                                                "cpu_ratio": cpu / base_cpu})
 
 
 async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str) -> None:
@@ -548,6 +616,8 @@ if __name__ == "__main__":
                         help="the loop of the API and of the trivial handler (one loop for both, so the ceiling is fair)")
     add_redis_db_argument(parser)
     add_load_generator_argument(parser)
+    parser.add_argument("--tracing", type=otlp_sink.modes, default=None, metavar="MODES",
+                        help="measure the cost of tracing instead, for each of these modes (say off,1%%,100%%)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parsed = parser.parse_args()
     apply_load_generator_argument(parser, parsed)

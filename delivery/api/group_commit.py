@@ -56,7 +56,7 @@ from billing.messages import (
     create_messages,
     resolve_outcome,
 )
-from delivery import event_loop, metrics
+from delivery import event_loop, metrics, tracing
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +210,11 @@ class Coalescer:
         metrics.GROUP_COMMIT_BATCH.observe(len(batch))
         started = time.perf_counter()
         try:
-            await self._run_batch(batch)
+            if tracing.ENABLED:
+                with tracing.batch_span([request.trace_context for request, _, _ in batch]):
+                    await self._run_batch(batch)
+            else:
+                await self._run_batch(batch)
         finally:
             metrics.GROUP_COMMIT_SECONDS.observe(time.perf_counter() - started)
 
@@ -244,16 +248,18 @@ class Coalescer:
             self._connections.append(connection)
         self._send_next_early()
         created: list[uuid.UUID] = []
-        fresh = 0
+        fresh = charged = 0
         for (_, future, _), result in zip(batch, results, strict=True):
             if isinstance(result, MessageCreated) and not result.replayed:
                 fresh += 1
+                charged += result.total_charged
                 created.extend(delivery.id for delivery in result.deliveries)
             if not future.done():
                 future.set_result(result)
         self._release_keys(batch)
         if fresh:
             metrics.MESSAGES_CREATED.inc(fresh)
+            metrics.CREDITS_CHARGED.inc(charged)
             self._fan_out = max(len(created) / fresh, 1.0)
         if created and self._wake is not None:
             self._wake_later(created)

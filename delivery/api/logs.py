@@ -9,6 +9,8 @@ import sys
 import structlog
 from aiohttp.http_exceptions import HttpProcessingError
 
+from delivery import tracing
+
 # The id of the request being served, added to every line logged while serving it. One
 # ContextVar of our own: structlog's bind/unbind_contextvars cost 1.5% of the API's CPU under load.
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("hookledger_request_id", default=None)
@@ -83,6 +85,7 @@ def configure(level: str = "info") -> None:
     _requests_logged = number <= logging.INFO
     shared = [
         _add_request_id,
+        *tracing.log_processors(),  # trace_id and span_id, while tracing is on (configured before this)
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

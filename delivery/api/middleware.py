@@ -12,7 +12,7 @@ from aiohttp import hdrs, web
 
 from billing.errors import BillingError
 from billing.database import NotWritten, OutcomeUnknown
-from delivery import metrics
+from delivery import metrics, tracing
 from delivery.store import connection_loss
 from delivery.api import logs, problems
 from delivery.api.problems import Problem
@@ -40,7 +40,22 @@ def _count(route: str, status: int) -> None:
 
 @web.middleware
 async def observe(request: web.Request, handler) -> web.StreamResponse:
-    """Accept a sane incoming X-Request-Id or make one; bind it to the log context; count the request."""
+    """Accept a sane incoming X-Request-Id or make one; bind it to the log context; count the
+    request; with tracing on, serve it under its span (delivery.tracing)."""
+    if not tracing.ENABLED:
+        return await _observe(request, handler)
+    with tracing.request_span(request.method, _template(request), request.headers) as span:
+        response = await _observe(request, handler)
+        tracing.request_answered(span, response.status)
+        return response
+
+
+def _template(request: web.Request) -> str:
+    route = request.match_info.route.resource
+    return route.canonical if route is not None else "unmatched"
+
+
+async def _observe(request: web.Request, handler) -> web.StreamResponse:
     incoming = request.headers.get("X-Request-Id", "")
     request_id = incoming if incoming and _SANE_REQUEST_ID.fullmatch(incoming) else _new_request_id()
     bound = logs.REQUEST_ID.set(request_id)

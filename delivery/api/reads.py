@@ -76,6 +76,24 @@ SELECT count(*) FILTER (WHERE next_attempt_at <= now()) AS due,
        (SELECT count(*) FROM deliveries WHERE state = 'sending') AS sending
 FROM deliveries WHERE state = 'pending'
 """
+# The endpoints furthest behind, read at each scrape beside _QUEUE_LAG (the same walk of the pending
+# deliveries): the $1 with the oldest due delivery ("lag", its age in seconds) and the $1 with the
+# most pending deliveries that failed at least once ("retrying"; a claim given back unsent returns
+# its attempt, so attempt > 0 on a pending delivery means a failure).
+_WORST_ENDPOINTS = """
+WITH per AS (
+  SELECT endpoint_id,
+         coalesce(extract(epoch FROM now() - min(next_attempt_at) FILTER (WHERE next_attempt_at <= now())), 0)::float8
+             AS oldest_due_seconds,
+         count(*) FILTER (WHERE attempt > 0) AS retrying
+  FROM deliveries WHERE state = 'pending' GROUP BY endpoint_id)
+SELECT 'lag' AS ranked_by, endpoint_id, value FROM (
+  SELECT endpoint_id, oldest_due_seconds AS value FROM per WHERE oldest_due_seconds > 0
+  ORDER BY oldest_due_seconds DESC LIMIT $1) by_lag
+UNION ALL
+SELECT 'retrying', endpoint_id, value FROM (
+  SELECT endpoint_id, retrying::float8 AS value FROM per WHERE retrying > 0 ORDER BY retrying DESC LIMIT $1) by_retrying
+"""
 
 
 async def deliveries_page(
@@ -144,6 +162,14 @@ async def message_of_delivery(executor: Executor, account_id: uuid.UUID, deliver
 def erased_text(erased_at: datetime | None) -> str:
     """How a refusal or a page names an erased payload: "erased on <date>" (UTC), or "erased"."""
     return f"erased on {erased_at.astimezone(UTC):%Y-%m-%d}" if erased_at is not None else "erased"
+
+
+async def worst_endpoints(executor: Executor, limit: int) -> dict[str, list[tuple[uuid.UUID, float]]]:
+    """The `limit` endpoints furthest behind by each measure ("lag", "retrying"): see _WORST_ENDPOINTS."""
+    ranked: dict[str, list[tuple[uuid.UUID, float]]] = {"lag": [], "retrying": []}
+    for row in await executor.fetch(_WORST_ENDPOINTS, limit):
+        ranked[row["ranked_by"]].append((row["endpoint_id"], row["value"]))
+    return ranked
 
 
 async def queue_lag(executor: Executor) -> asyncpg.Record:

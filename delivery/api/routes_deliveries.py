@@ -9,6 +9,7 @@ from aiohttp import web
 
 from billing.messages import MessageRequest
 from billing.tables import DELIVERY_STATES
+from delivery import tracing
 from delivery.api import reads, responses
 from delivery.api.context import context
 from delivery.api.problems import FieldError, Problem, not_found
@@ -106,7 +107,8 @@ async def replay_delivery(request: web.Request) -> web.Response:
         raise Problem(409, f"the message's payload was {reads.erased_text(row['payload_erased_at'])};"
                       " it cannot be replayed", "not-replayable")
     request_ = MessageRequest(account_id, row["event_type"], bytes(row["payload"]), key,
-                              endpoint_ids=(row["endpoint_id"],), replay_of=delivery_id)
+                              endpoint_ids=(row["endpoint_id"],), replay_of=delivery_id,
+                              trace_context=tracing.traceparent())  # the replay's request's trace
     return accepted(await submit(ctx, request_))
 
 

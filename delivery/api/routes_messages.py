@@ -16,6 +16,7 @@ from aiohttp import web
 
 from billing.errors import BillingError
 from billing.messages import MessageCreated, MessageRequest
+from delivery import tracing
 from delivery.api import api_keys, event_catalog, group_commit, problems, responses
 from delivery.operations.dead_letters import REPLAY_KEY_PREFIX
 from delivery.api.context import ApiContext, context
@@ -63,6 +64,9 @@ async def submit(ctx: ApiContext, request: MessageRequest) -> MessageCreated:
         raise problems.write_failed() from None
     except group_commit.BatchOutcomeUnknown:
         raise problems.write_outcome_unknown(request.idempotency_key is not None) from None
+    finally:
+        if tracing.ENABLED:
+            tracing.link_batch(request.trace_context)
     if isinstance(result, BillingError):
         raise result
     return result
@@ -128,5 +132,10 @@ async def create_message(request: web.Request) -> web.Response:
         raise _too_large(limit)
     channels = event_catalog.channels_of(body.channels)
     await event_catalog.check_message(ctx.pool, account_id, body.event_type, payload)
-    created = await submit(ctx, MessageRequest(account_id, body.event_type, payload, key, channels=channels))
+    trace_context = None
+    if tracing.ENABLED:
+        tracing.set_attributes(account_id=account_id)
+        trace_context = tracing.traceparent()
+    created = await submit(ctx, MessageRequest(account_id, body.event_type, payload, key, trace_context=trace_context,
+                                               channels=channels))
     return accepted(created)

@@ -63,6 +63,14 @@ async def _read_queue_lag(ctx: ApiContext) -> None:
     metrics.OLDEST_DUE_AGE.set(lag["oldest_due_seconds"])
     metrics.DELIVERIES_WAITING.labels("pending").set(lag["pending"])
     metrics.DELIVERIES_WAITING.labels("sending").set(lag["sending"])
+    try:
+        worst = await asyncio.wait_for(reads.worst_endpoints(ctx.pool, metrics.WORST_ENDPOINTS_MAX),
+                                       READY_TIMEOUT_SECONDS)
+    except Exception as error:  # the scrape still answers, with the last ranking
+        logger.warning("endpoints furthest behind not read: %r", error)
+        return
+    metrics.set_worst_endpoints(metrics.ENDPOINT_OLDEST_DUE_AGE, worst["lag"])
+    metrics.set_worst_endpoints(metrics.ENDPOINT_RETRYING, worst["retrying"])
 
 
 async def _read_workers(ctx: ApiContext) -> list[metrics_share.Snapshot] | None:

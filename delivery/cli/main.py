@@ -173,6 +173,21 @@ def _interrupt(signal_number: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+@app.command()
+def settings(as_json: common.AsJson = False) -> None:
+    """Every setting read from the environment: its value here (secrets as set or unset), default and meaning."""
+    import os
+
+    from delivery.platform import settings_reference as reference
+
+    rows = [(s.name, reference.current(s, os.environ), s.meaning) for s in reference.SETTINGS]
+    if as_json:
+        output.print_json([{"name": name, "value": value, "meaning": meaning} for name, value, meaning in rows])
+    else:
+        output.print_rows(output.out(), "settings (a value in brackets is the default)",
+                          output.ids("variable") + output.texts("value", "meaning"), rows)
+
+
 @app.command(name="api")
 def api() -> None:
     """Serve the HTTP API (/v1, /openapi.json, /docs, /metrics) until SIGTERM."""

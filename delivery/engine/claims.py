@@ -17,6 +17,7 @@ import asyncpg
 from billing.database import Executor, runs_alone, transaction
 from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, settle
+from delivery import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ _CLAIM_IDS = _DUE_IDS + _TAKE_DUE
 SEND_COLUMNS = (
     "a.status AS account_status, e.url, e.timeout_ms, e.enabled, e.deleted_at IS NOT NULL AS endpoint_deleted,"
     " e.secret, CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,"
-    " m.event_type, m.payload, e.headers"
+    " m.event_type, m.payload, e.headers, m.trace_context"
 )
 SEND_JOINS = (
     " JOIN accounts a ON a.id = d.account_id JOIN endpoints e ON e.id = d.endpoint_id"
@@ -84,7 +85,8 @@ _CLAIM_IDS_FOR_SEND = _DUE_IDS + ", claimed AS (" + _TAKE_DUE + ") SELECT d.*, "
 # Only deliveries whose charge is right: settle would refuse the others (LedgerMismatch), and a
 # batch full of them must not hide healthy ones from every sweep. The audit reports them.
 _EXHAUSTED = (
-    "SELECT d.id, d.attempt FROM deliveries d"
+    "SELECT d.id, d.attempt, d.account_id,"
+    "   (SELECT m.trace_context FROM messages m WHERE m.id = d.message_id) AS trace_context FROM deliveries d"
     " JOIN ledger_entries c ON c.id = 'charge:' || d.id AND c.account_id = d.account_id AND c.amount = -d.price"
     " WHERE d.state = 'pending' AND d.attempt >= d.attempts_max AND d.next_attempt_at <= now()"
     " ORDER BY d.next_attempt_at LIMIT $1"
@@ -155,7 +157,11 @@ async def settle_exhausted(pool: asyncpg.Pool, *, batch_size: int) -> int:
     settled = 0
     for row in rows:
         try:
-            result = await settle(pool, row["id"], DeadReason.ATTEMPTS_EXHAUSTED, attempt=row["attempt"])
+            with tracing.message_span("delivery.settle", row["trace_context"], delivery_id=row["id"],
+                                      account_id=row["account_id"], attempt=row["attempt"],
+                                      dead_reason=DeadReason.ATTEMPTS_EXHAUSTED.value) as span:
+                result = await settle(pool, row["id"], DeadReason.ATTEMPTS_EXHAUSTED, attempt=row["attempt"])
+                tracing.set_outcome(span, result.outcome)
         except LedgerMismatch:
             # A stuck delivery beats a made-up refund, but one stuck delivery must not stop the
             # sweep for every other one: it stays for the audit and a repair; the rest settle.

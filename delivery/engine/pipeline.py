@@ -27,7 +27,7 @@ from datetime import timedelta
 
 import asyncpg
 
-from delivery import metrics
+from delivery import metrics, tracing
 from delivery.engine import claims
 from delivery.store import idempotent_responses
 from delivery.engine import presend, retry
@@ -35,7 +35,7 @@ from delivery.engine.endpoint_health import EndpointHealth
 from delivery.engine.presend import Outgoing
 from delivery.engine.queue import IDS_PER_JOB_MAX, Queue
 from delivery.engine.recorder import Batch, Pending, Recorder
-from delivery.engine.results import AttemptResult, RecordSummary, expire_leases, reclaim_late_successes
+from delivery.engine.results import AttemptResult, RecordSummary, expire_leases, reclaim_late_successes, record_results
 from delivery.engine.send_budget import SendBudget
 from delivery.engine.sender import NOT_SENT_LATE, Sender, SendRequest, SendResult
 from delivery.store import endpoint_headers
@@ -108,7 +108,8 @@ class Engine:
         self.settings = settings
         self.rng = rng or random.Random()
         self.health = EndpointHealth(pool, settings.retry.auto_disable)
-        self.recorder = Recorder(pool, self._after_write)
+        self.recorder = Recorder(pool, self._after_write,
+                                 record=tracing.traced_record(record_results) if tracing.ENABLED else record_results)
         self.accepting = True  # cleared on shutdown: claim nothing new
         # Every claim first reserves room in the sender for its whole batch (delivery.engine.send_budget).
         self.budget = SendBudget(sender.sends_pending_max)
@@ -145,6 +146,8 @@ class Engine:
             loaded = await claim()
             self.budget.give(held - len(loaded))
             held = len(loaded)
+            if tracing.ENABLED:  # each claimed delivery's attempt, in its message's trace
+                return await tracing.traced_batch(loaded, claimed_at, self.process_loaded(loaded, claimed_at))
             return await self.process_loaded(loaded, claimed_at)
         finally:
             self.budget.give(held)
@@ -231,6 +234,8 @@ class Engine:
             batch.landed()
             return
         sent = future.result()
+        if sent.sent_at:  # the claim was taken a lease before its end
+            metrics.CLAIM_TO_SEND.observe(max(0.0, sent.sent_at - lease_ends_at + self.settings.lease_ms / 1000))
         self.recorder.add(Pending(self._result(item, sent), batch, item.claimed.endpoint_id, sent.gone, lease_ends_at))
 
     def _submit(self, item: Outgoing, not_after: float) -> asyncio.Future[SendResult]:

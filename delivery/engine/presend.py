@@ -15,6 +15,7 @@ import asyncpg
 
 from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, Settled, settle
+from delivery import tracing
 from delivery.engine import claims
 from delivery.engine.claims import Claimed
 
@@ -69,7 +70,9 @@ async def check_loaded(
         reason = reason_not_to_send(row)
         if reason is not None:
             try:
-                settled.append(await settle(pool, item.id, reason, attempt=item.attempt))
+                with tracing.attempt_span("delivery.settle", item.id, item.attempt, dead_reason=reason.value) as span:
+                    settled.append(await settle(pool, item.id, reason, attempt=item.attempt))
+                    tracing.set_outcome(span, settled[-1].outcome)
             except LedgerMismatch:
                 # Neither sent nor settled: it stays stuck for the audit, and the rest of the
                 # batch goes on instead of losing an attempt to this one delivery.

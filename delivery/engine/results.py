@@ -38,6 +38,7 @@ import asyncpg
 
 from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, Outcome, reclaim, settle
+from delivery import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +214,10 @@ async def _settle_and_reclaim(connection: asyncpg.Connection, results: list[Atte
     refunds of late 2xx answers (each its own transaction)."""
     for result in last_attempt_failures:
         try:
-            settled = await settle(connection, result.delivery_id, DeadReason.OUT_OF_RETRIES, attempt=result.attempt)
+            with tracing.attempt_span("delivery.settle", result.delivery_id, result.attempt,
+                                      dead_reason=DeadReason.OUT_OF_RETRIES.value) as span:
+                settled = await settle(connection, result.delivery_id, DeadReason.OUT_OF_RETRIES, attempt=result.attempt)
+                tracing.set_outcome(span, settled.outcome)
         except LedgerMismatch:
             # It stays stuck for the audit; the rest of the batch (its reclaims too) still applies.
             logger.error("delivery %s not settled: its ledger disagrees", result.delivery_id, exc_info=True)
@@ -223,7 +227,12 @@ async def _settle_and_reclaim(connection: asyncpg.Connection, results: list[Atte
         if result.delivery_id in fenced:
             continue
         summary.stale.append(result.delivery_id)
-        if result.success and (await reclaim(connection, result.delivery_id)).outcome == Outcome.RECLAIMED:
+        if not result.success:
+            continue
+        with tracing.attempt_span("delivery.reclaim", result.delivery_id, result.attempt) as span:
+            outcome = (await reclaim(connection, result.delivery_id)).outcome
+            tracing.set_outcome(span, outcome)
+        if outcome == Outcome.RECLAIMED:
             summary.reclaimed.append(result.delivery_id)
 
 
@@ -274,7 +283,8 @@ def _bounded(text: str | None, length_max: int) -> str | None:
 # account (reclaim never runs on another), within the window (through the partial index of 0007).
 LATE_SUCCESS_WINDOW_SECONDS = 86_400
 _LATE_SUCCESSES = (
-    "SELECT DISTINCT t.delivery_id FROM delivery_attempts t"
+    "SELECT DISTINCT t.delivery_id,"
+    "   (SELECT m.trace_context FROM messages m WHERE m.id = d.message_id) AS trace_context FROM delivery_attempts t"
     " JOIN deliveries d ON d.id = t.delivery_id JOIN accounts a ON a.id = d.account_id"
     " WHERE t.stale AND t.status_code BETWEEN 200 AND 299 AND t.finished_at > now() - $2 * interval '1 second'"
     "   AND d.state = 'dead' AND a.status = 'active'"
@@ -292,7 +302,9 @@ async def reclaim_late_successes(pool: asyncpg.Pool, *, batch_size: int) -> list
     reclaimed = []
     for row in await pool.fetch(_LATE_SUCCESSES, batch_size, float(LATE_SUCCESS_WINDOW_SECONDS)):
         try:
-            outcome = (await reclaim(pool, row["delivery_id"])).outcome
+            with tracing.message_span("delivery.reclaim", row["trace_context"], delivery_id=row["delivery_id"]) as span:
+                outcome = (await reclaim(pool, row["delivery_id"])).outcome
+                tracing.set_outcome(span, outcome)
         except LedgerMismatch:
             logger.error("delivery %s not reclaimed: its ledger disagrees", row["delivery_id"], exc_info=True)
             continue

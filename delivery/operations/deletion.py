@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from billing import closeout
-from delivery import metrics
+from delivery import metrics, tracing
 from delivery.store.connection_loss import lost_database
 from delivery.engine import queue as job_queue
 from delivery.engine.queue import REDIS_ERRORS
@@ -165,7 +165,10 @@ async def run_deletion(pool: asyncpg.Pool, account_id: uuid.UUID) -> DeletionSta
             return DeletionState(state.id if state else uuid.UUID(int=0), account_id, "running",
                                  state.step if state else "queued", {"note": "another job is running this deletion"})
         try:
-            return await _run_locked(pool, account_id)
+            with tracing.job_span("account_deletion", account_id=account_id) as span:
+                state = await _run_locked(pool, account_id)
+                tracing.set_outcome(span, state.status)
+                return state
         finally:
             await lock_connection.execute(
                 "SELECT pg_advisory_unlock($1, hashtext($2::text))", ADVISORY_LOCK_NAMESPACE, str(account_id)
@@ -206,9 +209,10 @@ async def _run_locked(pool: asyncpg.Pool, account_id: uuid.UUID) -> DeletionStat
 
 async def _step(pool: asyncpg.Pool, account_id: uuid.UUID, step: str, work):
     """Run one step and record it in the same transaction; then the crash hook."""
-    async with pool.acquire() as connection, connection.transaction():
-        result, facts = await work(connection, account_id)
-        await connection.execute(_STEP, account_id, step, json.dumps(facts))
+    with tracing.job_span(f"account_deletion.{step}", step=True, account_id=account_id):
+        async with pool.acquire() as connection, connection.transaction():
+            result, facts = await work(connection, account_id)
+            await connection.execute(_STEP, account_id, step, json.dumps(facts))
     _after_step(step)
     return result
 

@@ -15,7 +15,7 @@ import signal
 import structlog
 from aiohttp import web
 
-from delivery import event_loop, gc_tuning
+from delivery import event_loop, gc_tuning, tracing
 from delivery.platform import config, services
 from delivery.engine import queue as job_queue
 from delivery.api import logs
@@ -75,6 +75,7 @@ async def serve(settings: config.Settings) -> None:
 def api() -> None:
     """Serve the HTTP API (/v1, /openapi.json, /docs, /metrics) until SIGTERM."""
     settings = config.load()
+    tracing.configure("hookledger-api")  # before the logs, whose lines then carry the trace ids
     logs.configure(settings.api.log_level)
     tune_collector(settings)
     event_loop.run(serve(settings), settings.event_loop)

@@ -29,7 +29,7 @@ from redis.exceptions import ResponseError, WatchError
 
 from billing.audit import audit
 from billing.ids import parse_id
-from delivery import event_loop, gc_tuning, metrics
+from delivery import event_loop, gc_tuning, metrics, tracing
 from delivery.operations import deletion, retention
 from delivery.engine import metrics_share, queue as job_queue
 from delivery.platform.config import Settings
@@ -114,7 +114,11 @@ async def _audit(ctx: dict) -> int:
     The violations are an error (the first is logged); the notices (a guard the migrations create
     that is missing or changed, dead deliveries of a closed account...) break no invariant but are
     what an operator should look at, so each is logged as a warning and counted, not dropped."""
-    report = await audit(ctx["pool"])
+    with tracing.job_span("audit") as span:
+        report = await audit(ctx["pool"])
+        if span is not None:
+            span.set_attributes({"hookledger.violations": len(report.violations), "hookledger.notices": len(report.notices)})
+        tracing.set_outcome(span, "clean" if not report.violations else "violations")
     metrics.AUDIT_VIOLATIONS.set(len(report.violations))
     metrics.AUDIT_NOTICES.set(len(report.notices))
     metrics.AUDIT_LAST_RUN.set_to_current_time()
@@ -501,6 +505,9 @@ def build_worker(settings: Settings, redis_url: str, *, handle_signals: bool = T
 
 def run(settings: Settings, redis_url: str) -> None:
     """Run a worker until SIGTERM/SIGINT (blocking)."""
+    if tracing.configure("hookledger-worker"):  # before the engine is built: its recorder traces
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(tracing.TraceIdsFilter())
     loop = event_loop.new_event_loop(settings.event_loop)
     asyncio.set_event_loop(loop)
     # Connected here: a Redis that does not answer within HOOKLEDGER_REDIS_START_WAIT_SECONDS is one

@@ -21,6 +21,7 @@ from billing import accounts, ids
 from billing.database import OUTCOME_WAIT_SECONDS, Executor, OutcomeUnknown, resolved_transaction, transaction
 from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, settle
+from delivery import tracing
 from delivery.store import endpoint_headers, signing_keys
 from delivery.store.signer_cache import endpoint_secret_context
 from signing import Keyring, decrypt_secret, encrypt_secret
@@ -236,14 +237,19 @@ async def delete_endpoint(pool: asyncpg.Pool, account_id: uuid.UUID, endpoint_id
     if deleted is None:
         return None
     pending = await pool.fetch(
-        "SELECT id, attempt FROM deliveries WHERE endpoint_id = $1 AND account_id = $2 AND state = 'pending'"
-        " ORDER BY id LIMIT $3",
+        "SELECT d.id, d.attempt, (SELECT m.trace_context FROM messages m WHERE m.id = d.message_id) AS trace_context"
+        " FROM deliveries d WHERE d.endpoint_id = $1 AND d.account_id = $2 AND d.state = 'pending'"
+        " ORDER BY d.id LIMIT $3",
         endpoint_id, account_id, SETTLE_ON_DELETE_MAX,
     )
     refunded = 0
     for row in pending:
         try:
-            settled = await settle(pool, row["id"], DeadReason.ENDPOINT_DELETED, attempt=row["attempt"])
+            with tracing.message_span("delivery.settle", row["trace_context"], delivery_id=row["id"],
+                                      account_id=account_id, endpoint_id=endpoint_id, attempt=row["attempt"],
+                                      dead_reason=DeadReason.ENDPOINT_DELETED.value) as span:
+                settled = await settle(pool, row["id"], DeadReason.ENDPOINT_DELETED, attempt=row["attempt"])
+                tracing.set_outcome(span, settled.outcome)
         except LedgerMismatch:
             # The endpoint is deleted either way; a delivery whose ledger disagrees stays stuck
             # for the audit and a repair (as at the pre-send check), and the rest still settle.

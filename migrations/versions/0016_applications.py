@@ -19,7 +19,7 @@ endpoint has a wildcard subscription or channels (it would receive other message
 It drops the event catalog and messages' channels.
 
 Revision ID: 0016
-Revises: 0013
+Revises: 0017
 Create Date: 2026-12-06
 """
 import sqlalchemy as sa
@@ -29,7 +29,7 @@ from sqlalchemy.dialects import postgresql as pg
 from billing import application_triggers, references, tables
 
 revision = '0016'
-down_revision = '0013'
+down_revision = '0017'
 branch_labels = None
 depends_on = None
 

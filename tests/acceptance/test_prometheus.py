@@ -60,7 +60,7 @@ def test_the_rules_and_the_dashboard_use_only_series_we_export():
 def test_promtool_accepts_the_rules():
     completed = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert "SUCCESS: 6 rules found" in completed.stdout
+    assert "SUCCESS: 8 rules found" in completed.stdout
 
 
 def _start(command: list[str], environment: dict, log: Path) -> subprocess.Popen:
@@ -120,11 +120,17 @@ def test_prometheus_scrapes_the_api_and_a_worker_and_loads_the_rules(make_databa
                               processes)
         assert float(workers[0]["value"][1]) >= 1
         assert _wait_until(lambda: query('up{job="worker"} == 1'), "the worker's own port scraped", processes)
+        # The money and the worker's steps: the credits counters and the worker's histograms, from both scrapes.
+        assert _wait_until(lambda: query('hookledger_credits_charged_total{job="api"}'), "credits charged", processes)
+        assert _wait_until(lambda: query('hookledger_credits_refunded_total{job="api"}'), "credits refunded", processes)
+        assert _wait_until(lambda: query('hookledger_worker_answer_to_record_seconds_count{job="worker"}'),
+                           "the worker's answer-to-record histogram", processes)
         groups = _wait_until(lambda: requests.get(f"{prometheus}/api/v1/rules", timeout=5).json()["data"]["groups"],
                              "rules loaded", processes)
         names = {rule["name"] for group in groups for rule in group["rules"]}
         assert names == {"HookledgerAuditViolations", "HookledgerNoWorkers", "HookledgerDeliveriesLate",
-                         "HookledgerDeadRateHigh", "HookledgerRedisUnreachable", "HookledgerCommitOutcomeUnknown"}
+                         "HookledgerDeadRateHigh", "HookledgerRedisUnreachable", "HookledgerCommitOutcomeUnknown",
+                         "HookledgerEndpointFarBehind", "HookledgerResultsRecordedSlowly"}
         assert all(rule["health"] != "err" for group in groups for rule in group["rules"])
     finally:
         for process in processes:
