@@ -472,6 +472,42 @@ dashboard_sessions = sa.Table(
     comment="Web dashboard sign-ins. Only a SHA-256 hash of the session token is kept; the token lives in the browser's cookie.",
 )
 
+PORTAL_LINK_SECONDS = 15 * 60  # a magic link signs in within this
+PORTAL_SESSION_SECONDS = 8 * 3600  # and the session it opens lasts at most this
+
+portal_links = sa.Table(
+    "portal_links",
+    metadata,
+    sa.Column("token_hash", sa.LargeBinary, primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("application_id", pg.UUID(as_uuid=True), nullable=False),
+    _created_at(),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("used_at", sa.DateTime(timezone=True)),
+    sa.CheckConstraint("octet_length(token_hash) = 32", name="token_hash_length"),
+    sa.CheckConstraint("expires_at > created_at", name="expires_after_created"),
+    sa.ForeignKeyConstraint(["account_id", "application_id"], ["applications.account_id", "applications.id"],
+                            name="fk_portal_links_application"),
+    sa.Index(None, "expires_at"),
+    comment="Single-use magic links into an application's portal (0016); only the token's SHA-256 is kept.",
+)
+
+portal_sessions = sa.Table(
+    "portal_sessions",
+    metadata,
+    sa.Column("token_hash", sa.LargeBinary, primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("application_id", pg.UUID(as_uuid=True), nullable=False),
+    _created_at(),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.CheckConstraint("octet_length(token_hash) = 32", name="token_hash_length"),
+    sa.CheckConstraint("expires_at > created_at", name="expires_after_created"),
+    sa.ForeignKeyConstraint(["account_id", "application_id"], ["applications.account_id", "applications.id"],
+                            name="fk_portal_sessions_application"),
+    sa.Index(None, "expires_at"),
+    comment="Portal sign-ins (0016): one application's customer, for at most 8 hours; only the token's SHA-256 is kept.",
+)
+
 idempotent_responses = sa.Table(
     "idempotent_responses",
     metadata,

@@ -120,6 +120,12 @@ applications_operations = (
     Operation("get", "/v1/applications/{app}/endpoints", "listApplicationEndpoints", "Applications",
               "List an application's endpoints", "The application's live endpoints, oldest first", ACCOUNT,
               {200: r.EndpointList}, (404,), parameters=(_APP,)),
+    Operation("post", "/v1/applications/{app}/portal-links", "createPortalLink", "Applications",
+              "Make a portal link for an application's customer",
+              "A single-use magic link into /portal/, where the customer manages this application's endpoints and"
+              " sees and replays its deliveries (replays are charged to the account); it signs in within 15"
+              " minutes, to a session of at most 8 hours. The token is shown once", ACCOUNT,
+              {201: applications.PortalLink}, (404,), v.Empty, body_optional=True, parameters=(_APP,)),
     Operation("get", "/v1/applications/{app}/usage", "getApplicationUsage", "Applications", "Read an application's usage",
               "Its charges, refunds and reclaims in [since, until), summed from the ledger entries of its deliveries"
               " (the account pays; there is no balance per application)", ACCOUNT,

@@ -33,9 +33,10 @@ from delivery.api import event_catalog, idempotency, responses, routes_endpoints
 from delivery.api.context import ApiContext, context
 from delivery.api.problems import FieldError, Problem, not_found, validation
 from delivery.api.routes_messages import accepted, body_bytes_max, message_idempotency_key, submit
-from delivery.api.validation import PATTERN_WORDS, Name, Query, decode, decode_message, in_utc, path_id
+from delivery.api.validation import PATTERN_WORDS, Empty, Name, Query, decode, decode_message, in_utc, path_id
 from delivery.store import applications as store
 from delivery.store import endpoints as endpoint_store
+from delivery.store import portal
 
 routes = web.RouteTableDef()
 
@@ -119,8 +120,15 @@ class ApplicationUsage(msgspec.Struct):
     net: Annotated[int, msgspec.Meta(description="Credits paid: charged - refunded + reclaimed.")]
 
 
+class PortalLink(msgspec.Struct):
+    url: Annotated[str, msgspec.Meta(description=(
+        "Hand it to the application's customer: it signs in once, within 15 minutes, to a session of at most"
+        " 8 hours that sees this application only."))]
+    expires_at: datetime
+
+
 REQUEST_BODIES = (ApplicationCreate, ApplicationPatch)
-RESPONSE_BODIES = (Application, ApplicationPage, ApplicationDeleted, ApplicationUsage)
+RESPONSE_BODIES = (Application, ApplicationPage, ApplicationDeleted, ApplicationUsage, PortalLink)
 
 
 def _application(application: store.Application) -> Application:
@@ -296,6 +304,17 @@ async def list_endpoints(request: web.Request) -> web.Response:
     return await routes_endpoints.list_in(ctx, account_id, application.id)
 
 
+@routes.post("/v1/applications/{app}/portal-links")
+async def create_portal_link(request: web.Request) -> web.Response:
+    """A single-use magic link into the application's portal (/portal/): its token is shown once
+    and kept only as a hash; it signs in within 15 minutes."""
+    ctx, account_id, application = await _found(request)
+    decode(await request.read(), Empty, optional=True)
+    token, expires_at = await portal.create_link(ctx.pool, account_id, application.id)
+    url = f"{request.scheme}://{request.host}/portal/sign-in?token={token}"
+    return responses.json(PortalLink(url, expires_at), 201)
+
+
 @routes.get("/v1/applications/{app}/usage")
 async def application_usage(request: web.Request) -> web.Response:
     """The application's charges, refunds and reclaims in [since, until) (either end open when
@@ -325,4 +344,6 @@ EXAMPLES: dict[str, object] = {type(instance).__name__: msgspec.json.decode(msgs
     ApplicationDeleted(id=_APPLICATION, deleted=True, endpoints_deleted=2, refunded_now=1),
     ApplicationUsage(application_id=_APPLICATION, since=_AT, until=None, charges=120, charged=120, refunds=3,
                      refunded=3, reclaims=1, reclaimed=1, net=118),
+    PortalLink(url="https://hooks.example.com/portal/sign-in?token=Xq3v0bM1r7cQ2nK8yT5wZ9aB4dF6gH0jL2pS4uV6xY8",
+               expires_at=_AT),
 )}

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from delivery.dashboard import (
     pages,
+    portal,
     routes_account,
     routes_applications,
     routes_deliveries,
@@ -53,6 +54,7 @@ def setup(app: web.Application) -> web.Application:
     dashboard.router.add_get("", _to_dashboard)
     dashboard.router.add_route("*", "/{tail:.*}", _no_such_page)
     app.add_subapp(pages.PREFIX, dashboard)
+    portal.setup(app)  # the customer portal at /portal, beside the dashboard
     return dashboard
 
 

@@ -106,6 +106,28 @@ def upgrade() -> None:
     op.add_column("messages", sa.Column("channels", pg.ARRAY(sa.Text)))
     op.create_check_constraint("ck_messages_channels_count", "messages", "cardinality(channels) BETWEEN 1 AND 10")
 
+    for table, comment in (
+        ("portal_links", "Single-use magic links into an application's portal (0016); only the token's SHA-256 is kept."),
+        ("portal_sessions", "Portal sign-ins (0016): one application's customer, for at most 8 hours; only the token's"
+                            " SHA-256 is kept."),
+    ):
+        op.create_table(
+            table,
+            sa.Column("token_hash", sa.LargeBinary, primary_key=True),
+            sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
+            sa.Column("application_id", pg.UUID(as_uuid=True), nullable=False),
+            sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+            sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+            *([sa.Column("used_at", sa.DateTime(timezone=True))] if table == "portal_links" else []),
+            sa.PrimaryKeyConstraint("token_hash", name=f"pk_{table}"),
+            sa.CheckConstraint("octet_length(token_hash) = 32", name=f"ck_{table}_token_hash_length"),
+            sa.CheckConstraint("expires_at > created_at", name=f"ck_{table}_expires_after_created"),
+            sa.ForeignKeyConstraint(["account_id", "application_id"], ["applications.account_id", "applications.id"],
+                                    name=f"fk_{table}_application"),
+            comment=comment,
+        )
+        op.create_index(f"ix_{table}_expires_at", table, ["expires_at"])
+
 
 def downgrade() -> None:
     op.execute(
@@ -116,6 +138,8 @@ def downgrade() -> None:
         " RAISE EXCEPTION 'endpoints with wildcard subscriptions or channels exist: downgraded, they would"
         " receive other messages than now'; END IF; END $$"
     )
+    op.drop_table("portal_sessions")
+    op.drop_table("portal_links")
     op.drop_constraint("ck_messages_channels_count", "messages", type_="check")
     op.drop_column("messages", "channels")
     op.drop_constraint("ck_endpoints_channels_count", "endpoints", type_="check")
