@@ -1,6 +1,6 @@
 """CLI commands for an account's applications, through the SDK (the HTTP API):
 
-    hookledger applications create|list|show|update|delete|send|add-endpoint|endpoints|usage
+    hookledger applications create|list|show|update|delete|send|add-endpoint|endpoints|usage|portal-link
 
 APP is an application's id or its uid. Output, --json and exit codes as in client_commands.
 """
@@ -157,6 +157,15 @@ def endpoints(app: App, api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = Non
         found = client.applications.list_endpoints(app)
     emit({"data": found}, as_json, lambda console: output.print_rows(
         console, f"{len(found)} endpoints", ENDPOINT_COLUMNS, endpoint_rows(found)))
+
+
+@applications_app.command("portal-link")
+def portal_link(app: App, api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False) -> None:
+    """A single-use link into the application's portal, for its customer (it signs in within 15 minutes)."""
+    with api(api_url, api_key, as_json) as client:
+        link = client.applications.portal_link(app)
+    emit(link, as_json, lambda console: console.print(
+        f"{link.url}\n(signs in once, before {shown_time(link.expires_at)} UTC)", markup=False, soft_wrap=True))
 
 
 @applications_app.command("usage")

@@ -311,6 +311,11 @@ def list_application_endpoints(application: Id) -> Call[tuple[models.Endpoint, .
     return Call("GET", f"/v1/applications/{_segment(application)}/endpoints", True, _reads_list(models.Endpoint))
 
 
+def create_portal_link(application: Id) -> Call[models.PortalLink]:
+    # Not repeated on a lost answer: a retry would make a second link (harmless, but not the one asked for).
+    return Call("POST", f"/v1/applications/{_segment(application)}/portal-links", False, _reads(models.PortalLink))
+
+
 def application_usage(application: Id, since: datetime | str | None,
                       until: datetime | str | None) -> Call[models.ApplicationUsage]:
     return Call("GET", f"/v1/applications/{_segment(application)}/usage", True, _reads(models.ApplicationUsage),

@@ -126,6 +126,13 @@ class ApplicationUsage(msgspec.Struct, frozen=True):
     net: int  # credits paid: charged - refunded + reclaimed
 
 
+class PortalLink(msgspec.Struct, frozen=True):
+    """A single-use sign-in link into an application's portal; hand `url` to its customer."""
+
+    url: str
+    expires_at: datetime  # it signs in once, before this
+
+
 class EventType(msgspec.Struct, frozen=True):
     """An entry of the account's event catalog; with a schema, every payload of the type must pass it."""
 

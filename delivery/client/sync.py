@@ -297,6 +297,10 @@ class Applications(_Resource):
     def list_endpoints(self, application: Id) -> tuple[models.Endpoint, ...]:
         return self._run(calls.list_application_endpoints(application))
 
+    def portal_link(self, application: Id) -> models.PortalLink:
+        """A single-use link into the application's portal, for its customer (signs in within 15 minutes)."""
+        return self._run(calls.create_portal_link(application))
+
     def usage(self, application: Id, *, since: datetime | str | None = None,
               until: datetime | str | None = None) -> models.ApplicationUsage:
         """Its charges, refunds and reclaims in [since, until), from the account's ledger."""

@@ -31,6 +31,8 @@ def test_applications_lifecycle_send_and_usage(cli):
     assert _json(cli("applications", "usage", created["id"], "--since", "2000-01-01", "--json", key=key))["net"] == 2
     renamed = _json(cli("applications", "update", "customer-9", "--name", "Globex Corp", "--json", key=key))
     assert (renamed["name"], renamed["uid"], renamed["metadata"]) == ("Globex Corp", "customer-9", {"plan": "pro"})
+    link = cli("applications", "portal-link", "customer-9", key=key)
+    assert link.exit_code == 0 and "/portal/sign-in?token=" in link.stdout and "signs in once" in link.stdout
     deleted = cli("applications", "delete", "customer-9", key=key)
     assert deleted.exit_code == 0 and "and 1 endpoints" in deleted.stdout
 

@@ -47,6 +47,8 @@ async def test_applications_through_the_async_client(sdk, account):
         await sdk.applications.create("again", uid="customer-1")
     with pytest.raises(ConflictError):
         await sdk.applications.delete(created.account.id)
+    link = await sdk.applications.portal_link("customer-1")
+    assert "/portal/sign-in?token=" in link.url and link.expires_at is not None
     deleted = await sdk.applications.delete("customer-1")
     assert (deleted.deleted, deleted.endpoints_deleted) == (True, 1)
     with pytest.raises(NotFoundError):
