@@ -1,8 +1,9 @@
 """The customer portal at /portal/: an application's customer, signed in with a magic link from
 POST /v1/applications/{app}/portal-links, sees that application only.
 
-It lists the application's endpoints (add one, delete one) and its newest deliveries, and replays a
-dead one (a new delivery, charged to the account, its price shown on the button). It shows nothing
+It lists the application's endpoints (add one, delete one, send it a test event) and its newest
+deliveries, and replays a dead one; a test event and a replay are real deliveries, charged to the
+account, their price shown on the button. It shows nothing
 of the account's balance or ledger. Pages are served as the dashboard's are: the same security
 headers (CSP, no framing), errors as pages, and a CSRF token derived from the session on every
 form; the session cookie is HttpOnly, SameSite=Strict and scoped to /portal. Another
@@ -33,6 +34,8 @@ from signing import generate_secret
 PREFIX = "/portal"
 COOKIE_NAME = "hookledger_portal"
 DELIVERIES_SHOWN = 50
+TEST_EVENT_TYPE = "webhook.test"
+TEST_PAYLOAD = b'{"test":true,"sent_from":"the webhook portal"}'
 SESSION = web.RequestKey("portal_session", portal.PortalSession) if hasattr(web, "RequestKey") else "portal_session"
 
 routes = web.RouteTableDef()
@@ -115,7 +118,8 @@ async def home(request: web.Request, *, errors: list[str] | None = None, status:
     pool = pages.api(request).pool
     endpoints = await endpoint_store.list_endpoints(pool, session.account_id, session.application_id)
     deliveries = await portal.deliveries(pool, session.account_id, session.application_id, DELIVERIES_SHOWN)
-    return _render(request, "portal_home.html", {"endpoints": endpoints, "deliveries": deliveries,
+    price = await pool.fetchval("SELECT price_per_delivery FROM accounts WHERE id = $1", session.account_id)
+    return _render(request, "portal_home.html", {"endpoints": endpoints, "deliveries": deliveries, "price": price,
                                                  "errors": errors or []}, status=status)
 
 
@@ -160,6 +164,16 @@ async def _own_endpoint(request: web.Request):
 async def delete_endpoint(request: web.Request) -> web.Response:
     endpoint = await _own_endpoint(request)
     await endpoint_store.delete_endpoint(pages.api(request).pool, _session(request).account_id, endpoint.id)
+    raise web.HTTPSeeOther(f"{PREFIX}/")
+
+
+@routes.post("/endpoints/{id}/test")
+async def send_test_event(request: web.Request) -> web.Response:
+    """A webhook.test event to one endpoint of this application: a real delivery, charged to the account."""
+    endpoint = await _own_endpoint(request)
+    session = _session(request)
+    await submit(pages.api(request), MessageRequest(session.account_id, TEST_EVENT_TYPE, TEST_PAYLOAD,
+                                                    endpoint_ids=(endpoint.id,), application_id=session.application_id))
     raise web.HTTPSeeOther(f"{PREFIX}/")
 
 
