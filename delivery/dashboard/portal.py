@@ -20,7 +20,9 @@ import jinja2
 import msgspec
 from aiohttp import web
 
+from billing.errors import BillingError
 from billing.messages import MessageRequest
+from delivery.api import problems
 from delivery.api.problems import Problem, not_found
 from delivery.api.routes_messages import submit
 from delivery.api.validation import EndpointCreate, decode, path_id
@@ -57,6 +59,9 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except Problem as problem:
+        return _render(request, "portal_error.html", {"problem": problem}, status=problem.status)
+    except BillingError as error:  # a test event or a replay the account's balance cannot cover, say
+        problem = problems.from_billing(error)
         return _render(request, "portal_error.html", {"problem": problem}, status=problem.status)
     except web.HTTPException as error:
         if error.status < 400:

@@ -150,3 +150,21 @@ async def test_an_expired_link_and_a_deleted_application_end_at_sign_in(dash, po
         assert response.status == 404
     finally:
         await late.close()
+
+
+async def test_a_test_event_the_balance_cannot_cover_is_refused_and_writes_nothing(dash, pool):
+    """The account pays for a portal's test event: with too little balance, 402, nothing written."""
+    account_id, key = await dash.account(balance=3, price=3)
+    await _api(dash, "POST", "/v1/applications", key, json={"name": "Customer", "uid": "c"})
+    endpoint = await _api(dash, "POST", "/v1/applications/c/endpoints", key, json={"url": "https://example.com/c"})
+    await _api(dash, "POST", "/v1/applications/c/messages", key, json={"event_type": "a", "payload": {}})  # balance 0
+    browser = await _signed_in(dash, await _api(dash, "POST", "/v1/applications/c/portal-links", key))
+    try:
+        html = await browser.page("/portal/")
+        assert "Send test event (3 credits)" in html
+        before = await _state(pool)
+        response, html = await browser.post(f"/portal/endpoints/{endpoint['id']}/test", {})
+        assert response.status == 402 and "cannot cover" in html
+        assert await _state(pool) == before
+    finally:
+        await browser.close()
