@@ -8,6 +8,10 @@ exists. On messages and endpoints, a BEFORE INSERT trigger fills a missing appli
 account's id; its WHEN clause is evaluated without calling the function, so the create path, which
 always names the application, pays only that test.
 
+application_counts holds each account's number of live applications, moved by statement-level
+triggers (one upsert per statement, however many rows it wrote), so a create checks the bound in
+one probe at 10,000 applications as at one.
+
 Applications are never deleted (messages point at them; an application is closed by deleted_at),
 and neither an application's keys nor the application of an endpoint or a message change.
 """
@@ -31,6 +35,31 @@ CREATE FUNCTION default_application() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     NEW.application_id := NEW.account_id;
     RETURN NEW;
+END;
+$$
+""",
+)
+
+COUNT_FUNCTIONS = (
+    """
+CREATE FUNCTION applications_count_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO application_counts (account_id, live)
+        SELECT account_id, count(*) FROM inserted WHERE deleted_at IS NULL GROUP BY account_id
+        ON CONFLICT (account_id) DO UPDATE SET live = application_counts.live + excluded.live;
+    RETURN NULL;
+END;
+$$
+""",
+    """
+CREATE FUNCTION applications_count_updated() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE application_counts c SET live = c.live + moved.change
+    FROM (SELECT n.account_id, sum(CASE WHEN o.deleted_at IS NULL THEN -1 ELSE 1 END)::int AS change
+          FROM old_rows o JOIN new_rows n ON n.id = o.id
+          WHERE (o.deleted_at IS NULL) <> (n.deleted_at IS NULL) GROUP BY n.account_id) AS moved
+    WHERE c.account_id = moved.account_id;
+    RETURN NULL;
 END;
 $$
 """,
@@ -62,6 +91,13 @@ _TRIGGERS = (
     ("applications", "applications_no_delete",
      "CREATE TRIGGER applications_no_delete BEFORE DELETE ON applications"
      " FOR EACH ROW EXECUTE FUNCTION refuse_history_change()"),
+    ("applications", "applications_count_inserted",
+     "CREATE TRIGGER applications_count_inserted AFTER INSERT ON applications REFERENCING NEW TABLE AS inserted"
+     " FOR EACH STATEMENT EXECUTE FUNCTION applications_count_inserted()"),
+    ("applications", "applications_count_updated",
+     "CREATE TRIGGER applications_count_updated AFTER UPDATE ON applications"
+     " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT"
+     " EXECUTE FUNCTION applications_count_updated()"),
     ("applications", "applications_no_truncate",
      "CREATE TRIGGER applications_no_truncate BEFORE TRUNCATE ON applications"
      " FOR EACH STATEMENT EXECUTE FUNCTION refuse_history_change()"),
@@ -74,7 +110,7 @@ def trigger_names() -> list[tuple[str, str]]:
 
 def upgrade_statements() -> list[str]:
     """The functions, then each trigger, ENABLE ALWAYS (they hold in replica mode too)."""
-    statements = list(_FUNCTIONS)
+    statements = list(_FUNCTIONS) + list(COUNT_FUNCTIONS)
     for table, name, create in _TRIGGERS:
         statements += [create, f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {name}"]
     return statements
@@ -82,4 +118,5 @@ def upgrade_statements() -> list[str]:
 
 def downgrade_statements() -> list[str]:
     statements = [f"DROP TRIGGER {name} ON {table}" for table, name, _ in _TRIGGERS]
-    return statements + ["DROP FUNCTION default_application()", "DROP FUNCTION accounts_make_default_application()"]
+    return statements + ["DROP FUNCTION default_application()", "DROP FUNCTION accounts_make_default_application()",
+                         "DROP FUNCTION applications_count_inserted()", "DROP FUNCTION applications_count_updated()"]

@@ -164,6 +164,16 @@ applications = sa.Table(
             " The account pays; usage per application is a sum over the ledger.",
 )
 
+application_counts = sa.Table(
+    "application_counts",
+    metadata,
+    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), primary_key=True),
+    sa.Column("live", sa.Integer, nullable=False),
+    sa.CheckConstraint("live >= 0", name="live_non_negative"),
+    comment="How many live applications each account has (0016), kept by triggers on applications: what the"
+            " per-account bound is checked against, in one probe however many there are.",
+)
+
 event_types = sa.Table(
     "event_types",
     metadata,

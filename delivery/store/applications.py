@@ -83,9 +83,9 @@ async def create_application(
     try:
         async with resolved_transaction(executor, wait_seconds=outcome_wait_seconds) as connection:
             await accounts.lock_active(connection, account_id, "applications")
-            # Through the (account_id, id) unique index: an index-only count of the account's rows.
+            # Kept by triggers on applications (billing.application_triggers): one probe at any count.
             count = await connection.fetchval(
-                "SELECT count(*) FROM applications WHERE account_id = $1 AND deleted_at IS NULL", account_id)
+                "SELECT coalesce((SELECT live FROM application_counts WHERE account_id = $1), 0)", account_id)
             if count >= APPLICATIONS_PER_ACCOUNT_MAX:
                 raise ApplicationLimitReached(
                     f"an account has at most {APPLICATIONS_PER_ACCOUNT_MAX} applications (applications_per_account)")

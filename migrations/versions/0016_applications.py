@@ -76,6 +76,18 @@ def upgrade() -> None:
     op.execute("UPDATE messages SET application_id = account_id")
     op.alter_column("messages", "application_id", nullable=False)
 
+    op.create_table(
+        "application_counts",
+        sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id", name="fk_application_counts_account_id"),
+                  primary_key=True),
+        sa.Column("live", sa.Integer, nullable=False),
+        sa.PrimaryKeyConstraint("account_id", name="pk_application_counts"),
+        sa.CheckConstraint("live >= 0", name="ck_application_counts_live_non_negative"),
+        comment="How many live applications each account has (0016), kept by triggers on applications: what the"
+                " per-account bound is checked against, in one probe however many there are.",
+    )
+    op.execute("INSERT INTO application_counts (account_id, live)"
+               " SELECT account_id, count(*) FROM applications WHERE deleted_at IS NULL GROUP BY account_id")
     for statement in application_triggers.upgrade_statements() + references.application_check_statements():
         op.execute(statement)
 
@@ -149,6 +161,7 @@ def downgrade() -> None:
     op.drop_table("event_types")
     for statement in references.application_check_reset_statements() + application_triggers.downgrade_statements():
         op.execute(statement)
+    op.drop_table("application_counts")
     op.drop_column("messages", "application_id")
     op.drop_index("ix_endpoints_application_id_account_id", table_name="endpoints")
     op.drop_constraint("fk_endpoints_application", "endpoints", type_="foreignkey")

@@ -80,6 +80,8 @@ async def test_upgrade_moves_everything_to_a_default_application_and_downgrades(
         defaults = await pool.fetch("SELECT id, account_id, name FROM applications ORDER BY id")
         assert [(row["id"], row["name"]) for row in defaults] == [(row[0], "default") for row in before["accounts"]]
         assert all(row["id"] == row["account_id"] for row in defaults)
+        counts = dict(await pool.fetch("SELECT account_id, live FROM application_counts"))
+        assert counts == {row[0]: 1 for row in before["accounts"]}
         assert await pool.fetchval("SELECT count(*) FROM endpoints WHERE application_id <> account_id") == 0
         assert await pool.fetchval("SELECT count(*) FROM messages WHERE application_id <> account_id") == 0
         report = await audit(pool)
@@ -91,6 +93,7 @@ async def test_upgrade_moves_everything_to_a_default_application_and_downgrades(
         new_account = uuid.uuid4()
         await pool.execute("INSERT INTO accounts (id, name) VALUES ($1, 'by hand')", new_account)
         assert await pool.fetchval("SELECT name FROM applications WHERE id = $1 AND account_id = $1", new_account) == "default"
+        assert await pool.fetchval("SELECT live FROM application_counts WHERE account_id = $1", new_account) == 1
     finally:
         await pool.close()
 

@@ -139,6 +139,10 @@ async def test_applications_per_account_limit_is_named_and_writes_nothing(api):
     assert await api.pool.fetchval("SELECT count(*) FROM applications WHERE account_id = $1", account_id) == count
     assert (await api.client.delete(f"/v1/applications/{last['id']}", headers=headers)).status == 200
     await _application(api, headers)
+    # The bound is checked against a count the triggers keep; it is the count of live rows.
+    assert await api.pool.fetchval("SELECT live FROM application_counts WHERE account_id = $1", account_id) == \
+        await api.pool.fetchval("SELECT count(*) FROM applications WHERE account_id = $1 AND deleted_at IS NULL",
+                                account_id) == APPLICATIONS_PER_ACCOUNT_MAX
 
 
 async def test_endpoints_per_application_limit_is_named_and_per_application(api):
