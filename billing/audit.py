@@ -438,9 +438,10 @@ def _triggers_created_by(statements, wanted: list[tuple[str, str, str]], cost: s
 
 def _expected_triggers() -> list[_ExpectedTrigger]:
     """Every trigger I5 and I8 check, from the very statements the migrations run: the append-only
-    triggers of billing.tables (0001) and the reference triggers of billing.references (0005)."""
+    triggers of billing.tables (0001) and the reference triggers of billing.references (0005, and
+    the messages and deliveries ones as 0016 makes them again)."""
     statements = (tables.APPEND_ONLY_FUNCTION, *tables.APPEND_ONLY_TRIGGERS, *tables.APPEND_ONLY_ENABLE_ALWAYS,
-                  *references.upgrade_statements())
+                  *references.upgrade_statements(), *references.application_check_statements())
     append_only = [_TRIGGER_DEFINITION.fullmatch(statement) for statement in tables.APPEND_ONLY_TRIGGERS]
     wanted = [("I5", match["table"], match["name"]) for match in append_only]
     wanted += [("I8", table, name) for table, name in references.trigger_names()]

@@ -48,6 +48,10 @@ class IdempotencyConflict(BillingError):
     """This idempotency key was already used with a different request."""
 
 
+class ApplicationNotFound(BillingError):
+    """No such live application of the account; nothing was written."""
+
+
 class DeliveryNotFound(BillingError):
     """No such delivery."""
 

@@ -7,13 +7,16 @@ objects). Most batches need none of that deciding:
 every account active, with a balance that covers everything the batch charges it, no
 idempotency key seen before. For those, one autocommit statement does the fan-out itself:
 
-  1. each request's subscribed endpoints (one index probe per request), numbered per message;
+  1. each request's subscribed endpoints, those of its application (one probe of
+     ix_endpoints_application_id_account_id per request), numbered per message;
   2. the batch's accounts locked in id order (as every writer locks them, so none deadlocks),
      each kept only if it is active and its balance covers its share of the batch at its price
      as it stands once locked (a row changed by a concurrent write is checked on its newest
      version);
-  3. "ok" only if every account of the batch was kept, no request's idempotency key is already
-     used, and no message goes to more endpoints than its delivery ids can number;
+  3. "ok" only if every account of the batch was kept, every application named (other than an
+     account's default, which is never deleted) is a live one of its account (one primary-key
+     probe each), no request's idempotency key is already used, and no message goes to more
+     endpoints than its delivery ids can number;
   4. only if ok: the balances moved, and the messages, deliveries and charges inserted.
 
 It answers ok and the deliveries it made. Not ok, it wrote nothing, and the caller decides the
@@ -31,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from billing import ids
-from billing.message_plan import CreatedDelivery, MessageCreated, MessageRequest
+from billing.message_plan import CHANNEL_SEPARATOR, CreatedDelivery, MessageCreated, MessageRequest, joined_channels
 
 DELIVERIES_PER_MESSAGE_MAX = 0xFFFF  # what the 16 bits of a delivery's number can count
 
@@ -65,12 +68,20 @@ class DirectBatch:
             self.delivery_bases,
             self.attempts_max,
             self._trace_contexts(),
+            [request.application_id or request.account_id for request in requests],
+            self._channels(),
         )
 
     def _trace_contexts(self) -> list | None:
         """The messages' trace contexts, or NULL for a batch with none (every batch while tracing is off)."""
         contexts = [request.trace_context for request in self.requests]
         return contexts if any(contexts) else None
+
+    def _channels(self) -> list | None:
+        """Each request's channels, joined, or one NULL for a batch without any (most)."""
+        if all(request.channels is None for request in self.requests):
+            return None
+        return [joined_channels(request) for request in self.requests]
 
     def _keys(self) -> tuple[list | None, list | None]:
         """The idempotency keys and request hashes, or two NULLs for a batch with no key (most):
@@ -108,7 +119,10 @@ def _deliveries_made(position: str) -> str:
 
 # $1 to $7: per request, its message id, account, event type, payload, idempotency key, request
 # hash (keyed requests only; both arrays NULL when no request of the batch is keyed) and the base
-# of its deliveries' ids; $8 attempts_max; $9 each message's trace context (NULL while tracing is off).
+# of its deliveries' ids; $8 attempts_max; $9 each message's trace context (NULL while tracing is off);
+# $10 per request, its application (the account's id for its default application); $11 per
+# request, its channels joined by CHANNEL_SEPARATOR (NULL: none; the whole array NULL when no
+# request of the batch has any).
 #
 # The endpoint probe is LATERAL with OFFSET 0, one index probe per request whatever the
 # statistics say, as in the planned read. The key check is a scalar subquery per keyed request,
@@ -117,16 +131,20 @@ def _deliveries_made(position: str) -> str:
 # since fails the insert on that index, and the statement writes nothing.
 DIRECT_WRITE = (
     "WITH request AS ("
-    "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[], $7::uuid[],"
-    "     $9::text[]) WITH ORDINALITY AS r(message_id, account_id, event_type, payload, idempotency_key,"
-    "       request_hash, delivery_base, trace_context, position)),"
+    "   SELECT r.*, string_to_array(r.joined_channels, '" + CHANNEL_SEPARATOR + "') AS channels"
+    "   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[], $7::uuid[],"
+    "     $9::text[], $10::uuid[], $11::text[]) WITH ORDINALITY AS r(message_id, account_id, event_type, payload,"
+    "       idempotency_key, request_hash, delivery_base, trace_context, application_id, joined_channels, position)),"
     " fan_out AS ("
     "   SELECT r.account_id, r.message_id, r.delivery_base, e.id AS endpoint_id,"
     "     row_number() OVER (PARTITION BY r.message_id ORDER BY e.id) AS number"
     "   FROM request r CROSS JOIN LATERAL ("
     "     SELECT e.id FROM endpoints e"
-    "     WHERE e.account_id = r.account_id AND e.enabled AND e.deleted_at IS NULL"
-    "       AND (e.event_types IS NULL OR r.event_type = ANY (e.event_types)) OFFSET 0) e),"
+    "     WHERE e.application_id = r.application_id AND e.account_id = r.account_id AND e.enabled"
+    "       AND e.deleted_at IS NULL"
+    "       AND (e.event_types IS NULL OR r.event_type = ANY (e.event_types) OR (e.event_type_prefixes IS NOT NULL"
+    "         AND EXISTS (SELECT FROM unnest(e.event_type_prefixes) AS p WHERE starts_with(r.event_type, p))))"
+    "       AND (e.channels IS NULL OR e.channels && r.channels) OFFSET 0) e),"
     " charged AS (SELECT account_id, count(*) AS deliveries FROM fan_out GROUP BY account_id),"
     " locked AS ("
     "   SELECT a.id, a.price_per_delivery AS price, coalesce(c.deliveries, 0) * a.price_per_delivery AS total"
@@ -136,6 +154,9 @@ DIRECT_WRITE = (
     "   ORDER BY a.id FOR UPDATE OF a),"
     " ok AS ("
     "   SELECT (SELECT count(*) FROM locked) = (SELECT count(DISTINCT account_id) FROM request)"
+    "     AND NOT EXISTS (SELECT FROM request r WHERE r.application_id <> r.account_id"
+    "       AND (SELECT ap.deleted_at IS NULL FROM applications ap"
+    "            WHERE ap.id = r.application_id AND ap.account_id = r.account_id) IS NOT TRUE)"
     "     AND NOT EXISTS (SELECT FROM request r WHERE r.idempotency_key IS NOT NULL"
     "       AND (SELECT true FROM messages m"
     "            WHERE m.account_id = r.account_id AND m.idempotency_key = r.idempotency_key LIMIT 1))"
@@ -144,8 +165,11 @@ DIRECT_WRITE = (
     "   UPDATE accounts a SET balance = a.balance - l.total FROM locked l"
     "   WHERE (SELECT ok FROM ok) AND a.id = l.id AND l.total <> 0),"
     " message_rows AS ("
-    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, trace_context)"
-    "   SELECT message_id, account_id, event_type, payload, idempotency_key, request_hash, trace_context FROM request"
+    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, trace_context,"
+    "     application_id, channels)"
+    "   SELECT message_id, account_id, event_type, payload, idempotency_key, request_hash, trace_context,"
+    "     application_id, channels"
+    "   FROM request"
     "   WHERE (SELECT ok FROM ok)),"
     " delivery_rows AS ("
     "   INSERT INTO deliveries (id, account_id, message_id, endpoint_id, price, attempts_max)"

@@ -21,6 +21,7 @@ from datetime import datetime
 from billing import ids
 from billing.errors import (
     AccountNotActive,
+    ApplicationNotFound,
     AccountNotFound,
     BillingError,
     IdempotencyConflict,
@@ -42,13 +43,30 @@ class MessageRequest:
     # its deliveries (deliveries.replay_of): what tells the recovery and the operator's bulk
     # replay that a dead delivery was replayed, whoever replayed it and under whatever key.
     replay_of: uuid.UUID | None = None
+    # The application it is sent to (an application of the account, checked by the caller); None,
+    # or the account's own id, is the account's default application. A targeted request (a
+    # replay) goes to its endpoints' application, which must then be this one if given.
+    application_id: uuid.UUID | None = None
+    # Up to MESSAGE_CHANNELS_MAX channels: only endpoints that filter on no channel, or on one of
+    # these, receive it. None: no channels.
+    channels: tuple[str, ...] | None = None
     # The W3C traceparent of the request's span (delivery.tracing), kept with the message so that
     # every attempt of its deliveries joins that trace; None when tracing is off. Not part of what
     # was asked: the request hash leaves it out.
     trace_context: str | None = None
 
+    @property
+    def application(self) -> uuid.UUID | None:
+        """The application named, None for the default (whose id is the account's)."""
+        return None if self.application_id == self.account_id else self.application_id
+
     def request_hash(self) -> bytes:
         content = self.event_type.encode() + b"\0" + self.payload
+        if self.application is not None:
+            # One key reused for another application conflicts (and the default's hash is as before).
+            content += b"\0application\0" + self.application.bytes
+        if self.channels is not None:
+            content += b"\0channels\0" + CHANNEL_SEPARATOR.join(self.channels).encode()
         if self.endpoint_ids is not None:
             # The target is part of what was asked, so one key reused for another target conflicts.
             content += b"\0" + b"".join(endpoint_id.bytes for endpoint_id in self.endpoint_ids)
@@ -56,6 +74,27 @@ class MessageRequest:
             # So does the delivery replayed: one key reused to replay another one conflicts.
             content += b"\0replay\0" + self.replay_of.bytes
         return hashlib.sha256(content).digest()
+
+
+# Channels travel to the statements joined by this (a channel is letters, digits and _ . : -), one
+# text per message: unnest would flatten an array of arrays.
+CHANNEL_SEPARATOR = ","
+
+
+def subscribed(event_type: str, event_types, prefixes) -> bool:
+    """Whether an endpoint subscribed to `event_types` (None: every type), whose wildcard
+    subscriptions ("invoice.*") have `prefixes` ("invoice."), takes `event_type`."""
+    return (event_types is None or event_type in event_types
+            or (prefixes is not None and any(event_type.startswith(prefix) for prefix in prefixes)))
+
+
+def in_channels(message_channels, endpoint_channels) -> bool:
+    """Whether an endpoint filtering on `endpoint_channels` (None: on none) takes a message of `message_channels`."""
+    return endpoint_channels is None or bool(message_channels and not set(endpoint_channels).isdisjoint(message_channels))
+
+
+def joined_channels(request: MessageRequest) -> str | None:
+    return None if request.channels is None else CHANNEL_SEPARATOR.join(request.channels)
 
 
 @dataclass(frozen=True)
@@ -78,14 +117,20 @@ class MessageCreated:
 class Plan:
     """What one batch will write, decided in memory after the accounts are read."""
 
-    def __init__(self, accounts, endpoints, replays, transaction_id: int, read_at: datetime | None) -> None:
+    def __init__(self, accounts, endpoints, targets, applications, replays, transaction_id: int,
+                 read_at: datetime | None) -> None:
         self.transaction_id = transaction_id  # locked: pg_current_xact_id(), for resolve_outcome
         self.read_at = read_at  # unlocked: when the read ran on this connection's backend, ditto
         self.accounts = accounts  # account id -> its row as read (locked, or not)
         self.balances = {account_id: row["balance"] for account_id, row in accounts.items()}
-        self.endpoints = endpoints  # account id -> [(endpoint id, event types)]
+        # (account id, application id) -> [(endpoint id, event types, wildcard prefixes, channels)]
+        self.endpoints = endpoints
+        self.targets = targets  # endpoint id -> (account id, application id): the live endpoints targeted
+        self.applications = applications  # {(account id, application id)}: the live applications named
         self.replays = replays  # (account id, key) -> (request hash, MessageCreated)
         self.messages: list[tuple] = []
+        self.message_applications: list[uuid.UUID] = []  # beside each message: its application
+        self.message_channels: list[str | None] = []  # beside each message: its channels, joined
         self.deliveries: list[tuple] = []
         self.replay_of: list[uuid.UUID | None] = []  # beside each delivery: the delivery it replays, if any
         self.trace_contexts: list[str | None] = []  # beside each message: its trace context, if any
@@ -93,27 +138,40 @@ class Plan:
     @classmethod
     async def load(cls, connection, requests: list[MessageRequest], *, lock: bool = True) -> Plan:
         account_ids = sorted({request.account_id for request in requests})
-        # Only the endpoints some request of the batch can go to: those subscribed to every type
-        # or to one of the batch's types, or every live one when a request names its endpoints
-        # (it may name one not subscribed to its type). An account with endpoints for many types
-        # would otherwise return a row for each, per batch: at fan-out 1 in bench_ingest, four
-        # rows per account where one is used.
-        event_types = None
-        if all(request.endpoint_ids is None for request in requests):
-            event_types = sorted({request.event_type for request in requests})
-        # One round trip: read the accounts (locked in id order, or not) and their live endpoints.
+        # Only the endpoints some request of the batch can go to: those of the applications the
+        # batch sends to, subscribed to every type or to one of the batch's types, and the live
+        # ones a request names (it may name one not subscribed to its type). An account with
+        # endpoints for many types would otherwise return a row for each, per batch: at fan-out 1
+        # in bench_ingest, four rows per account where one is used.
+        fanned = sorted({(request.account_id, request.application_id or request.account_id)
+                         for request in requests if request.endpoint_ids is None})
+        event_types = sorted({request.event_type for request in requests if request.endpoint_ids is None})
+        targeted = sorted({endpoint_id for request in requests for endpoint_id in request.endpoint_ids or ()})
+        # One round trip: read the accounts (locked in id order, or not) and those endpoints.
         read = LOCK_ACCOUNTS_READ_ENDPOINTS if lock else READ_ACCOUNTS_ENDPOINTS
-        rows = await connection.fetch(read, account_ids, event_types)
+        rows = await connection.fetch(read, account_ids, event_types, [pair[0] for pair in fanned],
+                                      [pair[1] for pair in fanned], targeted)
         accounts = {}
         endpoints = defaultdict(list)
+        targets = {}
         for row in rows:
             accounts.setdefault(row["id"], row)
-            if row["endpoint_id"] is not None:
-                endpoints[row["id"]].append((row["endpoint_id"], row["event_types"]))
+            if row["endpoint_id"] is None:
+                continue
+            if row["targeted"]:
+                targets[row["endpoint_id"]] = (row["id"], row["application_id"])
+            else:
+                endpoints[row["id"], row["application_id"]].append(
+                    (row["endpoint_id"], row["event_types"], row["event_type_prefixes"], row["channels"]))
+        named = sorted({request.application for request in requests if request.application is not None})
+        applications = set()
+        if named:  # the live applications the batch names (an account's default is never deleted)
+            applications = {(row["account_id"], row["id"]) for row in await connection.fetch(_LIVE_APPLICATIONS, named)}
         keyed = [r for r in requests if r.idempotency_key is not None and r.account_id in accounts]
         replays = await _load_replays(connection, keyed) if keyed else {}
         transaction_id = rows[0]["transaction_id"] if rows and lock else 0
-        return cls(accounts, endpoints, replays, transaction_id, rows[0]["read_at"] if rows and not lock else None)
+        return cls(accounts, endpoints, targets, applications, replays, transaction_id,
+                   rows[0]["read_at"] if rows and not lock else None)
 
     def decide(self, request: MessageRequest, attempts_max: int) -> MessageCreated | BillingError:
         account = self.accounts.get(request.account_id)
@@ -129,9 +187,10 @@ class Plan:
             return stored
         if account["status"] != "active":
             return AccountNotActive(f"account {request.account_id} is {account['status']}")
-        subscribed = self._targets(request)
-        if isinstance(subscribed, BillingError):
-            return subscribed
+        targets = self._targets(request)
+        if isinstance(targets, BillingError):
+            return targets
+        application_id, subscribed = targets
         price = account["price_per_delivery"]
         total = price * len(subscribed)
         if self.balances[request.account_id] < total:
@@ -140,27 +199,39 @@ class Plan:
                 f" deliveries at {price} credits each ({total})"
             )
         self.balances[request.account_id] -= total
-        created = self._add(request, subscribed, price, attempts_max)
+        created = self._add(request, application_id, subscribed, price, attempts_max)
         if request.idempotency_key is not None:
             self.replays[key] = (request.request_hash(), _replayed(created))
         return created
 
-    def _targets(self, request: MessageRequest) -> list[uuid.UUID] | BillingError:
-        live = self.endpoints.get(request.account_id, ())
+    def _targets(self, request: MessageRequest) -> tuple[uuid.UUID, list[uuid.UUID]] | BillingError:
+        """The request's application and the endpoints it goes to."""
+        if request.application is not None and (request.account_id, request.application) not in self.applications:
+            return ApplicationNotFound(f"no live application {request.application} of account {request.account_id}")
         if request.endpoint_ids is None:
-            return [
-                endpoint_id for endpoint_id, event_types in live if event_types is None or request.event_type in event_types
+            application_id = request.application_id or request.account_id
+            live = self.endpoints.get((request.account_id, application_id), ())
+            return application_id, [
+                endpoint_id for endpoint_id, event_types, prefixes, channels in live
+                if subscribed(request.event_type, event_types, prefixes) and in_channels(request.channels, channels)
             ]
-        live_ids = {endpoint_id for endpoint_id, _ in live}
-        missing = [endpoint_id for endpoint_id in request.endpoint_ids if endpoint_id not in live_ids]
-        if missing:
-            return InvalidInput(
-                f"endpoint {missing[0]} is not an enabled, undeleted endpoint of account {request.account_id}"
-            )
-        return list(request.endpoint_ids)
+        found = [self.targets.get(endpoint_id) for endpoint_id in request.endpoint_ids]
+        for endpoint_id, target in zip(request.endpoint_ids, found, strict=True):
+            if target is None or target[0] != request.account_id:
+                return InvalidInput(
+                    f"endpoint {endpoint_id} is not an enabled, undeleted endpoint of account {request.account_id}"
+                )
+        applications = {application_id for _, application_id in found}
+        if len(applications) > 1 or (request.application_id is not None
+                                     and applications != {request.application_id}):
+            return InvalidInput("the endpoints of a targeted message must all belong to its one application")
+        return applications.pop(), list(request.endpoint_ids)
 
-    def _add(self, request: MessageRequest, subscribed, price: int, attempts_max: int) -> MessageCreated:
+    def _add(self, request: MessageRequest, application_id: uuid.UUID, subscribed, price: int,
+             attempts_max: int) -> MessageCreated:
         message_id, *delivery_ids = ids.new_ids(1 + len(subscribed))
+        self.message_applications.append(application_id)
+        self.message_channels.append(joined_channels(request))
         self.messages.append(
             (message_id, request.account_id, request.event_type, request.payload,
              request.idempotency_key, request.request_hash() if request.idempotency_key else None)
@@ -197,9 +268,11 @@ class Plan:
                    if balance != self.accounts[account_id]["balance"]]
         balances = list(zip(*changed)) or [[], []]
         if self._replays():
-            await connection.execute(WRITE_BATCH_REPLAYS, *self._rows(), *balances, self.replay_of, self._traces())
+            await connection.execute(WRITE_BATCH_REPLAYS, *self._rows(), *balances, self.replay_of, self._traces(),
+                                     self.message_applications, self.message_channels)
         else:
-            await connection.execute(WRITE_BATCH, *self._rows(), *balances, self._traces())
+            await connection.execute(WRITE_BATCH, *self._rows(), *balances, self._traces(), self.message_applications,
+                                     self.message_channels)
 
     async def write_gated(self, connection) -> bool:
         """Unlocked: one autocommit statement writes the whole batch if every account with new
@@ -211,29 +284,43 @@ class Plan:
             [self.accounts[account_id]["balance"] - self.balances[account_id] for account_id in accounts],
             [self.accounts[account_id]["price_per_delivery"] for account_id in accounts],
             *([self.replay_of] if replays else []), self._traces(),
+            self.message_applications, self.message_channels,
         )
 
 
-# Read the batch's accounts and their live endpoints, in one round trip; $2 the batch's event
-# types, or NULL for every live endpoint. Locked: FOR UPDATE of the accounts, in id order.
-# LATERAL with OFFSET 0 (which keeps PostgreSQL from flattening it into a plain join): one index
-# probe of endpoints per locked account, whatever the statistics say. Without them, the plain join
-# scanned and sorted every endpoint of every account: 3.2 ms a batch, not 0.2.
+# The live applications among $1 (those a batch names), with their accounts.
+_LIVE_APPLICATIONS = "SELECT id, account_id FROM applications WHERE id = ANY($1::uuid[]) AND deleted_at IS NULL"
+
+# Read the batch's accounts and the endpoints it can go to, in one round trip. $1 the accounts;
+# $3, $4 the (account, application) pairs the batch fans out to, and $2 the event types of the
+# requests that fan out; $5 the endpoints targeted by the requests that name theirs (a replay),
+# with whichever application and event types they have. Locked: FOR UPDATE of the accounts, in id
+# order (LockRows above the Sort). LATERAL with OFFSET 0 (which keeps PostgreSQL from flattening it
+# into a plain join): one probe of ix_endpoints_application_id_account_id per pair, whatever the statistics
+# say; a plain join once scanned and sorted every endpoint of every account, 3.2 ms a batch, not 0.2.
 # Locked, pg_current_xact_id(): the transaction's id, for resolve_outcome; locking the rows
 # assigns it anyway, so asking costs nothing. Unlocked, statement_timestamp(): a moment at which
 # this connection's backend was alive, which tells it apart from a later one with the same pid.
 _READ_ACCOUNTS_ENDPOINTS = (
-    "SELECT a.id, a.status, a.balance, a.price_per_delivery, e.id AS endpoint_id, e.event_types, {marker}"
-    " FROM accounts a LEFT JOIN LATERAL ("
-    "   SELECT e.id, e.event_types FROM endpoints e"
-    "   WHERE e.account_id = a.id AND e.enabled AND e.deleted_at IS NULL"
-    "     AND ($2::text[] IS NULL OR e.event_types IS NULL OR e.event_types && $2::text[]) OFFSET 0) e ON true"
-    " WHERE a.id = ANY($1::uuid[]) ORDER BY a.id, e.id"
+    "WITH account AS MATERIALIZED ("
+    "   SELECT a.id, a.status, a.balance, a.price_per_delivery, {marker} FROM accounts a"
+    "   WHERE a.id = ANY($1::uuid[]) ORDER BY a.id{lock}),"
+    " endpoint AS ("
+    "   SELECT k.account_id, e.*, false AS targeted"
+    "   FROM unnest($3::uuid[], $4::uuid[]) AS k(account_id, application_id) CROSS JOIN LATERAL ("
+    "     SELECT e.id, e.application_id, e.event_types, e.event_type_prefixes, e.channels FROM endpoints e"
+    "     WHERE e.application_id = k.application_id AND e.account_id = k.account_id AND e.enabled"
+    "       AND e.deleted_at IS NULL"
+    "       AND (e.event_types IS NULL OR e.event_types && $2::text[] OR e.event_type_prefixes IS NOT NULL) OFFSET 0) e"
+    "   UNION ALL"
+    "   SELECT e.account_id, e.id, e.application_id, e.event_types, e.event_type_prefixes, e.channels, true"
+    "   FROM endpoints e WHERE e.id = ANY($5::uuid[]) AND e.enabled AND e.deleted_at IS NULL)"
+    " SELECT a.*, e.id AS endpoint_id, e.application_id, e.event_types, e.event_type_prefixes, e.channels, e.targeted"
+    " FROM account a LEFT JOIN endpoint e ON e.account_id = a.id ORDER BY a.id, e.id"
 )
-LOCK_ACCOUNTS_READ_ENDPOINTS = (
-    _READ_ACCOUNTS_ENDPOINTS.format(marker="pg_current_xact_id() AS transaction_id") + " FOR UPDATE OF a"
-)
-READ_ACCOUNTS_ENDPOINTS = _READ_ACCOUNTS_ENDPOINTS.format(marker="statement_timestamp() AS read_at")
+LOCK_ACCOUNTS_READ_ENDPOINTS = _READ_ACCOUNTS_ENDPOINTS.format(
+    marker="pg_current_xact_id() AS transaction_id", lock=" FOR UPDATE OF a")
+READ_ACCOUNTS_ENDPOINTS = _READ_ACCOUNTS_ENDPOINTS.format(marker="statement_timestamp() AS read_at", lock="")
 
 # The batch's rows: its messages, its deliveries, and one charge per delivery, its id derived
 # from the delivery id (invariant I1), written in the same statement as the delivery. {only}
@@ -242,9 +329,14 @@ READ_ACCOUNTS_ENDPOINTS = _READ_ACCOUNTS_ENDPOINTS.format(marker="statement_time
 # their replay_of and webhook_id.
 _INSERT_BATCH = (
     " message_rows AS ("
-    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, trace_context)"
-    "   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[],"
-    "     ${trace}::text[]){only}),"
+    "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, trace_context,"
+    "     application_id, channels)"
+    "   SELECT m.id, m.account_id, m.event_type, m.payload, m.idempotency_key, m.request_hash, m.trace_context,"
+    "     m.application_id, string_to_array(m.channels, '" + CHANNEL_SEPARATOR + "')"
+    "   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[],"
+    "     ${trace}::text[], ${application}::uuid[], ${channels}::text[])"
+    "     AS m(id, account_id, event_type, payload, idempotency_key, request_hash, trace_context, application_id,"
+    "       channels){only}),"
     " delivery_rows AS ("
     "   INSERT INTO deliveries {deliveries}{only}"
     "   RETURNING id, account_id, price),"
@@ -274,10 +366,11 @@ _REPLAY_DELIVERIES = (
 
 def _insert_batch(only: str, replay_of: int | None, trace: int) -> str:
     """The inserts; with `replay_of`, the number of the parameter that carries each delivery's
-    replay_of; `trace`, that of the messages' trace contexts."""
-    if replay_of is None:
-        return _INSERT_BATCH.format(only=only, deliveries=_DELIVERIES, trace=trace)
-    return _INSERT_BATCH.format(only=only, deliveries=_REPLAY_DELIVERIES.format(replay_of=replay_of), trace=trace)
+    replay_of; `trace`, that of the messages' trace contexts, and the two after it their
+    applications and their channels (each statement's last three)."""
+    deliveries = _DELIVERIES if replay_of is None else _REPLAY_DELIVERIES.format(replay_of=replay_of)
+    return _INSERT_BATCH.format(only=only, deliveries=deliveries, trace=trace, application=trace + 1,
+                                channels=trace + 2)
 
 
 # The locked write: the rows, and the balances the plan computed ($13, $14), in one statement.
@@ -316,7 +409,7 @@ def _gated_write(replay_of: int | None) -> str:
 # nothing to write (the row has a null bitmap anyway) and nothing to send. A batch with a replay
 # in it sends one more uuid array ($15, $16): each delivery's replay_of, NULL where it replays
 # none; the statement reads each replayed delivery's webhook-id itself. Last come the messages'
-# trace contexts (a NULL array while tracing is off).
+# trace contexts (a NULL array while tracing is off), applications and channels.
 WRITE_BATCH = _write_batch(None)
 WRITE_BATCH_REPLAYS = _write_batch(15)
 GATED_WRITE = _gated_write(None)

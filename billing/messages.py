@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -47,7 +48,7 @@ from billing.database import (
 from billing.errors import BillingError, InsufficientBalance, InvalidInput
 from billing.message_direct import DIRECT_READ_BACK, DIRECT_WRITE, DirectBatch
 from billing.message_plan import CreatedDelivery, MessageCreated, MessageRequest, Plan
-from billing.tables import TRACE_CONTEXT_LENGTH_MAX
+from billing.tables import CHANNEL_LENGTH_MAX, MESSAGE_CHANNELS_MAX, TRACE_CONTEXT_LENGTH_MAX
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ PAYLOAD_BYTES_MAX = 1_048_576  # the schema's bound; the API enforces its own, s
 BATCH_REQUESTS_MAX = 1000
 ATTEMPTS_MAX_LIMIT = 50  # the schema's bound on deliveries.attempts_max
 TARGET_ENDPOINTS_MAX = 100  # a targeted request (a replay) names at most this many endpoints
+_CHANNEL = re.compile(r"[A-Za-z0-9_.:\-]+")  # never the separator of billing.message_plan.CHANNEL_SEPARATOR
 
 # Batches that wrote something, by the way they were written, since this process started:
 # "direct"; "unlocked"; "fell_back" (decided again, locked, after the unlocked write wrote
@@ -129,6 +131,16 @@ def validate(request: MessageRequest) -> None:
             raise InvalidInput(f"endpoint_ids must be a tuple of 1 to {TARGET_ENDPOINTS_MAX} endpoint ids")
         if not all(isinstance(endpoint_id, uuid.UUID) for endpoint_id in targets) or len(set(targets)) != len(targets):
             raise InvalidInput("endpoint_ids must be distinct UUIDs")
+    channels = request.channels
+    if channels is not None:
+        if not isinstance(channels, tuple) or not 1 <= len(channels) <= MESSAGE_CHANNELS_MAX:
+            raise InvalidInput(f"channels must be a tuple of 1 to {MESSAGE_CHANNELS_MAX} channels")
+        if len(set(channels)) != len(channels) or not all(
+                isinstance(channel, str) and 1 <= len(channel) <= CHANNEL_LENGTH_MAX and _CHANNEL.fullmatch(channel)
+                for channel in channels):
+            raise InvalidInput(f"channels must be distinct, of 1 to {CHANNEL_LENGTH_MAX} letters, digits and _ . : -")
+    if request.application_id is not None and not isinstance(request.application_id, uuid.UUID):
+        raise InvalidInput("application_id must be the UUID of an application of the account")
     context = request.trace_context
     if context is not None and (not isinstance(context, str) or not 1 <= len(context) <= TRACE_CONTEXT_LENGTH_MAX):
         raise InvalidInput(f"trace_context must be 1 to {TRACE_CONTEXT_LENGTH_MAX} characters")

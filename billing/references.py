@@ -80,8 +80,8 @@ _KEYS = {
 NEVER_DELETED = ("accounts", "endpoints", "messages", "deliveries")
 
 
-def _check_function(table: str) -> str:
-    condition, message, columns = _CHECKS[table]
+def _check_function(table: str, checks: dict = _CHECKS) -> str:
+    condition, message, columns = checks[table]
     assert message.count("%") == len(columns), f"{table}: the message's placeholders and columns differ"
     return f"""
 CREATE FUNCTION {table}_check_references() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -183,3 +183,53 @@ def downgrade_statements() -> list[str]:
         for table, name, column, parent in REPLACED_FOREIGN_KEYS
     ]
     return statements
+
+
+# Applications (0016): a message names an application of its own account, and a delivery's message
+# and endpoint belong to one application, so a message to one application can never make a
+# delivery to another's endpoint, whatever writes it. These replace the messages and deliveries
+# checks above from 0016 on (the migrations before it still make those: no applications table
+# exists before it). Each still probes one index per parent: the application's key stands for its
+# account, which the application's own foreign key guarantees.
+APPLICATION_CHECKS = {
+    "messages": (
+        "NOT coalesce((SELECT ap.account_id = n.account_id FROM applications ap WHERE ap.id = n.application_id), false)",
+        "message % names no application % of its account %",
+        ("id", "application_id", "account_id"),
+    ),
+    "deliveries": (
+        "NOT coalesce((SELECT m.application_id FROM messages m WHERE m.id = n.message_id AND m.account_id = n.account_id)"
+        " = (SELECT e.application_id FROM endpoints e WHERE e.id = n.endpoint_id AND e.account_id = n.account_id), false)",
+        "delivery %: message % and endpoint % must exist, belong to its account % and to one application",
+        ("id", "message_id", "endpoint_id", "account_id"),
+    ),
+}
+
+
+def _replace_checks(checks: dict) -> list[str]:
+    """Drop the messages and deliveries checks and make them again from `checks`, ENABLE ALWAYS
+    and pinned to index probes, as 0005 and 0006 made them."""
+    name, value = PROBE_SETTING
+    statements = []
+    for table in APPLICATION_CHECKS:
+        trigger = f"{table}_references"
+        statements += [
+            f"DROP TRIGGER {trigger} ON {table}",
+            f"DROP FUNCTION {table}_check_references()",
+            _check_function(table, checks),
+            f"CREATE TRIGGER {trigger} AFTER INSERT ON {table} REFERENCING NEW TABLE AS inserted"
+            f" FOR EACH STATEMENT EXECUTE FUNCTION {table}_check_references()",
+            f"ALTER TABLE {table} ENABLE ALWAYS TRIGGER {trigger}",
+            f"ALTER FUNCTION {table}_check_references() SET {name} = {value}",
+        ]
+    return statements
+
+
+def application_check_statements() -> list[str]:
+    """The messages and deliveries checks that know applications (migration 0016)."""
+    return _replace_checks(APPLICATION_CHECKS)
+
+
+def application_check_reset_statements() -> list[str]:
+    """The checks as they were before 0016 (its downgrade)."""
+    return _replace_checks(_CHECKS)

@@ -121,6 +121,89 @@ api_keys = sa.Table(
     comment="Account API keys, stored only as SHA-256 hashes; the prefix lets a person tell keys apart.",
 )
 
+# Applications (0016): one customer of the account's app. The account pays for every delivery;
+# an application groups endpoints, and a message goes to one application. An account's default
+# application has the account's own id (created with the account by a trigger,
+# billing.application_triggers), so the routes without an application name it without a lookup.
+APPLICATION_NAME_LENGTH_MAX = 200
+APPLICATION_UID_LENGTH_MAX = 256
+APPLICATION_METADATA_BYTES_MAX = 16_384
+APPLICATION_RATE_LIMIT_MAX = 100_000  # deliveries a second
+MESSAGE_CHANNELS_MAX = 10
+ENDPOINT_CHANNELS_MAX = 100
+CHANNEL_LENGTH_MAX = 128
+EVENT_TYPE_SCHEMA_BYTES_MAX = 65_536
+EVENT_TYPE_DESCRIPTION_LENGTH_MAX = 1000
+EVENT_TYPES_PER_ACCOUNT_MAX = 1000
+# What a subscription "invoice.*" matches by: its prefix "invoice.". IMMUTABLE, so that a generated
+# column may use it (endpoints.event_type_prefixes); NULL when no subscription is a wildcard.
+EVENT_TYPE_PREFIXES_FUNCTION = """
+CREATE FUNCTION event_type_prefixes(types text[]) RETURNS text[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT nullif(array(SELECT left(t, -1) FROM unnest(types) AS t WHERE right(t, 2) = '.*'), '{}')
+$$
+"""
+
+applications = sa.Table(
+    "applications",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
+    # The account's own name for it (its customer's id in its system), unique among the
+    # account's live applications; NULL for none.
+    sa.Column("uid", sa.Text),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("metadata", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    # The rate its endpoints are meant to be sent at, in deliveries a second; NULL for none.
+    sa.Column("rate_limit_per_second", sa.Integer),
+    _created_at(),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.Column("deleted_at", sa.DateTime(timezone=True)),
+    sa.CheckConstraint(_length("name", 1, APPLICATION_NAME_LENGTH_MAX), name="name_length"),
+    sa.CheckConstraint("uid IS NULL OR " + _length("uid", 1, APPLICATION_UID_LENGTH_MAX), name="uid_length"),
+    sa.CheckConstraint(f"jsonb_typeof(metadata) = 'object' AND octet_length(metadata::text) <= {APPLICATION_METADATA_BYTES_MAX}",
+                       name="metadata_size"),
+    sa.CheckConstraint(f"rate_limit_per_second BETWEEN 1 AND {APPLICATION_RATE_LIMIT_MAX}", name="rate_limit_range"),
+    # The default application (id = account_id) is never deleted: the routes without an
+    # application send to it.
+    sa.CheckConstraint("deleted_at IS NULL OR id <> account_id", name="default_not_deleted"),
+    # What endpoints' (account_id, application_id) refers to, and an account's pages in id order.
+    sa.UniqueConstraint("account_id", "id"),
+    sa.Index("uq_applications_live_uid", "account_id", "uid", unique=True,
+             postgresql_where=sa.text("deleted_at IS NULL AND uid IS NOT NULL")),
+    comment="One customer of an account's app: its endpoints, and the messages sent to it."
+            " The account pays; usage per application is a sum over the ledger.",
+)
+
+application_counts = sa.Table(
+    "application_counts",
+    metadata,
+    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), primary_key=True),
+    sa.Column("live", sa.Integer, nullable=False),
+    sa.CheckConstraint("live >= 0", name="live_non_negative"),
+    comment="How many live applications each account has (0016), kept by triggers on applications: what the"
+            " per-account bound is checked against, in one probe however many there are.",
+)
+
+event_types = sa.Table(
+    "event_types",
+    metadata,
+    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("description", sa.Text, nullable=False, server_default=""),
+    # A JSON Schema (draft 2020-12) the payload of a message of this type must pass; NULL: any payload.
+    sa.Column("schema", pg.JSONB),
+    sa.Column("archived", sa.Boolean, nullable=False, server_default=sa.false()),
+    _created_at(),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    sa.CheckConstraint(_length("name", 1, 256), name="name_length"),
+    sa.CheckConstraint(_length("description", 0, EVENT_TYPE_DESCRIPTION_LENGTH_MAX), name="description_length"),
+    sa.CheckConstraint(f"jsonb_typeof(schema) IN ('object', 'boolean') AND octet_length(schema::text) <= {EVENT_TYPE_SCHEMA_BYTES_MAX}",
+                       name="schema_size"),
+    sa.UniqueConstraint("account_id", "name"),
+    comment="An account's catalog of event types (0016): what each means and, with a schema, what its payload must be.",
+)
+
 endpoints = sa.Table(
     "endpoints",
     metadata,
@@ -148,6 +231,16 @@ endpoints = sa.Table(
     # The most requests per second every worker together sends to the endpoint (0014); NULL: no
     # limit. The workers share a token bucket in Redis (delivery.engine.throttle).
     sa.Column("rate_limit_per_second", sa.Integer),
+    # The application it belongs to (0016), of the same account; it never changes.
+    sa.Column("application_id", pg.UUID(as_uuid=True), nullable=False),
+    # The channels it takes messages of (0016); NULL: every message, with channels or without.
+    sa.Column("channels", pg.ARRAY(sa.Text)),
+    # The prefixes of its wildcard subscriptions ("invoice.*" -> "invoice."), derived by the
+    # database from event_types (0016), so the fan-out tests a wildcard only where there is one.
+    sa.Column("event_type_prefixes", pg.ARRAY(sa.Text), sa.Computed("event_type_prefixes(event_types)", persisted=True)),
+    sa.CheckConstraint(f"cardinality(channels) BETWEEN 1 AND {ENDPOINT_CHANNELS_MAX}", name="channels_count"),
+    sa.ForeignKeyConstraint(["account_id", "application_id"], ["applications.account_id", "applications.id"],
+                            name="fk_endpoints_application"),
     sa.CheckConstraint(_length("url", 1, 2048), name="url_length"),
     sa.CheckConstraint(_length("description", 0, 1000), name="description_length"),
     sa.CheckConstraint("disabled_reason IS NULL OR " + _length("disabled_reason", 1, 500), name="disabled_reason_length"),
@@ -160,6 +253,9 @@ endpoints = sa.Table(
     sa.CheckConstraint(f"rate_limit_per_second BETWEEN {RATE_LIMIT_PER_SECOND_MIN} AND {RATE_LIMIT_PER_SECOND_MAX}",
                        name="rate_limit_range"),
     sa.Index(None, "account_id"),
+    # An application's endpoints (0016): the fan-out's probe (which skips the deleted ones), and
+    # its usage, which sums over the deliveries of every endpoint it ever had.
+    sa.Index(None, "application_id", "account_id"),
     comment="Where an account's webhooks go. Secrets are encrypted at rest (signing.at_rest); event_types NULL means every type.",
 )
 
@@ -181,6 +277,13 @@ messages = sa.Table(
     # The W3C traceparent of the request that created it, when tracing is on (delivery.tracing):
     # each attempt of its deliveries joins that trace (0017).
     sa.Column("trace_context", sa.Text),
+    # The application it was sent to (0016), of the same account (checked by billing.references);
+    # its deliveries go only to that application's endpoints.
+    sa.Column("application_id", pg.UUID(as_uuid=True), nullable=False),
+    # Up to MESSAGE_CHANNELS_MAX channels (0016): only endpoints that filter on none, or on one of
+    # these, receive it. NULL: none.
+    sa.Column("channels", pg.ARRAY(sa.Text)),
+    sa.CheckConstraint(f"cardinality(channels) BETWEEN 1 AND {MESSAGE_CHANNELS_MAX}", name="channels_count"),
     sa.CheckConstraint(_length("event_type", 1, 256), name="event_type_length"),
     sa.CheckConstraint("trace_context IS NULL OR " + _length("trace_context", 1, TRACE_CONTEXT_LENGTH_MAX),
                        name="trace_context_length"),
@@ -392,6 +495,42 @@ dashboard_sessions = sa.Table(
     sa.Index(None, "account_id"),
     sa.Index(None, "expires_at"),
     comment="Web dashboard sign-ins. Only a SHA-256 hash of the session token is kept; the token lives in the browser's cookie.",
+)
+
+PORTAL_LINK_SECONDS = 15 * 60  # a magic link signs in within this
+PORTAL_SESSION_SECONDS = 8 * 3600  # and the session it opens lasts at most this
+
+portal_links = sa.Table(
+    "portal_links",
+    metadata,
+    sa.Column("token_hash", sa.LargeBinary, primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("application_id", pg.UUID(as_uuid=True), nullable=False),
+    _created_at(),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("used_at", sa.DateTime(timezone=True)),
+    sa.CheckConstraint("octet_length(token_hash) = 32", name="token_hash_length"),
+    sa.CheckConstraint("expires_at > created_at", name="expires_after_created"),
+    sa.ForeignKeyConstraint(["account_id", "application_id"], ["applications.account_id", "applications.id"],
+                            name="fk_portal_links_application"),
+    sa.Index(None, "expires_at"),
+    comment="Single-use magic links into an application's portal (0016); only the token's SHA-256 is kept.",
+)
+
+portal_sessions = sa.Table(
+    "portal_sessions",
+    metadata,
+    sa.Column("token_hash", sa.LargeBinary, primary_key=True),
+    sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("application_id", pg.UUID(as_uuid=True), nullable=False),
+    _created_at(),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.CheckConstraint("octet_length(token_hash) = 32", name="token_hash_length"),
+    sa.CheckConstraint("expires_at > created_at", name="expires_after_created"),
+    sa.ForeignKeyConstraint(["account_id", "application_id"], ["applications.account_id", "applications.id"],
+                            name="fk_portal_sessions_application"),
+    sa.Index(None, "expires_at"),
+    comment="Portal sign-ins (0016): one application's customer, for at most 8 hours; only the token's SHA-256 is kept.",
 )
 
 idempotent_responses = sa.Table(

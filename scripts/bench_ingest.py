@@ -9,6 +9,12 @@ In one run, on one fresh database:
     one hot account, at fan-out 1 and fan-out 4;
   - the bare-SQL rate of the create transaction: one transaction per message through
     `billing.messages.create_message` on asyncpg directly (no HTTP, no coalescing).
+With `--applications N`, one account sends to its applications (POST /v1/applications/{app}/messages,
+fan-out 1): to one application, and round-robin over N applications of one endpoint each, in the
+same run, beside the same trivial handler; and it times creating and listing applications with one
+and with N applications in the account.
+With `--schema`, one more account sends at fan-out 1 with a JSON Schema on its event type, so
+every payload is checked (delivery/api/event_catalog.py), beside the hot account without one.
 With `--tracing off,1%,100%` it measures the cost of tracing instead: one `hookledger api` per
 mode (off; on, sampling that share of requests, exporting over OTLP/HTTP to a loopback collector
 that discards, scripts/otlp_sink.py), loaded in turn, in the order given and then reversed (so a
@@ -39,7 +45,8 @@ and, with more than one C, each case at its best C against the trivial handler a
 
 Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest.py [--seconds 5] [--concurrency 96,256] [--accounts 1000]
        [--event-loop auto|uvloop|asyncio] [--fan-outs 1,4] [--no-bare-sql] [--without-writes]
-       [--load-generator wrk|raw|aiohttp] [--tracing off,1%,100%] [--operational-compare]
+       [--load-generator wrk|raw|aiohttp] [--applications 10000] [--schema] [--tracing off,1%,100%]
+       [--operational-compare]
 """
 
 from __future__ import annotations
@@ -64,6 +71,7 @@ from billing import messages, operational_outbox
 from billing.database import create_pool
 from delivery import event_loop
 from delivery.platform import config
+import bench_applications  # scripts/, beside this file
 import cpu_shares  # scripts/, beside this file
 import otlp_sink  # scripts/, beside this file
 import raw_load  # scripts/, beside this file
@@ -171,26 +179,31 @@ def use_load_generator(name: str) -> None:
     _load_generator = name
 
 
-async def load(base_url: str, keys: list[str], body: bytes, seconds: float, concurrency: int) -> tuple[float, dict]:
-    """POST body round-robin over the keys for `seconds`; messages accepted per second and status counts."""
+async def load(base_url: str, keys: list[str], body: bytes, seconds: float, concurrency: int,
+               paths: list[str] | None = None) -> tuple[float, dict]:
+    """POST body round-robin over the keys (to /v1/messages, or to the path beside each key) for
+    `seconds`; messages accepted per second and status counts."""
     if _load_generator == "wrk":
-        return await wrk_load.load(base_url, keys, body, seconds, concurrency)
+        return await wrk_load.load(base_url, keys, body, seconds, concurrency, paths)
     if _load_generator == "raw":
-        return await raw_load.load(base_url, keys, body, seconds, concurrency)
-    return await _load_aiohttp(base_url, keys, body, seconds, concurrency)
+        return await raw_load.load(base_url, keys, body, seconds, concurrency, paths)
+    return await _load_aiohttp(base_url, keys, body, seconds, concurrency, paths)
 
 
 async def _load_aiohttp(base_url: str, keys: list[str], body: bytes, seconds: float,
-                        concurrency: int) -> tuple[float, dict]:
+                        concurrency: int, paths: list[str] | None = None) -> tuple[float, dict]:
     statuses: dict[int, int] = {}
-    key_cycle = itertools.cycle([{"Authorization": f"Bearer {key}", "Content-Type": "application/json"} for key in keys])
+    key_cycle = itertools.cycle(list(zip(
+        [{"Authorization": f"Bearer {key}", "Content-Type": "application/json"} for key in keys],
+        paths or ["/v1/messages"] * len(keys), strict=True)))
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
         deadline = time.perf_counter() + seconds
 
         async def worker() -> None:
             while time.perf_counter() < deadline:
-                async with session.post(f"{base_url}/v1/messages", data=body, headers=next(key_cycle)) as response:
+                headers, path = next(key_cycle)
+                async with session.post(f"{base_url}{path}", data=body, headers=headers) as response:
                     await response.read()
                     statuses[response.status] = statuses.get(response.status, 0) + 1
 
@@ -320,7 +333,7 @@ def _per_thousand(before: tuple[cpu_shares.Snapshot, cpu_shares.Snapshot], roles
 
 async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: str, trivial_url: str, servers: list,
                       unwritten: tuple[str, int] | None, many_keys: list[str], hot_key: list[str],
-                      report: dict) -> list[float]:
+                      report: dict, applications: dict | None = None) -> list[float]:
     """The API's runs at one concurrency, each beside the trivial handler at that concurrency; the
     trivial handler's rates."""
     seconds = arguments.seconds
@@ -377,6 +390,16 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
                                   "cpu_shares": shares, "cpu_waits": waits, "requests_per_transaction": batch_mean,
                                   "transaction_ms": transaction_ms,
                                   "statuses": {str(k): v for k, v in dict(statuses).items()}})
+    if applications:
+        for label, (keys, paths) in applications.items():
+            rate, statuses = await load(api_url, keys, BODIES[1], seconds, concurrency, paths)
+            ceilings.append((await load(trivial_url, hot_key, BODIES[1], seconds, concurrency))[0])
+            beside = (ceilings[-2] + ceilings[-1]) / 2
+            print(f"API  fan-out 1  {label:22}{rate:9.0f} msg/s  {rate / beside:5.0%}  (trivial beside it {beside:.0f}/s)"
+                  f"  {statuses}")
+            report["applications"].append({"concurrency": concurrency, "case": label, "messages_per_second": rate,
+                                           "trivial_beside": beside, "share_of_trivial": rate / beside,
+                                           "statuses": {str(k): v for k, v in dict(statuses).items()}})
     print(f"trivial aiohttp handler at concurrency {concurrency}, each run: {', '.join(f'{c:.0f}' for c in ceilings)} msg/s"
           f" (mean {sum(ceilings) / len(ceilings):.0f})")
     report["trivial"].append({"concurrency": concurrency, "each": ceilings, "cpu_shares": trivial_shares,
@@ -612,7 +635,16 @@ async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str)
         loop_name = event_loop.chosen(arguments.event_loop)
         print(f"the API and the trivial handler run on the {loop_name} event loop (--event-loop {arguments.event_loop});"
               f" the load comes from {_load_generator} (--load-generator)")
+        applications = {}
+        if arguments.applications:
+            applications.update(await bench_applications.setup(api_url, database_url, OPERATOR_KEY,
+                                                               arguments.applications))
+        if arguments.schema:
+            applications.update(await bench_applications.schema_case(api_url, OPERATOR_KEY))
+        if applications:
+            await admin_database(database_url, "ANALYZE")
         report = {"benchmark": "ingest", "event_loop": loop_name, "load_generator": _load_generator,
+                  "applications": [],
                   "seconds": seconds, "concurrency": concurrencies,
                   "accounts": arguments.accounts, "group_commit_concurrency": arguments.group_commit_concurrency,
                   "api": [], "api_without_writes": [], "bare_sql": [], "trivial": []}
@@ -621,8 +653,11 @@ async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str)
                                        (many_ids, hot_id), report)
             return
         ceilings_by_concurrency = [
-            await _measure_at(concurrency, arguments, api_url, trivial_url, servers, unwritten, many_keys, hot_key, report)
+            await _measure_at(concurrency, arguments, api_url, trivial_url, servers, unwritten, many_keys, hot_key, report,
+                              applications)
             for concurrency in concurrencies]
+        if arguments.applications:
+            report["application_routes"] = await bench_applications.routes(api_url, OPERATOR_KEY, arguments.applications)
         report["peaks"] = peaks(report)
         if len(concurrencies) > 1:
             print("each at its best of the concurrencies measured: the API's rate against the trivial handler's best"
@@ -660,6 +695,12 @@ if __name__ == "__main__":
     parser.add_argument("--group-commit-concurrency", type=int, default=2)
     parser.add_argument("--fan-outs", type=lambda text: [int(n) for n in text.split(",")], default=[1, 4],
                         help="the fan-outs to measure, of 1 and 4 (default: both)")
+    parser.add_argument("--applications", type=int, default=0, metavar="N",
+                        help="also send to one application and round-robin over N applications (1 endpoint each)"
+                             " of one account, and time creating and listing applications with 1 and with N")
+    parser.add_argument("--schema", action="store_true",
+                        help="also send as one hot account whose event type has a JSON Schema every payload is checked"
+                             " against (beside the same account's sends without one)")
     parser.add_argument("--no-bare-sql", dest="bare_sql", action="store_false", help="skip the bare-SQL runs")
     parser.add_argument("--operational-compare", action="store_true",
                         help="the API's runs without the operational events' triggers and with them, as ratios")

@@ -32,8 +32,8 @@ _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
 CONNECT_SECONDS = 10.0
 
 
-def requests_for(url: str, keys: list[str], body: bytes) -> list[bytes]:
-    """One whole POST of the body per key, to the URL's path."""
+def requests_for(url: str, keys: list[str], body: bytes, paths: list[str] | None = None) -> list[bytes]:
+    """One whole POST of the body per key, to the URL's path, or to the path beside each key."""
     if not keys:
         raise ValueError("at least one key")
     parts = urlsplit(url)
@@ -42,9 +42,13 @@ def requests_for(url: str, keys: list[str], body: bytes) -> list[bytes]:
     for key in keys:
         if not re.fullmatch(r"[A-Za-z0-9_\-.~+/=]+", key):
             raise ValueError(f"a key that cannot go in a header as it is: {key[:20]!r}")
-    head = (f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.hostname}:{parts.port}\r\n"
+    if paths is not None and (len(paths) != len(keys) or not all(re.fullmatch(r"/[A-Za-z0-9_\-./]*", p) for p in paths)):
+        raise ValueError("one plain path per key")
+    head = (f" HTTP/1.1\r\nHost: {parts.hostname}:{parts.port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n")
-    return [(head + f"Authorization: Bearer {key}\r\n\r\n").encode() + body for key in keys]
+    paths = paths or [parts.path or "/"] * len(keys)
+    return [(f"POST {path}" + head + f"Authorization: Bearer {key}\r\n\r\n").encode() + body
+            for key, path in zip(keys, paths, strict=True)]
 
 
 def answer_length(buffer: bytes | bytearray) -> tuple[int, int] | None:
@@ -129,11 +133,12 @@ class _Connection(asyncio.Protocol):
             self.lost.set_result(error)
 
 
-async def run(url: str, keys: list[str], body: bytes, seconds: float, concurrency: int) -> dict[int, int]:
+async def run(url: str, keys: list[str], body: bytes, seconds: float, concurrency: int,
+              paths: list[str] | None = None) -> dict[int, int]:
     """Connect `concurrency` connections, then send for `seconds`: the answers finished in that time,
     by status."""
     parts = urlsplit(url)
-    this = _Run(requests_for(url, keys, body))
+    this = _Run(requests_for(url, keys, body, paths))
     loop = asyncio.get_running_loop()
     connections = []
     for _ in range(concurrency):
@@ -153,11 +158,13 @@ async def run(url: str, keys: list[str], body: bytes, seconds: float, concurrenc
     return this.answered
 
 
-async def load(base_url: str, keys: list[str], body: bytes, seconds: float, concurrency: int) -> tuple[float, dict]:
-    """POST body to base_url/v1/messages round-robin over the keys for `seconds` from `concurrency`
-    connections, from a process of its own: 202 answers per second, and the counts by status."""
+async def load(base_url: str, keys: list[str], body: bytes, seconds: float, concurrency: int,
+               paths: list[str] | None = None) -> tuple[float, dict]:
+    """POST body to base_url/v1/messages (or to the path beside each key) round-robin over the keys
+    for `seconds` from `concurrency` connections, from a process of its own: 202 answers per
+    second, and the counts by status."""
     spec = json.dumps({"url": f"{base_url}/v1/messages", "keys": keys, "body": body.decode(), "seconds": seconds,
-                       "concurrency": concurrency}).encode()
+                       "concurrency": concurrency, "paths": paths}).encode()
     process = await asyncio.create_subprocess_exec(
         sys.executable, __file__, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
@@ -172,5 +179,5 @@ if __name__ == "__main__":
     spec = json.load(sys.stdin)
     # The platform's loop (uvloop where installed), as the servers run.
     answered = event_loop.run(run(spec["url"], spec["keys"], spec["body"].encode(), spec["seconds"],
-                                  spec["concurrency"]))
+                                  spec["concurrency"], spec.get("paths")))
     print(json.dumps(answered))

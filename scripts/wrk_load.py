@@ -30,7 +30,7 @@ def available() -> bool:
     return shutil.which("wrk") is not None
 
 
-def _script(keys: list[str], body: bytes) -> str:
+def _script(keys: list[str], body: bytes, paths: list[str] | None = None) -> str:
     if not keys or len(keys) > KEYS_MAX:
         raise ValueError(f"1 to {KEYS_MAX} keys, got {len(keys)}")
     for key in keys:
@@ -39,12 +39,16 @@ def _script(keys: list[str], body: bytes) -> str:
     text = body.decode()
     if "]==]" in text:
         raise ValueError("the body holds the Lua long-string terminator ]==]")
+    if paths is not None and (len(paths) != len(keys) or not all(re.fullmatch(r"/[A-Za-z0-9_\-./]*", p) for p in paths)):
+        raise ValueError("one plain path per key")
+    paths = paths or ["/v1/messages"] * len(keys)
     return ("local keys = {" + ",".join(f'"{key}"' for key in keys) + "}\n"
+            "local paths = {" + ",".join(f'"{path}"' for path in paths) + "}\n"
             "local body = [==[" + text + "]==]\n"
             "local count = 0\n"
             "request = function()\n"
             "  count = count + 1\n"
-            '  return wrk.format("POST", "/v1/messages", {["Authorization"] = "Bearer " .. keys[(count % #keys) + 1],'
+            '  return wrk.format("POST", paths[(count % #keys) + 1], {["Authorization"] = "Bearer " .. keys[(count % #keys) + 1],'
             ' ["Content-Type"] = "application/json"}, body)\n'
             "end\n")
 
@@ -59,13 +63,14 @@ def parse(output: str) -> tuple[int, float, int]:
     return int(done.group(1)), seconds, int(failed.group(1)) if failed else 0
 
 
-async def load(base_url: str, keys: list[str], body: bytes, seconds: float, concurrency: int) -> tuple[float, dict]:
+async def load(base_url: str, keys: list[str], body: bytes, seconds: float, concurrency: int,
+               paths: list[str] | None = None) -> tuple[float, dict]:
     """POST body round-robin over the keys for `seconds` (whole seconds, at least 1) from `concurrency`
     connections; answers that were 2xx or 3xx per second, and the counts (202 for those)."""
     if not available():
         raise WrkUnavailable(WrkUnavailable.__doc__)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(_script(keys, body))
+        script.write(_script(keys, body, paths))
     try:
         process = await asyncio.create_subprocess_exec(
             "wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "-s", script.name,

@@ -14,7 +14,10 @@ import msgspec
 from billing.messages import IDEMPOTENCY_KEY_LENGTH_MAX
 from billing.tables import DEAD_REASONS, DELIVERY_STATES, OPERATIONAL_EVENT_TYPES
 from delivery.api import openapi_examples as examples, responses as r, routes_recover as recover, validation as v
-from delivery.api import openapi_operational, routes_operational as operational, routes_operator_reads as operator_reads
+from delivery.api import openapi_operational, routes_operational as operational
+from delivery.api import routes_applications as applications
+from delivery.api import routes_event_types as event_types
+from delivery.api import routes_operator_reads as operator_reads
 from delivery.api.problems import ProblemBody
 
 ACCOUNT = "account"
@@ -23,6 +26,8 @@ OPERATOR = "operator"
 TAGS = {
     "Messages": "Send an event: one charged delivery per subscribed endpoint, in one transaction.",
     "Deliveries": "Each delivery of a message to an endpoint: its state, attempts, ledger entries and replays.",
+    "Applications": "An account's customers: each has its own endpoints, a message goes to one, the account pays.",
+    "Event types": "The event catalog: each type's description, an optional JSON Schema its payloads must pass, archived.",
     "Endpoints": "Where messages go: URL, event types, timeout, signing secret, and recovery after an outage.",
     "Billing": "The balance, the append-only ledger that proves it, and top-ups.",
     "API keys": "An account's keys; only hashes are stored, a key is shown once.",
@@ -83,6 +88,73 @@ _REPLAYED = {"Idempotent-Replayed": {"description": "true when this is a stored 
 _DATE_TIME = {"type": "string", "format": "date-time"}
 _RECOVER_SINCE = {"name": "since", "in": "query", "required": True, "schema": _DATE_TIME,
                   "description": "RFC 3339 with a timezone: dead deliveries that died at or after this."}
+
+_APP = {"name": "app", "in": "path", "required": True, "description": "The application's id or its uid.",
+        "schema": {"type": "string", "minLength": 1, "maxLength": 256}}
+applications_operations = (
+    Operation("post", "/v1/applications", "createApplication", "Applications", "Create an application",
+              f"Create an application (at most {applications.store.APPLICATIONS_PER_ACCOUNT_MAX} per account,"
+              " 409 limit-reached past it; 409 uid-taken for a uid another live application has)", ACCOUNT,
+              {201: applications.Application}, (409, 422), applications.ApplicationCreate,
+              parameters=(_IDEMPOTENCY_KEY,), headers={201: _REPLAYED}),
+    Operation("get", "/v1/applications", "listApplications", "Applications", "List applications",
+              "The account's applications, oldest first (its default application first)", ACCOUNT,
+              {200: applications.ApplicationPage}, (422,),
+              parameters=(_LIMIT, {**_ID_CURSOR, "description": "next_cursor of the previous page (an application id)."})),
+    Operation("get", "/v1/applications/{app}", "getApplication", "Applications", "Read an application",
+              "Read an application by id or uid", ACCOUNT, {200: applications.Application}, (404,), parameters=(_APP,)),
+    Operation("patch", "/v1/applications/{app}", "updateApplication", "Applications", "Change an application",
+              "Change its name, uid, metadata or rate limit", ACCOUNT, {200: applications.Application},
+              (404, 409, 422), applications.ApplicationPatch, parameters=(_APP,)),
+    Operation("delete", "/v1/applications/{app}", "deleteApplication", "Applications", "Delete an application",
+              "Delete an application and its endpoints; their pending deliveries are refunded. 409 for the"
+              " default application", ACCOUNT, {200: applications.ApplicationDeleted}, (404, 409), parameters=(_APP,)),
+    Operation("post", "/v1/applications/{app}/messages", "createApplicationMessage", "Applications",
+              "Send a message to an application",
+              "As POST /v1/messages, fanned out to this application's subscribed endpoints only", ACCOUNT,
+              {202: r.MessageAccepted}, (402, 404, 409, 413, 422, 503), v.MessageCreate,
+              parameters=(_APP, _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
+    Operation("post", "/v1/applications/{app}/endpoints", "createApplicationEndpoint", "Applications",
+              "Add an endpoint to an application",
+              "As POST /v1/endpoints, in this application (at most"
+              f" {applications.endpoint_store.ENDPOINTS_PER_APPLICATION_MAX} endpoints per application)", ACCOUNT,
+              {201: r.Endpoint}, (404, 409, 422), v.EndpointCreate, parameters=(_APP, _IDEMPOTENCY_KEY),
+              headers={201: _REPLAYED}),
+    Operation("get", "/v1/applications/{app}/endpoints", "listApplicationEndpoints", "Applications",
+              "List an application's endpoints", "The application's live endpoints, oldest first", ACCOUNT,
+              {200: r.EndpointList}, (404,), parameters=(_APP,)),
+    Operation("post", "/v1/applications/{app}/portal-links", "createPortalLink", "Applications",
+              "Make a portal link for an application's customer",
+              "A single-use magic link into /portal/, where the customer manages this application's endpoints and"
+              " sees and replays its deliveries (replays are charged to the account); it signs in within 15"
+              " minutes, to a session of at most 8 hours. The token is shown once", ACCOUNT,
+              {201: applications.PortalLink}, (404,), v.Empty, body_optional=True, parameters=(_APP,)),
+    Operation("get", "/v1/applications/{app}/usage", "getApplicationUsage", "Applications", "Read an application's usage",
+              "Its charges, refunds and reclaims in [since, until), summed from the ledger entries of its deliveries"
+              " (the account pays; there is no balance per application)", ACCOUNT,
+              {200: applications.ApplicationUsage}, (404, 422),
+              parameters=(_APP, _query("since", _DATE_TIME, "RFC 3339; absent: from the first entry."),
+                          _query("until", _DATE_TIME, "RFC 3339, excluded; absent: up to now."))),
+)
+
+_NAME = {"name": "name", "in": "path", "required": True, "description": "The event type's name.",
+         "schema": {"type": "string", "minLength": 1, "maxLength": 256}}
+event_type_operations = (
+    Operation("post", "/v1/event-types", "createEventType", "Event types", "Add an event type to the catalog",
+              "A name, a description, an optional JSON Schema (draft 2020-12, checked here: 422 naming the path of"
+              " what is wrong) that every payload of the type must then pass, archived. 409 for a name the account"
+              " has", ACCOUNT, {201: event_types.EventTypeBody}, (409, 422), event_types.EventTypeCreate),
+    Operation("get", "/v1/event-types", "listEventTypes", "Event types", "List the event catalog",
+              "Oldest first; archived ones only with include_archived=true", ACCOUNT,
+              {200: event_types.EventTypePage}, (422,),
+              parameters=(_LIMIT, {**_ID_CURSOR, "description": "next_cursor of the previous page."},
+                          _query("include_archived", {"enum": ["true", "false"]}))),
+    Operation("get", "/v1/event-types/{name}", "getEventType", "Event types", "Read an event type",
+              "Read an event type by name", ACCOUNT, {200: event_types.EventTypeBody}, (404,), parameters=(_NAME,)),
+    Operation("patch", "/v1/event-types/{name}", "updateEventType", "Event types", "Change an event type",
+              "Change its description or schema (null: none), or archive it (no new messages of it)", ACCOUNT,
+              {200: event_types.EventTypeBody}, (404, 422), event_types.EventTypePatch, parameters=(_NAME,)),
+)
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation("post", "/v1/accounts", "createAccount", "Accounts", "Create an account",
@@ -217,6 +289,8 @@ OPERATIONS: tuple[Operation, ...] = (
               " processed this one; a recovery leaves this one out",
               ACCOUNT, {202: r.MessageAccepted}, (400, 402, 404, 409, 422, 503), v.Empty, body_optional=True,
               parameters=(_path_id(), _IDEMPOTENCY_KEY), headers={202: _REPLAYED}),
+    *applications_operations,
+    *event_type_operations,
     *(Operation(method, path, name, "Operational webhooks", summary, description, ACCOUNT, ok, errors, body,
                 parameters=parameters, headers={201: _REPLAYED} if method == "post" else {})
       for method, path, name, summary, description, ok, errors, body, parameters in (
@@ -263,12 +337,14 @@ _DESCRIPTIONS = {200: "OK", 201: "Created", 202: "Accepted", 204: "No content", 
 
 
 EXAMPLES = {**examples.EXAMPLES, **operator_reads.EXAMPLES}
-REQUEST_BODY_TYPES = (*v.REQUEST_BODIES, v.Empty, *recover.REQUEST_BODIES, *operational.REQUEST_BODIES)
+REQUEST_BODY_TYPES = (*v.REQUEST_BODIES, v.Empty, *recover.REQUEST_BODIES, *operational.REQUEST_BODIES,
+                      *applications.REQUEST_BODIES, *event_types.REQUEST_BODIES)
 
 
 def _schemas() -> dict:
     kinds = (*REQUEST_BODY_TYPES, *r.RESPONSE_BODIES, *recover.RESPONSE_BODIES, *operator_reads.RESPONSE_BODIES,
-             *operational.RESPONSE_BODIES, ProblemBody)
+             *operational.RESPONSE_BODIES, *applications.RESPONSE_BODIES, *event_types.RESPONSE_BODIES,
+             ProblemBody)
     _, components = msgspec.json.schema_components(kinds, ref_template="#/components/schemas/{name}")
     for name, schema in components.items():
         schema["examples"] = [EXAMPLES[name]]

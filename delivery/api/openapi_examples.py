@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from delivery.api import openapi_operational, responses as r, routes_recover as recover, validation as v
+from delivery.api import (openapi_operational, responses as r, routes_applications, routes_event_types,
+                          routes_recover as recover, validation as v)
 from delivery.api.problems import TYPE_BASE, FieldError, ProblemBody, response, Problem
 
 _ACCOUNT = uuid.UUID("0190c5f2-4b7e-7c1a-9d1e-6f3a2b1c0d01")
@@ -35,7 +36,7 @@ _KEY_CREATED = r.ApiKeyCreated(id=_KEY, prefix="hl_live_3kQ9", created_at=_AT,
 _ENDPOINT_BODY = r.Endpoint(id=_ENDPOINT, url="https://hooks.example.com/hookledger", description="Orders",
                             event_types=["invoice.paid", "invoice.failed"], enabled=True, disabled_reason=None,
                             timeout_ms=15_000, created_at=_AT, updated_at=_AT, signing_key_type="hmac",
-                            headers=_HEADERS, rate_limit_per_second=50)
+                            headers=_HEADERS, rate_limit_per_second=50, application_id=_ACCOUNT)
 _DELIVERY_BODY = r.Delivery(id=_DELIVERY, account_id=_ACCOUNT, message_id=_MESSAGE, endpoint_id=_ENDPOINT,
                             event_type="invoice.paid", state="delivered", attempt=1, attempts_max=8, price=1,
                             next_attempt_at=_AT, dead_reason=None, created_at=_AT, finished_at=_LATER,
@@ -101,6 +102,8 @@ _INSTANCES: tuple[msgspec.Struct, ...] = (
 # Schema name (the Struct's name) -> its example as JSON-ready builtins.
 EXAMPLES: dict[str, object] = {**{type(instance).__name__: msgspec.json.decode(msgspec.json.encode(instance))
                                   for instance in _INSTANCES}, **openapi_operational.EXAMPLES}
+EXAMPLES.update(routes_applications.EXAMPLES)
+EXAMPLES.update(routes_event_types.EXAMPLES)
 
 
 # A typical problem of each error status, as the API writes it.

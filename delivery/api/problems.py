@@ -21,6 +21,7 @@ TYPE_BASE = "https://hookledger.dev/problems/"
 BILLING_STATUSES: tuple[tuple[type[billing_errors.BillingError], int, str], ...] = (
     (billing_errors.AccountNotFound, 404, "not-found"),
     (billing_errors.DeliveryNotFound, 404, "not-found"),
+    (billing_errors.ApplicationNotFound, 404, "not-found"),
     (billing_errors.TopupUnknown, 404, "not-found"),
     (billing_errors.InsufficientBalance, 402, "insufficient-balance"),
     (billing_errors.IdempotencyConflict, 422, "idempotency-key-reused"),

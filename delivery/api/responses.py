@@ -97,6 +97,10 @@ class Endpoint(msgspec.Struct):
     signing_key_type: KeyTypeField
     headers: CustomHeaders
     rate_limit_per_second: RateLimitShown = None
+    application_id: Annotated[uuid.UUID | None, msgspec.Meta(description=(
+        "The application it belongs to; the account's own id for its default application."))] = None
+    channels: Annotated[list[str] | None, msgspec.Meta(description=(
+        "It receives only messages with one of these channels; null: every message."))] = None
 
 
 class EndpointList(msgspec.Struct):

@@ -64,9 +64,14 @@ def _check_headers(headers: dict[str, str] | None) -> None:
         raise validation([FieldError(field, why) for field, why in found], "the custom headers are not acceptable")
 
 
-def _check_event_types(event_types: list[str] | None) -> None:
+def _check_event_types(event_types: list[str] | None, channels: list[str] | None = None) -> None:
+    errors = []
     if event_types is not None and len(set(event_types)) != len(event_types):
-        raise validation([FieldError("event_types", "lists an event type twice")])
+        errors.append(FieldError("event_types", "lists an event type twice"))
+    if channels is not None and len(set(channels)) != len(channels):
+        errors.append(FieldError("channels", "lists a channel twice"))
+    if errors:
+        raise validation(errors)
 
 
 async def endpoint_ids(request: web.Request) -> tuple[ApiContext, uuid.UUID, uuid.UUID]:
@@ -81,36 +86,53 @@ async def endpoint_ids(request: web.Request) -> tuple[ApiContext, uuid.UUID, uui
 
 @routes.post("/v1/endpoints")
 async def create_endpoint(request: web.Request) -> web.Response:
+    """In the account's default application (POST /v1/applications/{app}/endpoints: in another)."""
     ctx = context(request)
     account_id = await ctx.account(request)
+    return await create_in(request, ctx, account_id, None)
+
+
+async def create_in(request: web.Request, ctx: ApiContext, account_id: uuid.UUID,
+                    application_id: uuid.UUID | None) -> web.Response:
+    """Create an endpoint from the request's body in an application of the account (None: its default)."""
     body = decode(await request.read(), EndpointCreate)
     _check_url(ctx, body.url)
-    _check_event_types(body.event_types)
+    _check_event_types(body.event_types, body.channels)
     _check_secret(body.secret)
     _check_key_type(body.secret, body.signing_key_type)
     _check_headers(body.headers)
-    return await idempotency.once(request, str(account_id), lambda executor: _create(ctx, executor, account_id, body))
+    return await idempotency.once(request, str(account_id),
+                                  lambda executor: _create(ctx, executor, account_id, body, application_id))
 
 
-async def _create(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, body: EndpointCreate) -> web.Response:
+async def _create(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, body: EndpointCreate,
+                  application_id: uuid.UUID | None) -> web.Response:
     secret = _key_to_make(body.secret, body.signing_key_type, signing_keys.HMAC)
     try:
         endpoint = await store.create_endpoint(
             executor, account_id, body.url, secret=secret, keyring=ctx.keyring,
             event_types=body.event_types, description=body.description, timeout_ms=body.timeout_ms,
             enabled=body.enabled, headers=body.headers or None, rate_limit_per_second=body.rate_limit_per_second,
-            outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds,
+            outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds, application_id=application_id,
+            channels=body.channels,
         )
     except store.EndpointLimitReached as error:
         raise Problem(409, str(error), "limit-reached") from None
+    except store.ApplicationGone:
+        raise not_found("application") from None
     return responses.json(_endpoint(endpoint), 201)
 
 
 @routes.get("/v1/endpoints")
 async def list_endpoints(request: web.Request) -> web.Response:
+    """The endpoints of the account's default application (GET /v1/applications/{app}/endpoints: another's)."""
     ctx = context(request)
     account_id = await ctx.account(request)
-    endpoints = await store.list_endpoints(ctx.pool, account_id)
+    return await list_in(ctx, account_id, None)
+
+
+async def list_in(ctx: ApiContext, account_id: uuid.UUID, application_id: uuid.UUID | None) -> web.Response:
+    endpoints = await store.list_endpoints(ctx.pool, account_id, application_id)
     return responses.json(responses.EndpointList([_endpoint(endpoint) for endpoint in endpoints]))
 
 
@@ -130,7 +152,7 @@ async def patch_endpoint(request: web.Request) -> web.Response:
     changes = {name: value for name, value in msgspec.structs.asdict(body).items() if value is not msgspec.UNSET}
     if "url" in changes:
         _check_url(ctx, changes["url"])
-    _check_event_types(changes.get("event_types"))
+    _check_event_types(changes.get("event_types"), changes.get("channels"))
     if "headers" in changes:
         _check_headers(changes["headers"])
         changes["headers"] = changes["headers"] or None  # {} and null both clear them

@@ -17,7 +17,7 @@ from aiohttp import web
 from billing.errors import BillingError
 from billing.messages import MessageCreated, MessageRequest
 from delivery import tracing
-from delivery.api import api_keys, group_commit, problems, responses
+from delivery.api import api_keys, event_catalog, group_commit, problems, responses
 from delivery.operations.dead_letters import REPLAY_KEY_PREFIX
 from delivery.api.context import ApiContext, context
 from delivery.api.idempotency import idempotency_key
@@ -130,9 +130,12 @@ async def create_message(request: web.Request) -> web.Response:
     body, payload = decode_message(await request.read())
     if len(payload) > limit:
         raise _too_large(limit)
+    channels = event_catalog.channels_of(body.channels)
+    await event_catalog.check_message(ctx.pool, account_id, body.event_type, payload)
     trace_context = None
     if tracing.ENABLED:
         tracing.set_attributes(account_id=account_id)
         trace_context = tracing.traceparent()
-    created = await submit(ctx, MessageRequest(account_id, body.event_type, payload, key, trace_context=trace_context))
+    created = await submit(ctx, MessageRequest(account_id, body.event_type, payload, key, trace_context=trace_context,
+                                               channels=channels))
     return accepted(created)

@@ -21,8 +21,16 @@ import msgspec
 from billing import accounts as billing_accounts
 from billing.ids import parse_id
 from billing.messages import EVENT_TYPE_LENGTH_MAX
-from billing.tables import (PAYLOAD_RETENTION_DAYS_DEFAULT, PAYLOAD_RETENTION_DAYS_MAX, PAYLOAD_RETENTION_DAYS_MIN,
-                            RATE_LIMIT_PER_SECOND_MAX, RATE_LIMIT_PER_SECOND_MIN)
+from billing.tables import (
+    CHANNEL_LENGTH_MAX,
+    ENDPOINT_CHANNELS_MAX,
+    MESSAGE_CHANNELS_MAX,
+    PAYLOAD_RETENTION_DAYS_DEFAULT,
+    PAYLOAD_RETENTION_DAYS_MAX,
+    PAYLOAD_RETENTION_DAYS_MIN,
+    RATE_LIMIT_PER_SECOND_MAX,
+    RATE_LIMIT_PER_SECOND_MIN,
+)
 from delivery.api.problems import FieldError, Problem, validation
 from delivery.store.endpoints import (
     DESCRIPTION_LENGTH_MAX,
@@ -89,8 +97,23 @@ OrderId = Annotated[
 ]
 Url = Annotated[str, msgspec.Meta(min_length=1, max_length=URL_CHARS_MAX)]
 Description = Annotated[str, msgspec.Meta(max_length=DESCRIPTION_LENGTH_MAX, pattern=_NO_NUL)]
+# A subscription: an event type, or a wildcard over a family of them ("invoice.*": every type that
+# starts with "invoice.").
+_SUBSCRIPTION = r"^[A-Za-z0-9_.:\-]+(?:\.\*)?" + _END
+PATTERN_WORDS[_SUBSCRIPTION] = ("may contain only letters, digits and _ . : -, and may end in .* for every type that"
+                                " starts with what comes before it (like invoice.*)")
+Subscription = Annotated[str, msgspec.Meta(min_length=1, max_length=EVENT_TYPE_LENGTH_MAX, pattern=_SUBSCRIPTION,
+                                           description="An event type, or a wildcard like invoice.*")]
+Channel = Annotated[str, msgspec.Meta(min_length=1, max_length=CHANNEL_LENGTH_MAX, pattern=_IDENTIFIER,
+                                      description="Letters, digits and _ . : -")]
+MessageChannels = Annotated[list[Channel], msgspec.Meta(
+    min_length=1, max_length=MESSAGE_CHANNELS_MAX,
+    description="Only endpoints that filter on no channel, or on one of these, receive the message.")]
+EndpointChannels = Annotated[list[Channel], msgspec.Meta(
+    min_length=1, max_length=ENDPOINT_CHANNELS_MAX,
+    description="Only messages with one of these channels; null or absent: every message.")]
 EventTypes = Annotated[
-    list[EventType],
+    list[Subscription],
     msgspec.Meta(min_length=1, max_length=EVENT_TYPES_PER_ENDPOINT_MAX, description="null or absent: every event type."),
 ]
 TimeoutMs = Annotated[int, msgspec.Meta(ge=ENDPOINT_TIMEOUT_MS_MIN, le=ENDPOINT_TIMEOUT_MS_MAX)]
@@ -137,6 +160,7 @@ class EndpointCreate(msgspec.Struct, forbid_unknown_fields=True):
     signing_key_type: KeyTypeField | None = None  # absent: that of `secret`, else hmac
     headers: Headers | None = None
     rate_limit_per_second: RateLimit | None = None
+    channels: EndpointChannels | None = None
 
 
 class EndpointPatch(msgspec.Struct, forbid_unknown_fields=True):
@@ -147,6 +171,7 @@ class EndpointPatch(msgspec.Struct, forbid_unknown_fields=True):
     timeout_ms: TimeoutMs | msgspec.UnsetType = msgspec.UNSET
     headers: Headers | None | msgspec.UnsetType = msgspec.UNSET
     rate_limit_per_second: RateLimit | None | msgspec.UnsetType = msgspec.UNSET
+    channels: EndpointChannels | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class SecretRotate(msgspec.Struct, forbid_unknown_fields=True):
@@ -159,6 +184,7 @@ class MessageCreate(msgspec.Struct, forbid_unknown_fields=True):
     # Raw: the exact bytes of the JSON value as the sender wrote it; they are what we send.
     payload: Annotated[msgspec.Raw, msgspec.Meta(description=(
         f"Any JSON value, nesting arrays and objects at most {PAYLOAD_DEPTH_MAX} levels deep; sent byte for byte."))]
+    channels: MessageChannels | None = None
 
 
 REQUEST_BODIES = (AccountCreate, AccountPatch, TopupCreate, EndpointCreate, EndpointPatch, SecretRotate, MessageCreate)

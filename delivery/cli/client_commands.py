@@ -57,25 +57,25 @@ OPERATOR_KEY_NAMES = "HOOKLEDGER_OPERATOR_KEY"
 endpoints_app = typer.Typer(no_args_is_help=True, help="Endpoints: where your webhooks are delivered.")
 
 
-def _emit(value: Any, as_json: bool, render: Callable[[Console], None]) -> None:
+def emit(value: Any, as_json: bool, render: Callable[[Console], None]) -> None:
     if as_json:
         output.print_json(value)
     else:
         render(output.out())
 
 
-def _time(value: datetime | None) -> str:
+def shown_time(value: datetime | None) -> str:
     return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
-def _next_page(console: Console, cursor: str | None) -> None:
+def next_page(console: Console, cursor: str | None) -> None:
     if cursor:
         console.print(f"next page: --cursor {cursor}", markup=False, soft_wrap=True)
 
 
 # ---- endpoints -------------------------------------------------------------------------------------
 
-_ENDPOINT_COLUMNS = (*output.ids("id", "url"), *output.texts("event types", "enabled", "timeout ms", "rate limit /s",
+ENDPOINT_COLUMNS = (*output.ids("id", "url"), *output.texts("event types", "enabled", "timeout ms", "rate limit /s",
                                                                "signing", "headers", "description"))
 HeaderOption = Annotated[Optional[list[str]], typer.Option(
     "--header", "-H", metavar="'NAME: VALUE'", help="A custom header sent with every request, outside the signature (repeat).")]
@@ -85,7 +85,7 @@ KeyTypeOption = Annotated[Optional[str], typer.Option(
     "--signing-key-type", metavar="hmac|ed25519", help="hmac (a whsec_ secret) or ed25519 (receivers verify with a whpk_ key).")]
 
 
-def _endpoint_rows(endpoints) -> list[tuple]:
+def endpoint_rows(endpoints) -> list[tuple]:
     return [(e.id, e.url, ", ".join(e.event_types) if e.event_types else "(all)",
              "yes" if e.enabled else f"no ({e.disabled_reason or 'by you'})", e.timeout_ms,
              e.rate_limit_per_second if e.rate_limit_per_second is not None else "-", e.signing_key_type,
@@ -107,7 +107,7 @@ def _headers(given: list[str] | None) -> dict[str, str] | None:
 
 
 def _print_endpoint(endpoint: models.Endpoint) -> Callable[[Console], None]:
-    return lambda console: output.print_rows(console, "endpoint", _ENDPOINT_COLUMNS, _endpoint_rows([endpoint]))
+    return lambda console: output.print_rows(console, "endpoint", ENDPOINT_COLUMNS, endpoint_rows([endpoint]))
 
 
 @endpoints_app.command("create")
@@ -137,7 +137,7 @@ def endpoints_create(
         console.print(f"signing secret: {signing_secret}", markup=False, soft_wrap=True)
         console.print(f"(again: hookledger endpoints secret {endpoint.id})", markup=False, soft_wrap=True)
 
-    _emit({**msgspec.structs.asdict(endpoint), "secret": signing_secret}, as_json, render)
+    emit({**msgspec.structs.asdict(endpoint), "secret": signing_secret}, as_json, render)
 
 
 @endpoints_app.command("list")
@@ -145,8 +145,8 @@ def endpoints_list(api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as
     """List your endpoints."""
     with api(api_url, api_key, as_json) as client:
         endpoints = client.endpoints.list()
-    _emit({"data": endpoints}, as_json, lambda console: output.print_rows(
-        console, f"{len(endpoints)} endpoints", _ENDPOINT_COLUMNS, _endpoint_rows(endpoints)))
+    emit({"data": endpoints}, as_json, lambda console: output.print_rows(
+        console, f"{len(endpoints)} endpoints", ENDPOINT_COLUMNS, endpoint_rows(endpoints)))
 
 
 @endpoints_app.command("show")
@@ -156,7 +156,7 @@ def endpoints_show(endpoint_id: EndpointId, api_url: ApiUrl = API_URL_DEFAULT, a
     check_ids((endpoint_id, "endpoint"))
     with api(api_url, api_key, as_json) as client:
         endpoint = client.endpoints.get(endpoint_id)
-    _emit(endpoint, as_json, _print_endpoint(endpoint))
+    emit(endpoint, as_json, _print_endpoint(endpoint))
 
 
 @endpoints_app.command("update")
@@ -198,7 +198,7 @@ def endpoints_update(
         raise output.usage("nothing to change: give at least one option (see --help)")
     with api(api_url, api_key, as_json) as client:
         endpoint = client.endpoints.update(endpoint_id, **changes)
-    _emit(endpoint, as_json, _print_endpoint(endpoint))
+    emit(endpoint, as_json, _print_endpoint(endpoint))
 
 
 @endpoints_app.command("delete")
@@ -208,7 +208,7 @@ def endpoints_delete(endpoint_id: EndpointId, api_url: ApiUrl = API_URL_DEFAULT,
     check_ids((endpoint_id, "endpoint"))
     with api(api_url, api_key, as_json) as client:
         deleted = client.endpoints.delete(endpoint_id)
-    _emit(deleted, as_json, lambda console: console.print(
+    emit(deleted, as_json, lambda console: console.print(
         f"deleted endpoint {deleted.id}; {deleted.refunded_now} pending deliveries refunded now", markup=False,
         soft_wrap=True))
 
@@ -227,7 +227,7 @@ def endpoints_rotate_secret(
     check_ids((endpoint_id, "endpoint"))
     with api(api_url, api_key, as_json) as client:
         new_secret = client.endpoints.rotate_secret(endpoint_id, secret=secret, signing_key_type=signing_key_type)
-    _emit({"secret": new_secret}, as_json, lambda console: console.print(new_secret, markup=False, soft_wrap=True))
+    emit({"secret": new_secret}, as_json, lambda console: console.print(new_secret, markup=False, soft_wrap=True))
 
 
 @endpoints_app.command("secret")
@@ -237,12 +237,12 @@ def endpoints_secret(endpoint_id: EndpointId, api_url: ApiUrl = API_URL_DEFAULT,
     check_ids((endpoint_id, "endpoint"))
     with api(api_url, api_key, as_json) as client:
         secret = client.endpoints.get_secret(endpoint_id)
-    _emit({"secret": secret}, as_json, lambda console: console.print(secret, markup=False, soft_wrap=True))
+    emit({"secret": secret}, as_json, lambda console: console.print(secret, markup=False, soft_wrap=True))
 
 
 # ---- send, balance, ledger -------------------------------------------------------------------------
 
-def _payload(text: str) -> msgspec.Raw:
+def payload_of(text: str) -> msgspec.Raw:
     """The payload exactly as written (it is what the receiver gets, byte for byte), once checked to be JSON."""
     raw = (sys.stdin.read() if text == PAYLOAD_FROM_STDIN else text).strip().encode()
     try:
@@ -261,7 +261,7 @@ def send(
     api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False,
 ) -> None:
     """Send an event to your subscribed endpoints; each delivery is charged."""
-    payload = _payload(payload_json)
+    payload = payload_of(payload_json)
     with api(api_url, api_key, as_json) as client:
         message = client.send(event_type, payload, idempotency_key=idempotency_key)
 
@@ -274,14 +274,14 @@ def send(
             output.print_rows(console, "deliveries", (*output.ids("delivery", "endpoint"), *output.texts("price")),
                               [(d.id, d.endpoint_id, d.price) for d in message.deliveries])
 
-    _emit(message, as_json, render)
+    emit(message, as_json, render)
 
 
 def balance(api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False) -> None:
     """Your balance, and the credits charged for deliveries still in flight."""
     with api(api_url, api_key, as_json) as client:
         result = client.balance()
-    _emit(result, as_json, lambda console: console.print(
+    emit(result, as_json, lambda console: console.print(
         f"balance {result.balance} credits ({result.in_flight} in flight)", markup=False))
 
 
@@ -299,10 +299,10 @@ def ledger(
         output.print_rows(console, f"{len(page)} ledger entries",
                           (*output.texts("seq"), *output.ids("entry"), *output.texts("kind", "amount"),
                            *output.ids("delivery"), *output.texts("at")),
-                          [(e.seq, e.id, e.kind, e.amount, e.delivery_id, _time(e.created_at)) for e in page])
-        _next_page(console, page.next_cursor)
+                          [(e.seq, e.id, e.kind, e.amount, e.delivery_id, shown_time(e.created_at)) for e in page])
+        next_page(console, page.next_cursor)
 
-    _emit(page, as_json, render)
+    emit(page, as_json, render)
 
 
 # ---- deliveries list (beside the operator's dead/show/replay) ---------------------------------------
@@ -326,13 +326,13 @@ def deliveries_list(
 
     def render(console: Console) -> None:
         rows = [(d.id, d.event_type, d.state + (f" ({d.dead_reason})" if d.dead_reason else ""),
-                 f"{d.attempt}/{d.attempts_max}", d.price, d.endpoint_id, _time(d.created_at)) for d in page]
+                 f"{d.attempt}/{d.attempts_max}", d.price, d.endpoint_id, shown_time(d.created_at)) for d in page]
         output.print_rows(console, f"{len(page)} deliveries",
                           (*output.ids("delivery"), *output.texts("event", "state", "attempts", "price"),
                            *output.ids("endpoint"), *output.texts("created")), rows)
-        _next_page(console, page.next_cursor)
+        next_page(console, page.next_cursor)
 
-    _emit(page, as_json, render)
+    emit(page, as_json, render)
 
 
 # ---- accounts create / topup / reverse-topup / show (operator, beside delete/repair) ---------------
@@ -361,7 +361,7 @@ def accounts_create(
         print_account(created.account)(console)
         console.print(f"API key (shown once): {created.api_key.key}", markup=False, soft_wrap=True)
 
-    _emit(created, as_json, render)
+    emit(created, as_json, render)
 
 
 @accounts_app.command("topup")
@@ -376,7 +376,7 @@ def accounts_topup(
     check_ids((account_id, "account"))
     with api(api_url, api_key, as_json, key_names=OPERATOR_KEY_NAMES) as client:
         topup = client.accounts.top_up(account_id, order_id, amount)
-    _emit(topup, as_json, lambda console: console.print(
+    emit(topup, as_json, lambda console: console.print(
         (f"topped up {topup.amount} credits" if topup.applied else f"order {topup.order_id} was already applied;"
          " nothing added") + f"; balance {topup.balance}", markup=False, soft_wrap=True))
 
@@ -391,7 +391,7 @@ def accounts_reverse_topup(
     check_ids((account_id, "account"))
     with api(api_url, api_key, as_json, key_names=OPERATOR_KEY_NAMES) as client:
         topup = client.accounts.reverse_top_up(account_id, order_id)
-    _emit(topup, as_json, lambda console: console.print(
+    emit(topup, as_json, lambda console: console.print(
         (f"reversed {-topup.amount} credits" if topup.applied else f"order {topup.order_id} was already reversed;"
          " nothing changed") + f"; balance {topup.balance}", markup=False, soft_wrap=True))
 
@@ -403,7 +403,7 @@ def accounts_show(account_id: AccountId, api_url: ApiUrl = API_URL_DEFAULT, api_
     check_ids((account_id, "account"))
     with api(api_url, api_key, as_json, key_names=OPERATOR_KEY_NAMES) as client:
         account = client.accounts.get(account_id)
-    _emit(account, as_json, print_account(account))
+    emit(account, as_json, print_account(account))
 
 
 # ---- listen -----------------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ import sys
 
 import typer
 
+from delivery.cli import application_commands as cli_applications
+from delivery.cli import catalog_commands as cli_catalog
 from delivery.cli import client_commands as cli_client, common, operator_commands as cli_operator, output
 from delivery.cli import retention_commands as cli_retention
 from delivery.cli.operational_commands import operational_app
@@ -201,6 +203,8 @@ app.add_typer(cli_operator.deliveries_app, name="deliveries")
 # Through the API (the SDK); cli_client also adds accounts create|topup|show and deliveries list.
 app.add_typer(cli_client.endpoints_app, name="endpoints")
 app.add_typer(operational_app, name="operational")
+app.add_typer(cli_applications.applications_app, name="applications")
+app.add_typer(cli_catalog.event_types_app, name="event-types")
 app.command(name="send")(cli_client.send)
 app.command(name="balance")(cli_client.balance)
 app.command(name="ledger")(cli_client.ledger)

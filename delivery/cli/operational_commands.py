@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from delivery.cli import output
-from delivery.cli.client_commands import _emit, _next_page, _time
+from delivery.cli.client_commands import emit, next_page, shown_time
 from delivery.cli.common import API_URL_DEFAULT, ApiKey, ApiUrl, AsJson, Cursor, Limit, api, check_ids
 
 operational_app = typer.Typer(no_args_is_help=True, help="Operational webhooks: where hookledger tells you about"
@@ -56,7 +56,7 @@ def create(url: Annotated[str, typer.Argument(metavar="URL", show_default=False,
         _print(created.endpoint)(console)
         console.print(f"signing secret: {created.secret}", markup=False, soft_wrap=True)
 
-    _emit(created, as_json, render)
+    emit(created, as_json, render)
 
 
 @operational_app.command("list")
@@ -64,7 +64,7 @@ def list_(api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: As
     """List your operational endpoints."""
     with api(api_url, api_key, as_json) as client:
         found = client.operational.list_endpoints()
-    _emit({"data": found}, as_json, lambda console: output.print_rows(
+    emit({"data": found}, as_json, lambda console: output.print_rows(
         console, f"{len(found)} operational endpoints", _COLUMNS, _rows(found)))
 
 
@@ -75,7 +75,7 @@ def show(endpoint_id: OperationalEndpointId, api_url: ApiUrl = API_URL_DEFAULT, 
     check_ids((endpoint_id, "operational endpoint"))
     with api(api_url, api_key, as_json) as client:
         endpoint = client.operational.get_endpoint(endpoint_id)
-    _emit(endpoint, as_json, _print(endpoint))
+    emit(endpoint, as_json, _print(endpoint))
 
 
 @operational_app.command("update")
@@ -99,7 +99,7 @@ def update(endpoint_id: OperationalEndpointId,
         raise output.usage("nothing to change: give at least one option (see --help)")
     with api(api_url, api_key, as_json) as client:
         endpoint = client.operational.update_endpoint(endpoint_id, **changes)
-    _emit(endpoint, as_json, _print(endpoint))
+    emit(endpoint, as_json, _print(endpoint))
 
 
 @operational_app.command("delete")
@@ -109,7 +109,7 @@ def delete(endpoint_id: OperationalEndpointId, api_url: ApiUrl = API_URL_DEFAULT
     check_ids((endpoint_id, "operational endpoint"))
     with api(api_url, api_key, as_json) as client:
         client.operational.delete_endpoint(endpoint_id)
-    _emit({"id": endpoint_id, "deleted": True}, as_json, lambda console: console.print(
+    emit({"id": endpoint_id, "deleted": True}, as_json, lambda console: console.print(
         f"deleted operational endpoint {endpoint_id}", markup=False, soft_wrap=True))
 
 
@@ -120,7 +120,7 @@ def secret(endpoint_id: OperationalEndpointId, api_url: ApiUrl = API_URL_DEFAULT
     check_ids((endpoint_id, "operational endpoint"))
     with api(api_url, api_key, as_json) as client:
         value = client.operational.get_secret(endpoint_id)
-    _emit({"secret": value}, as_json, lambda console: console.print(value, markup=False, soft_wrap=True))
+    emit({"secret": value}, as_json, lambda console: console.print(value, markup=False, soft_wrap=True))
 
 
 @operational_app.command("events")
@@ -131,13 +131,13 @@ def events(event_type: Annotated[Optional[str], typer.Option("--type", metavar="
     """Your operational events, oldest first (what you may have missed)."""
     with api(api_url, api_key, as_json) as client:
         page = client.operational.events(limit=limit, cursor=cursor, type=event_type)
-    rows = [(event.id, event.seq, event.type, _time(event.timestamp), json.dumps(event.data)[:120]) for event in page]
+    rows = [(event.id, event.seq, event.type, shown_time(event.timestamp), json.dumps(event.data)[:120]) for event in page]
 
     def render(console: Console) -> None:
         output.print_rows(console, f"{len(rows)} operational events", _EVENT_COLUMNS, rows)
-        _next_page(console, page.next_cursor)
+        next_page(console, page.next_cursor)
 
-    _emit(page, as_json, render)
+    emit(page, as_json, render)
 
 
 @operational_app.command("threshold")
@@ -153,5 +153,5 @@ def threshold(credits: Annotated[Optional[str], typer.Argument(
         value = int(credits)
     with api(api_url, api_key, as_json) as client:
         own = client.account() if credits is None else client.operational.set_low_balance_threshold(value)
-    _emit(msgspec.structs.asdict(own), as_json, lambda console: output.print_fields(console, (
+    emit(msgspec.structs.asdict(own), as_json, lambda console: output.print_fields(console, (
         ("balance", own.balance), ("low balance threshold", own.low_balance_threshold or "off"))))

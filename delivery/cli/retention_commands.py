@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.console import Console
 
-from delivery.cli import output
-from delivery.cli.client_commands import OPERATOR_KEY_NAMES, print_account
+from delivery.cli.client_commands import OPERATOR_KEY_NAMES, emit, print_account
 from delivery.cli.common import API_URL_DEFAULT, AccountId, ApiKey, ApiUrl, AsJson, OperatorKey, accounts_app, api, check_ids
 
 if TYPE_CHECKING:
@@ -29,13 +28,6 @@ RETENTION_DAYS_MIN, RETENTION_DAYS_MAX = 1, 3650  # the API's bounds (billing.ac
 RetentionDays = Annotated[int, typer.Option(
     "--payload-retention-days", min=RETENTION_DAYS_MIN, max=RETENTION_DAYS_MAX, metavar="DAYS", show_default=False,
     help="Days a finished message's payload and its attempts' response excerpts are kept (1-3650).")]
-
-
-def _emit(value, as_json: bool, render: Callable[[Console], None]) -> None:
-    if as_json:
-        output.print_json(value)
-    else:
-        render(output.out())
 
 
 def expunge(
@@ -49,7 +41,7 @@ def expunge(
     check_ids((message_id, "message"))
     with api(api_url, api_key, as_json) as client:
         erased = client.messages.expunge(message_id)
-    _emit(erased, as_json, lambda console: console.print(
+    emit(erased, as_json, lambda console: console.print(
         f"message {erased.id} ({erased.event_type}): payload erased on"
         f" {erased.payload_erased_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC by {erased.payload_erased_by}",
         markup=False, soft_wrap=True))
@@ -73,7 +65,7 @@ def retention(
     """
     with api(api_url, api_key, as_json) as client:
         account = client.account() if set_days is None else client.update_account(payload_retention_days=set_days)
-    _emit(account, as_json, _print_retention(account))
+    emit(account, as_json, _print_retention(account))
 
 
 @accounts_app.command("update")
@@ -85,4 +77,4 @@ def accounts_update(
     check_ids((account_id, "account"))
     with api(api_url, api_key, as_json, key_names=OPERATOR_KEY_NAMES) as client:
         account = client.accounts.update(account_id, payload_retention_days=payload_retention_days)
-    _emit(account, as_json, print_account(account))
+    emit(account, as_json, print_account(account))

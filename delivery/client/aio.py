@@ -42,6 +42,8 @@ class AsyncClient:
             timeout=timeout, follow_redirects=False,
         )
         self.endpoints = AsyncEndpoints(self)
+        self.applications = AsyncApplications(self)
+        self.event_types = AsyncEventTypes(self)
         self.deliveries = AsyncDeliveries(self)
         self.accounts = AsyncAccounts(self)
         self.api_keys = AsyncApiKeys(self)
@@ -72,14 +74,15 @@ class AsyncClient:
             await self._sleep(delay)
             retry_number, waited = retry_number + 1, waited + delay
 
-    async def send(self, event_type: str, payload: Any, *, idempotency_key: str | None = None) -> models.Message:
+    async def send(self, event_type: str, payload: Any, *, idempotency_key: str | None = None,
+             channels: Sequence[str] | None = None) -> models.Message:
         """Send an event to every subscribed endpoint; each delivery is charged. Answers 202 at once.
 
         Without `idempotency_key` one is generated for this call and reused on its retries, so a
         retried send never charges twice. `payload` is any JSON value; pass `msgspec.Raw(b'...')`
         to send exact bytes.
         """
-        return await self._run(calls.send(event_type, payload, calls.key_or_new(idempotency_key)))
+        return await self._run(calls.send(event_type, payload, calls.key_or_new(idempotency_key), channels))
 
     async def account(self) -> models.Account:
         """The calling account: status, balance, price per delivery and payload_retention_days."""
@@ -280,3 +283,88 @@ class AsyncMessages(_AsyncResource):
         stay). ConflictError (slug message-live, `retry_after_seconds`) while a delivery of it is
         pending or sending; NotFoundError for another account's message. Again: the same answer."""
         return await self._run(calls.expunge_message(message_id))
+
+
+class AsyncApplications(_AsyncResource):
+    """An account's applications; `application` is an application's id or its uid."""
+
+    async def create(self, name: str, *, uid: str | None = None, metadata: dict[str, str] | None = None,
+               rate_limit_per_second: int | None = None, idempotency_key: str | None = None) -> models.Application:
+        """A new application; a retry of this call (same key) answers the first create's."""
+        return await self._run(calls.create_application(name, uid=uid, metadata=metadata,
+                                                   rate_limit_per_second=rate_limit_per_second,
+                                                   idempotency_key=calls.key_or_new(idempotency_key)))
+
+    async def list(self, *, limit: int | None = None, cursor: str | None = None) -> models.Page[models.Application]:
+        """One page, oldest first (the default application first of all)."""
+        return await self._run(calls.list_applications(limit, cursor))
+
+    async def iterate(self, *, page_size: int | None = None) -> AsyncIterator[models.Application]:
+        """Every application, page by page."""
+        cursor = None
+        while True:
+            page = await self.list(limit=page_size, cursor=cursor)
+            for application in page.data:
+                yield application
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def get(self, application: Id) -> models.Application:
+        return await self._run(calls.get_application(application))
+
+    async def update(self, application: Id, *, name: str = UNSET, uid: str | None = UNSET,
+               metadata: dict[str, str] = UNSET, rate_limit_per_second: int | None = UNSET) -> models.Application:
+        changes = {"name": name, "uid": uid, "metadata": metadata, "rate_limit_per_second": rate_limit_per_second}
+        return await self._run(calls.update_application(application, changes))
+
+    async def delete(self, application: Id) -> models.ApplicationDeleted:
+        """Deletes it and its endpoints (their pending deliveries are refunded); not the default one."""
+        return await self._run(calls.delete_application(application))
+
+    async def send(self, application: Id, event_type: str, payload: Any, *,
+             idempotency_key: str | None = None, channels: Sequence[str] | None = None) -> models.Message:
+        """Send an event to the application's subscribed endpoints only; each delivery is charged to the account."""
+        return await self._run(calls.send_to_application(application, event_type, payload,
+                                                    calls.key_or_new(idempotency_key), channels))
+
+    async def create_endpoint(self, application: Id, url: str, *, description: str = "",
+                        event_types: Sequence[str] | None = None, timeout_ms: int | None = None, enabled: bool = True,
+                        secret: str | None = None, idempotency_key: str | None = None) -> models.Endpoint:
+        return await self._run(calls.create_application_endpoint(
+            application, url, description=description, event_types=event_types, timeout_ms=timeout_ms,
+            enabled=enabled, secret=secret, idempotency_key=calls.key_or_new(idempotency_key)))
+
+    async def list_endpoints(self, application: Id) -> tuple[models.Endpoint, ...]:
+        return await self._run(calls.list_application_endpoints(application))
+
+    async def portal_link(self, application: Id) -> models.PortalLink:
+        """A single-use link into the application's portal, for its customer (signs in within 15 minutes)."""
+        return await self._run(calls.create_portal_link(application))
+
+    async def usage(self, application: Id, *, since: datetime | str | None = None,
+              until: datetime | str | None = None) -> models.ApplicationUsage:
+        """Its charges, refunds and reclaims in [since, until), from the account's ledger."""
+        return await self._run(calls.application_usage(application, since, until))
+
+
+class AsyncEventTypes(_AsyncResource):
+    """The account's event catalog, by name."""
+
+    async def create(self, name: str, *, description: str = "", schema: dict[str, Any] | bool | None = None,
+               archived: bool = False) -> models.EventType:
+        """A new event type; with `schema` (a JSON Schema, draft 2020-12) every payload of it must pass."""
+        return await self._run(calls.create_event_type(name, description=description, schema=schema, archived=archived))
+
+    async def list(self, *, limit: int | None = None, cursor: str | None = None,
+             include_archived: bool = False) -> models.Page[models.EventType]:
+        return await self._run(calls.list_event_types(limit, cursor, include_archived))
+
+    async def get(self, name: str) -> models.EventType:
+        return await self._run(calls.get_event_type(name))
+
+    async def update(self, name: str, *, description: str = UNSET, schema: dict[str, Any] | bool | None = UNSET,
+               archived: bool = UNSET) -> models.EventType:
+        """Change its description, its schema (None: none) or archive it."""
+        return await self._run(calls.update_event_type(name, {"description": description, "schema": schema,
+                                                          "archived": archived}))

@@ -281,11 +281,98 @@ def _reads_keyed(kind: Any, idempotency_key: str, replayed_field: str = "replaye
     return read
 
 
-def send(event_type: str, payload: Any, idempotency_key: str) -> Call[models.Message]:
+def send(event_type: str, payload: Any, idempotency_key: str,
+         channels: Sequence[str] | None = None) -> Call[models.Message]:
     """Idempotent through its key: every attempt of this call carries the same one."""
-    body = _json({"event_type": event_type, "payload": payload})
+    body = _json({"event_type": event_type, "payload": payload,
+                  "channels": list(channels) if channels is not None else UNSET})
     return Call("POST", "/v1/messages", True, _reads_keyed(models.Message, idempotency_key), body=body,
                 headers=_keyed(idempotency_key))
+
+
+# ---- applications --------------------------------------------------------------------------------
+# `application` is an application's id or its uid.
+
+def create_application(name: str, *, uid: str | None, metadata: Mapping[str, str] | None,
+                       rate_limit_per_second: int | None, idempotency_key: str) -> Call[models.Application]:
+    body = _json({"name": name, "uid": uid if uid is not None else UNSET,
+                  "metadata": dict(metadata) if metadata is not None else UNSET,
+                  "rate_limit_per_second": rate_limit_per_second if rate_limit_per_second is not None else UNSET})
+    return Call("POST", "/v1/applications", True, _reads(models.Application), body=body,
+                headers=_keyed(idempotency_key))
+
+
+def list_applications(limit: int | None, cursor: str | None) -> Call[models.Page[models.Application]]:
+    return Call("GET", "/v1/applications", True, _reads(models.Page[models.Application]),
+                params=_params(limit=limit, cursor=cursor))
+
+
+def get_application(application: Id) -> Call[models.Application]:
+    return Call("GET", f"/v1/applications/{_segment(application)}", True, _reads(models.Application))
+
+
+def update_application(application: Id, changes: Mapping[str, Any]) -> Call[models.Application]:
+    return Call("PATCH", f"/v1/applications/{_segment(application)}", True, _reads(models.Application),
+                body=_json(changes))
+
+
+def delete_application(application: Id) -> Call[models.ApplicationDeleted]:
+    return Call("DELETE", f"/v1/applications/{_segment(application)}", True, _reads(models.ApplicationDeleted))
+
+
+def send_to_application(application: Id, event_type: str, payload: Any, idempotency_key: str,
+                        channels: Sequence[str] | None = None) -> Call[models.Message]:
+    """Idempotent through its key, as `send`."""
+    body = _json({"event_type": event_type, "payload": payload,
+                  "channels": list(channels) if channels is not None else UNSET})
+    return Call("POST", f"/v1/applications/{_segment(application)}/messages", True,
+                _reads_keyed(models.Message, idempotency_key), body=body, headers=_keyed(idempotency_key))
+
+
+def create_application_endpoint(application: Id, url: str, *, description: str, event_types: Sequence[str] | None,
+                                timeout_ms: int | None, enabled: bool, secret: str | None,
+                                idempotency_key: str) -> Call[models.Endpoint]:
+    call = create_endpoint(url, description=description, event_types=event_types, timeout_ms=timeout_ms,
+                           enabled=enabled, secret=secret, idempotency_key=idempotency_key)
+    return Call("POST", f"/v1/applications/{_segment(application)}/endpoints", True, call.read, body=call.body,
+                headers=call.headers)
+
+
+def list_application_endpoints(application: Id) -> Call[tuple[models.Endpoint, ...]]:
+    return Call("GET", f"/v1/applications/{_segment(application)}/endpoints", True, _reads_list(models.Endpoint))
+
+
+def create_portal_link(application: Id) -> Call[models.PortalLink]:
+    # Not repeated on a lost answer: a retry would make a second link (harmless, but not the one asked for).
+    return Call("POST", f"/v1/applications/{_segment(application)}/portal-links", False, _reads(models.PortalLink))
+
+
+def application_usage(application: Id, since: datetime | str | None,
+                      until: datetime | str | None) -> Call[models.ApplicationUsage]:
+    return Call("GET", f"/v1/applications/{_segment(application)}/usage", True, _reads(models.ApplicationUsage),
+                params=_params(since=since, until=until))
+
+
+# ---- event catalog --------------------------------------------------------------------------------
+
+def create_event_type(name: str, *, description: str, schema: Any, archived: bool) -> Call[models.EventType]:
+    # Idempotent by name: a repeat answers 409 event-type-exists and changes nothing.
+    body = _json({"name": name, "description": description, "schema": schema, "archived": archived})
+    return Call("POST", "/v1/event-types", True, _reads(models.EventType), body=body)
+
+
+def list_event_types(limit: int | None, cursor: str | None,
+                     include_archived: bool) -> Call[models.Page[models.EventType]]:
+    return Call("GET", "/v1/event-types", True, _reads(models.Page[models.EventType]),
+                params=_params(limit=limit, cursor=cursor, include_archived="true" if include_archived else None))
+
+
+def get_event_type(name: str) -> Call[models.EventType]:
+    return Call("GET", f"/v1/event-types/{_segment(name)}", True, _reads(models.EventType))
+
+
+def update_event_type(name: str, changes: Mapping[str, Any]) -> Call[models.EventType]:
+    return Call("PATCH", f"/v1/event-types/{_segment(name)}", True, _reads(models.EventType), body=_json(changes))
 
 
 def list_deliveries(*, limit: int | None, cursor: str | None, state: str | None, endpoint_id: Id | None,

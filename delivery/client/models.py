@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -97,12 +97,67 @@ class Endpoint(msgspec.Struct, frozen=True):
     signing_key_type: str = "hmac"  # hmac (a whsec_ secret, v1) | ed25519 (receivers verify v1a with a whpk_ key)
     headers: dict[str, str] | None = None  # custom headers sent with every request, outside the signature
     rate_limit_per_second: int | None = None  # the most requests a second all workers send it; None: no limit
+    application_id: uuid.UUID | None = None  # its application; the account's own id for the default one
 
 
 class EndpointDeleted(msgspec.Struct, frozen=True):
     id: uuid.UUID
     deleted: bool
     refunded_now: int  # pending deliveries refunded at once; the rest die at their pre-send check
+
+
+class Application(msgspec.Struct, frozen=True):
+    """One customer of the account's app: its own endpoints; a message sent to it reaches only those."""
+
+    id: uuid.UUID
+    uid: str | None  # the account's own id for it, usable wherever an application id is
+    name: str
+    metadata: dict[str, str]
+    rate_limit_per_second: int | None
+    is_default: bool  # the account's default application (its id is the account's): where send() goes
+    created_at: datetime
+    updated_at: datetime
+
+
+class ApplicationDeleted(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    deleted: bool
+    endpoints_deleted: int
+    refunded_now: int
+
+
+class ApplicationUsage(msgspec.Struct, frozen=True):
+    """What an application's deliveries moved on the account's ledger in [since, until)."""
+
+    application_id: uuid.UUID
+    since: datetime | None
+    until: datetime | None
+    charges: int
+    charged: int
+    refunds: int
+    refunded: int
+    reclaims: int
+    reclaimed: int
+    net: int  # credits paid: charged - refunded + reclaimed
+
+
+class PortalLink(msgspec.Struct, frozen=True):
+    """A single-use sign-in link into an application's portal; hand `url` to its customer."""
+
+    url: str
+    expires_at: datetime  # it signs in once, before this
+
+
+class EventType(msgspec.Struct, frozen=True):
+    """An entry of the account's event catalog; with a schema, every payload of the type must pass it."""
+
+    id: uuid.UUID
+    name: str
+    description: str
+    schema: dict[str, Any] | bool | None
+    archived: bool  # no new messages of it
+    created_at: datetime
+    updated_at: datetime
 
 
 class CreatedDelivery(msgspec.Struct, frozen=True):

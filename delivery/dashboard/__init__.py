@@ -21,7 +21,9 @@ from aiohttp import web
 
 from delivery.dashboard import (
     pages,
+    portal,
     routes_account,
+    routes_applications,
     routes_deliveries,
     routes_endpoints,
     routes_operator,
@@ -43,8 +45,8 @@ def setup(app: web.Application) -> web.Application:
         undefined=jinja2.StrictUndefined, filters=pages.FILTERS,
     )
     dashboard[routes_operator.STATE] = routes_operator.DashboardState()
-    for module in (routes_session, routes_account, routes_endpoints, routes_deliveries, routes_operator,
-                   routes_operator_accounts):
+    for module in (routes_session, routes_account, routes_endpoints, routes_applications, routes_deliveries,
+                   routes_operator, routes_operator_accounts):
         dashboard.add_routes(module.routes)
     dashboard.router.add_static("/static/", STATIC_DIR)
     # /dashboard itself, without the slash, is the sub-application's too (its path "" under the
@@ -52,6 +54,7 @@ def setup(app: web.Application) -> web.Application:
     dashboard.router.add_get("", _to_dashboard)
     dashboard.router.add_route("*", "/{tail:.*}", _no_such_page)
     app.add_subapp(pages.PREFIX, dashboard)
+    portal.setup(app)  # the customer portal at /portal, beside the dashboard
     return dashboard
 
 

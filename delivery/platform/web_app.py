@@ -14,8 +14,10 @@ from delivery.api import (
     middleware,
     routes_accounts,
     routes_api_keys,
+    routes_applications,
     routes_deliveries,
     routes_endpoints,
+    routes_event_types,
     routes_messages,
     routes_operator_reads,
     routes_ops,
@@ -80,7 +82,8 @@ def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> w
         auth=Authenticator(pool, api.operator_key, api.auth_cache_ttl_ms), coalescer=coalescer,
     )
     for module in (routes_accounts, routes_api_keys, routes_endpoints, routes_messages, routes_deliveries, routes_ops,
-                   routes_operator_reads, routes_recover, routes_operational, docs_page):
+                   routes_operator_reads, routes_recover, routes_operational, routes_applications,
+                   routes_event_types, docs_page):
         app.add_routes(module.routes)
     dashboard.setup(app)  # the web dashboard under /dashboard (delivery/dashboard)
     app.cleanup_ctx.append(_revocation_listener)

@@ -28,7 +28,8 @@ from signing import Keyring, decrypt_secret, encrypt_secret
 
 logger = logging.getLogger(__name__)
 
-ENDPOINTS_PER_ACCOUNT_MAX = 100
+ENDPOINTS_PER_APPLICATION_MAX = 100
+ENDPOINTS_PER_ACCOUNT_MAX = ENDPOINTS_PER_APPLICATION_MAX  # in its default application, what the routes without one see
 EVENT_TYPES_PER_ENDPOINT_MAX = 100
 DESCRIPTION_LENGTH_MAX = 1000
 ENDPOINT_TIMEOUT_MS_MIN = 1000
@@ -38,7 +39,11 @@ SETTLE_ON_DELETE_MAX = 100  # pending deliveries refunded right away; the worker
 
 
 class EndpointLimitReached(Exception):
-    """The account already has the most endpoints allowed."""
+    """The application already has the most endpoints allowed."""
+
+
+class ApplicationGone(Exception):
+    """The application was deleted (or is not the account's)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,8 @@ class Endpoint:
     signing_key_type: str = signing_keys.HMAC
     headers: dict[str, str] | None = None  # custom headers (delivery.store.endpoint_headers); None: none
     rate_limit_per_second: int | None = None  # every worker together sends at most this many a second; None: no limit
+    application_id: uuid.UUID | None = None  # the application it belongs to (the account's id: its default)
+    channels: list[str] | None = None  # the channels it takes messages of; None: every message
 
     @classmethod
     def from_row(cls, row) -> Endpoint:
@@ -63,7 +70,7 @@ class Endpoint:
 
 
 _COLUMNS = ("id, account_id, url, description, event_types, enabled, disabled_reason, timeout_ms, created_at,"
-            " updated_at, signing_key_type, headers, rate_limit_per_second")
+            " updated_at, signing_key_type, headers, rate_limit_per_second, application_id, channels")
 
 
 def seal_secret(secret: str, keyring: Keyring, endpoint_id: uuid.UUID) -> bytes:
@@ -88,14 +95,18 @@ async def insert_endpoint(
     signing_key_type: str = signing_keys.HMAC,
     headers: dict[str, str] | None = None,
     rate_limit_per_second: int | None = None,
+    application_id: uuid.UUID | None = None,
+    channels: list[str] | None = None,
 ) -> Endpoint:
-    """Insert a validated endpoint (callers validate the URL and headers, and encrypt the secret first)."""
+    """Insert a validated endpoint (callers validate the URL and headers, and encrypt the secret
+    first); `application_id` None puts it in the account's default application."""
     row = await pool.fetchrow(
         "INSERT INTO endpoints (id, account_id, url, description, event_types, secret, timeout_ms, enabled,"
-        "   signing_key_type, headers, rate_limit_per_second)"
-        f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11) RETURNING {_COLUMNS}",
+        "   signing_key_type, headers, rate_limit_per_second, application_id, channels)"
+        f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13) RETURNING {_COLUMNS}",
         endpoint_id or ids.new_id(), account_id, url, description, event_types, secret_ciphertext, timeout_ms, enabled,
-        signing_key_type, endpoint_headers.stored(headers), rate_limit_per_second,
+        signing_key_type, endpoint_headers.stored(headers), rate_limit_per_second, application_id or account_id,
+        channels,
     )
     return Endpoint.from_row(row)
 
@@ -114,14 +125,19 @@ async def create_endpoint(
     headers: dict[str, str] | None = None,
     rate_limit_per_second: int | None = None,
     outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS,
+    application_id: uuid.UUID | None = None,
+    channels: list[str] | None = None,
 ) -> Endpoint:
-    """Create an endpoint under the per-account bound; raises EndpointLimitReached past it.
+    """Create an endpoint in an application of the account (None: its default application) under
+    the per-application bound; raises EndpointLimitReached past it, ApplicationGone when the
+    application was deleted meanwhile.
 
     `secret` is its signing key: a `whsec_` secret or an Ed25519 `whsk_` private key
     (delivery.store.signing_keys), sealed at rest either way.
 
     The account row is locked first (the platform's one lock order), so two concurrent creates
-    cannot both pass the count. A COMMIT whose answer is lost is resolved (resolved_transaction):
+    cannot both pass the count, and an application's deletion (which locks it too) cannot slip in
+    between the check that the application is live and the insert. A COMMIT whose answer is lost is resolved (resolved_transaction):
     a client told "failed" would make a second endpoint, and every message would then be
     delivered, and charged, twice. Not written: NotWritten; cannot tell: OutcomeUnknown naming
     the endpoint's id. Given a connection inside a caller's transaction (a keyed create), it is a
@@ -132,27 +148,35 @@ async def create_endpoint(
     try:
         async with resolved_transaction(executor, wait_seconds=outcome_wait_seconds) as connection:
             await accounts.lock_active(connection, account_id, "endpoints")
-            count = await connection.fetchval(
-                "SELECT count(*) FROM endpoints WHERE account_id = $1 AND deleted_at IS NULL", account_id
+            application_id = application_id or account_id
+            row = await connection.fetchrow(
+                "SELECT ap.deleted_at IS NULL AS live, (SELECT count(*) FROM endpoints e"
+                "   WHERE e.application_id = ap.id AND e.account_id = ap.account_id AND e.deleted_at IS NULL) AS endpoints"
+                " FROM applications ap WHERE ap.id = $1 AND ap.account_id = $2", application_id, account_id,
             )
-            if count >= ENDPOINTS_PER_ACCOUNT_MAX:
-                raise EndpointLimitReached(f"an account has at most {ENDPOINTS_PER_ACCOUNT_MAX} endpoints")
+            if row is None or not row["live"]:
+                raise ApplicationGone(f"no application {application_id}")
+            if row["endpoints"] >= ENDPOINTS_PER_APPLICATION_MAX:
+                raise EndpointLimitReached(
+                    f"an application has at most {ENDPOINTS_PER_APPLICATION_MAX} endpoints (endpoints_per_application)")
             return await insert_endpoint(
                 connection, account_id, url, secret_ciphertext=ciphertext, event_types=event_types,
                 description=description, timeout_ms=timeout_ms, endpoint_id=endpoint_id, enabled=enabled,
                 signing_key_type=signing_keys.key_type_of(secret), headers=headers,
-                rate_limit_per_second=rate_limit_per_second,
+                rate_limit_per_second=rate_limit_per_second, application_id=application_id, channels=channels,
             )
     except OutcomeUnknown as unknown:
         unknown.look_for = f"endpoint {endpoint_id} (GET /v1/endpoints/{endpoint_id})"
         raise
 
 
-async def list_endpoints(pool: Executor, account_id: uuid.UUID) -> list[Endpoint]:
-    """Every live endpoint of the account (at most ENDPOINTS_PER_ACCOUNT_MAX), oldest first."""
+async def list_endpoints(pool: Executor, account_id: uuid.UUID, application_id: uuid.UUID | None = None) -> list[Endpoint]:
+    """Every live endpoint of an application of the account (None: its default application; at
+    most ENDPOINTS_PER_APPLICATION_MAX), oldest first."""
     rows = await pool.fetch(
-        f"SELECT {_COLUMNS} FROM endpoints WHERE account_id = $1 AND deleted_at IS NULL ORDER BY id LIMIT $2",
-        account_id, ENDPOINTS_PER_ACCOUNT_MAX,
+        f"SELECT {_COLUMNS} FROM endpoints WHERE application_id = $1 AND account_id = $2 AND deleted_at IS NULL"
+        " ORDER BY id LIMIT $3",
+        application_id or account_id, account_id, ENDPOINTS_PER_APPLICATION_MAX,
     )
     return [Endpoint.from_row(row) for row in rows]
 
@@ -165,7 +189,8 @@ async def get_endpoint(pool: Executor, account_id: uuid.UUID, endpoint_id: uuid.
     return None if row is None else Endpoint.from_row(row)
 
 
-_UPDATABLE = ("url", "description", "event_types", "enabled", "timeout_ms", "headers", "rate_limit_per_second")
+_UPDATABLE = ("url", "description", "event_types", "enabled", "timeout_ms", "headers", "rate_limit_per_second",
+              "channels")
 
 
 async def update_endpoint(
@@ -188,6 +213,7 @@ async def update_endpoint(
         "   timeout_ms = CASE WHEN $11 THEN $12 ELSE timeout_ms END,"
         "   headers = CASE WHEN $13 THEN $14::jsonb ELSE headers END,"
         "   rate_limit_per_second = CASE WHEN $15 THEN $16::int ELSE rate_limit_per_second END,"
+        "   channels = CASE WHEN $17 THEN $18::text[] ELSE channels END,"
         "   updated_at = now()"
         f" WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL RETURNING {_COLUMNS}",
         endpoint_id, account_id,

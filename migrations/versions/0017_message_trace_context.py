@@ -5,14 +5,14 @@ is on (delivery.tracing): every attempt of every delivery of the message, howeve
 joins that trace. NULL when tracing was off, and for every message written before this revision.
 
 Revision ID: 0017
-Revises: 0015
+Revises: 0016
 Create Date: 2026-12-06
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = '0017'
-down_revision = '0015'
+down_revision = '0016'
 branch_labels = None
 depends_on = None
 

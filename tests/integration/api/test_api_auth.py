@@ -42,7 +42,8 @@ def clock(monkeypatch) -> _Clock:
 
 
 def _path(template: str) -> str:
-    return template.replace("{id}", str(uuid.uuid4())).replace("{order_id}", "order-1")
+    return (template.replace("{id}", str(uuid.uuid4())).replace("{order_id}", "order-1")
+            .replace("{app}", "customer-1").replace("{name}", "invoice.paid"))
 
 
 @pytest.mark.parametrize("op", GUARDED, ids=lambda op: f"{op.method.upper()} {op.path}")
