@@ -17,7 +17,8 @@ async def test_the_endpoint_form_lists_every_error_in_words(platform, browser_pa
     errors = await page.eval_on_selector_all("main .alert.error li", "items => items.map(i => i.textContent)")
     assert len(errors) == 3, errors
     assert errors[0].startswith("URL: ") and "http" in errors[0]
-    assert errors[1:] == [f"Event type “{name}” may contain only letters, digits and _ . : - (like invoice.paid)"
+    assert errors[1:] == [f"Event type “{name}” may contain only letters, digits and _ . : -, and may end in .* for"
+                          " every type that starts with what comes before it (like invoice.*)"
                           for name in ("bad/type", "also*bad")]
     assert "regex" not in await page.inner_text("main") and "(?!" not in await page.inner_text("main")
     assert await pool.fetchval("SELECT count(*) FROM endpoints") == 0
@@ -30,5 +31,6 @@ async def test_the_endpoint_form_lists_every_error_in_words(platform, browser_pa
     await page.fill("#edit-endpoint input[name=event_types]", "ok, bad/one, fine, bad|two")
     await page.click("#edit-endpoint button[type=submit]")
     errors = await page.eval_on_selector_all("main .alert.error li", "items => items.map(i => i.textContent)")
-    assert errors == [f"Event type “{name}” may contain only letters, digits and _ . : - (like invoice.paid)"
+    assert errors == [f"Event type “{name}” may contain only letters, digits and _ . : -, and may end in .* for"
+                      " every type that starts with what comes before it (like invoice.*)"
                       for name in ("bad/one", "bad|two")], errors
