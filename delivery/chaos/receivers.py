@@ -54,6 +54,7 @@ class ReceiverFarm:
     invalid: int = 0
     bodies_read: int = 0  # signed bodies read as the workload's payload
     bodies_not_sent_by_the_workload: int = 0  # of those, the ones that are not a payload it sent
+    operational_keys: set[str] = field(default_factory=set)  # endpoint keys of operational endpoints
     ports: dict[str, int] = field(default_factory=dict)
     _runners: dict[str, web.AppRunner] = field(default_factory=dict)
     _sites: dict[str, web.TCPSite] = field(default_factory=dict)
@@ -63,8 +64,12 @@ class ReceiverFarm:
         """The `gone` receiver's time starts now (when the workload starts, not at setup)."""
         self._started_at = asyncio.get_running_loop().time()
 
-    def url(self, behaviour: str, key: str, secret: str) -> str:
+    def url(self, behaviour: str, key: str, secret: str, *, operational: bool = False) -> str:
+        """An endpoint's URL on this receiver; `operational`: an operational endpoint's, whose bodies
+        are events (checked by operational_checks), not the workload's payloads."""
         self.secrets[key] = secret
+        if operational:
+            self.operational_keys.add(key)
         return f"http://127.0.0.1:{self.ports[behaviour]}/e/{key}"
 
     async def start(self) -> None:
@@ -107,7 +112,8 @@ class ReceiverFarm:
             except SigningError:
                 self.invalid += 1
                 return self._answer(behaviour, "401", web.Response(status=401))
-            self._read_body(body)
+            if request.match_info["key"] not in self.operational_keys:
+                self._read_body(body)
             return await self._behave(behaviour, request, receipts)
 
         return handle

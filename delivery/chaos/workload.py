@@ -182,7 +182,7 @@ class Workload:
         """Where the account's operational events go: the healthy receiver, under its own secret. One
         Idempotency-Key for every API process the create fails over to: one endpoint, however retried."""
         key, secret, idempotency_key = uuid.uuid4().hex, generate_secret(), str(uuid.uuid4())
-        url = self.receivers.url("healthy", key, secret)
+        url = self.receivers.url("healthy", key, secret, operational=True)
         await self._as(account, lambda c: c.operational.create_endpoint(url, secret=secret, description="chaos",
                                                                         idempotency_key=idempotency_key))
         # balance.low when half the budget is spent (some accounts get there within the window).
