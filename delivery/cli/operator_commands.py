@@ -369,8 +369,8 @@ def show(
 
 
 def _headers_sent(headers: dict[str, str] | None) -> str:
-    """An attempt's custom headers on one line, `Name: value` each, `;` between."""
-    return "; ".join(f"{name}: {value}" for name, value in (headers or {}).items())
+    """An attempt's custom headers on one line, `Name: value` each by name, `;` between."""
+    return "; ".join(f"{name}: {headers[name]}" for name in sorted(headers or {}, key=str.lower))
 
 
 # ---- deliveries replay (on PostgreSQL) -------------------------------------------------------------
