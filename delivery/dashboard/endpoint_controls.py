@@ -31,8 +31,8 @@ def rate_limit(text: object) -> tuple[int | None, list[str]]:
         value = int(raw)
         if RATE_LIMIT_PER_SECOND_MIN <= value <= RATE_LIMIT_PER_SECOND_MAX:
             return value, []
-    return None, [f"Rate limit per second must be a whole number from {RATE_LIMIT_PER_SECOND_MIN} to"
-                  f" {RATE_LIMIT_PER_SECOND_MAX:,}, or empty for no limit (it was “{raw[:RATE_LIMIT_TEXT_CHARS_MAX]}”)"]
+    return None, [(f"Rate limit per second must be a whole number from {RATE_LIMIT_PER_SECOND_MIN} to"
+                   f" {RATE_LIMIT_PER_SECOND_MAX:,}, or empty for no limit (it was “{raw[:RATE_LIMIT_TEXT_CHARS_MAX]}”)")]
 
 
 def headers(text: object) -> tuple[dict[str, str] | None, list[str]]:
