@@ -364,10 +364,15 @@ delivery_attempts = sa.Table(
     sa.Column("error", sa.Text),
     sa.Column("response_excerpt", sa.Text),
     sa.Column("stale", sa.Boolean, nullable=False, server_default=sa.false()),
+    # The endpoint's custom headers as this attempt sent them (0021), a JSON object of name -> value;
+    # NULL when it had none. The customer's values: erased with the response excerpt.
+    sa.Column("sent_headers", pg.JSONB),
     sa.CheckConstraint("attempt >= 1", name="attempt_positive"),
     sa.CheckConstraint("status_code IS NULL OR status_code BETWEEN 100 AND 599", name="status_code_range"),
     sa.CheckConstraint("error IS NULL OR " + _length("error", 1, 1000), name="error_length"),
     sa.CheckConstraint("response_excerpt IS NULL OR char_length(response_excerpt) <= 4096", name="excerpt_length"),
+    sa.CheckConstraint("sent_headers IS NULL OR (jsonb_typeof(sent_headers) = 'object'"
+                       " AND octet_length(sent_headers::text) <= 16384)", name="sent_headers_size"),
     sa.CheckConstraint("latency_ms IS NULL OR latency_ms >= 0", name="latency_non_negative"),
     sa.Index(None, "account_id", "finished_at"),
     # The late 2xx answers, for the sweep that reclaims a refund whose reclaim was lost (0007).

@@ -241,6 +241,26 @@ RETENTION_ERASED = Gauge(
     "Payloads the last retention run erased (with their attempts' response excerpts).",
     registry=REGISTRY,
 )
+# The worker's throttle and backpressure (delivery.engine.throttle, delivery.engine.sender) count these.
+THROTTLE_SENDS_HELD = Counter(
+    "hookledger_throttle_sends_held_total",
+    "Sends that waited in a worker for their endpoint's rate limit (rate_limit_per_second) to have room;"
+    " they then left, or were given back (hookledger_held_deliveries_given_back_total).",
+    registry=REGISTRY,
+)
+HELD_GIVEN_BACK = Counter(
+    "hookledger_held_deliveries_given_back_total",
+    "Claims given back unsent (pending again, no attempt spent), by reason: rate_limit (the endpoint's"
+    " limit had no room before the claim's hold ended), paused (the endpoint is paused by a Retry-After),"
+    " shutdown (the worker stopped while holding it), error (the throttle failed; logged).",
+    ["reason"],
+    registry=REGISTRY,
+)
+ENDPOINT_PAUSES = Counter(
+    "hookledger_endpoint_pauses_total",
+    "Answers (429, 502, 503, 504) whose Retry-After paused their endpoint for every worker.",
+    registry=REGISTRY,
+)
 # The worker (delivery.engine.redis_outage) sets this as its polls reach Redis or fail to.
 REDIS_REACHABLE = Gauge(
     "hookledger_worker_redis_reachable",
@@ -253,7 +273,7 @@ REDIS_REACHABLE = Gauge(
 # Redis (delivery.engine.metrics_share): the counters and the histogram summed over the live workers, the
 # gauges summarized; never its own copies, which would be zeros.
 WORKER_SUMMED = (DELIVERIES, ATTEMPTS, DELIVERY_LATENCY, REFUNDS, CREDITS_REFUNDED, CREDITS_RECLAIMED, CLAIM_TO_SEND,
-                 ANSWER_TO_RECORD)
+                 ANSWER_TO_RECORD, THROTTLE_SENDS_HELD, HELD_GIVEN_BACK, ENDPOINT_PAUSES)
 WORKER_GAUGES = (REDIS_REACHABLE, AUDIT_VIOLATIONS, AUDIT_NOTICES, AUDIT_LAST_RUN, RETENTION_BACKLOG, RETENTION_ERASED)
 
 

@@ -267,8 +267,8 @@ OPERATIONS: tuple[Operation, ...] = (
               {202: r.MessageAccepted}, (400, 402, 409, 413, 422, 503), v.MessageCreate,
               parameters=(_IDEMPOTENCY_KEY,), headers={202: _REPLAYED}),
     Operation("post", "/v1/messages/{id}/expunge", "expungeMessage", "Messages", "Erase a message's payload now",
-              "Erase the message's payload and the response excerpts of its deliveries' attempts at once; the rows"
-              " (ids, sizes, states, times, status codes) and the ledger stay. 409 message-live while any of its"
+              "Erase the message's payload, and the response excerpts and custom headers sent of its deliveries'"
+              " attempts, at once; the rows (ids, sizes, states, times, status codes) and the ledger stay. 409 message-live while any of its"
               " deliveries is pending or sending, with Retry-After (expunge once they have finished); 404 for an id"
               " that is not one of the account's messages. A second call answers the same. GET /v1/deliveries/{id}"
               " then says payload_erased_at, and a replay is refused 409", ACCOUNT,

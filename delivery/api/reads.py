@@ -36,7 +36,7 @@ _DELIVERIES_CONDITIONS = (
 _DELIVERY = f"SELECT {_DELIVERY_COLUMNS}, m.payload_erased_at FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1 AND d.account_id = $2"
 # Every recorded attempt of a delivery, in order (bounded by attempts_max <= 50).
 _ATTEMPTS = (
-    "SELECT attempt, started_at, finished_at, status_code, latency_ms, error, response_excerpt, stale"
+    "SELECT attempt, started_at, finished_at, status_code, latency_ms, error, response_excerpt, stale, sent_headers"
     " FROM delivery_attempts WHERE delivery_id = $1 AND account_id = $2 ORDER BY attempt, finished_at LIMIT 100"
 )
 _LEDGER_COLUMNS = "id, seq, kind, amount, delivery_id, note, created_at"

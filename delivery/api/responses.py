@@ -162,6 +162,16 @@ class Attempt(msgspec.Struct):
     error: str | None
     response_excerpt: str | None
     stale: bool
+    sent_headers: Annotated[dict[str, str] | None, msgspec.Meta(description=(
+        "The endpoint's custom headers this attempt was sent with (null: it had none, or they were erased"
+        " with the response excerpt by retention, an expunge or the account's deletion)."))] = None
+
+
+def attempt_from_row(row) -> Attempt:
+    """An Attempt from a delivery_attempts record (sent_headers is jsonb, read as its text)."""
+    sent_headers = row["sent_headers"]
+    return Attempt(**{name: row[name] for name in Attempt.__struct_fields__ if name != "sent_headers"},
+                   sent_headers=None if sent_headers is None else msgspec.json.decode(sent_headers))
 
 
 class DeliveryDetail(Delivery):
@@ -169,7 +179,8 @@ class DeliveryDetail(Delivery):
     ledger_entries: list[LedgerEntry]
     endpoint_headers: Annotated[dict[str, str] | None, msgspec.Meta(description=(
         "The custom headers the endpoint carries now (null: none, or the endpoint is deleted); each attempt"
-        " sends the endpoint's headers as they are when it starts, beside the Standard Webhooks headers."))]
+        " sends the endpoint's headers as they are when it starts, beside the Standard Webhooks headers, and"
+        " keeps them (attempts[].sent_headers)."))]
     # When the message's payload and its attempts' response excerpts were erased (an expunge,
     # retention or the account's deletion); null while they are kept.
     payload_erased_at: datetime | None = None

@@ -71,7 +71,7 @@ async def get_delivery(request: web.Request) -> web.Response:
     headers = endpoint_headers.loaded(await reads.endpoint_headers(ctx.pool, account_id, row["endpoint_id"]))
     detail = responses.DeliveryDetail(
         **{name: row[name] for name in responses.Delivery.__struct_fields__},
-        attempts=[responses.from_row(responses.Attempt, attempt) for attempt in attempts],
+        attempts=[responses.attempt_from_row(attempt) for attempt in attempts],
         ledger_entries=[responses.from_row(responses.LedgerEntry, entry) for entry in entries],
         endpoint_headers=headers,
         payload_erased_at=row["payload_erased_at"],

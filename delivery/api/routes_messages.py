@@ -88,7 +88,8 @@ def _too_large(limit: int) -> Problem:
 
 @routes.post("/v1/messages/{id}/expunge")
 async def expunge_message(request: web.Request) -> web.Response:
-    """Erase a message's payload and its attempts' response excerpts now (delivery.operations.retention).
+    """Erase a message's payload and its attempts' response excerpts and custom headers sent now
+    (delivery.operations.retention).
 
     409 while any of its deliveries is pending or sending, with Retry-After and the time the
     soonest of them is next tried; 404 for an id that is not one of the account's messages. Twice:

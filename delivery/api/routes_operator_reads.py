@@ -114,7 +114,7 @@ async def get_delivery(request: web.Request) -> web.Response:
     detail = InspectedDelivery(
         **{name: row[name] for name in InspectedDelivery.__struct_fields__ if name in row},
         endpoint_enabled=row["enabled"],
-        attempts=[responses.from_row(responses.Attempt, attempt) for attempt in found["attempts"]],
+        attempts=[responses.attempt_from_row(attempt) for attempt in found["attempts"]],
         ledger_entries=[responses.from_row(InspectedLedgerEntry, entry) for entry in found["ledger"]],
     )
     return responses.json(detail)
@@ -134,7 +134,8 @@ _INSPECTED = InspectedDelivery(
     endpoint_enabled=True, endpoint_deleted_at=None, state="dead", attempts_max=8, payload_bytes=17,
     webhook_id=uuid.UUID("0190c5f2-4b7e-7c1a-9d1e-6f3a2b1c0d05"), replay_of=None,
     attempts=[responses.Attempt(attempt=8, started_at=_AT, finished_at=_AT, status_code=503, latency_ms=41,
-                                error=None, response_excerpt="upstream unavailable", stale=False)],
+                                error=None, response_excerpt="upstream unavailable", stale=False,
+                                sent_headers={"X-Tenant": "acme"})],
     ledger_entries=[InspectedLedgerEntry(id=f"charge:{_DEAD.id}", kind="charge", amount=-1, note=None, created_at=_AT),
                     InspectedLedgerEntry(id=f"refund:{_DEAD.id}", kind="refund", amount=1, note=None, created_at=_AT)],
 )

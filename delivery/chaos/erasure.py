@@ -54,7 +54,8 @@ _SENT_AFTER_ERASURE = (
 )
 _EXCERPTS_OF_ERASED = (
     "SELECT a.delivery_id::text FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id"
-    " JOIN messages m ON m.id = d.message_id WHERE m.payload IS NULL AND a.response_excerpt IS NOT NULL"
+    " JOIN messages m ON m.id = d.message_id WHERE m.payload IS NULL"
+    " AND (a.response_excerpt IS NOT NULL OR a.sent_headers IS NOT NULL)"
 )
 # Deliveries the pre-send check settled for want of a payload (it says account_closed for that too)
 # while their account stayed active: a live delivery's payload was erased.

@@ -337,7 +337,8 @@ def show(
     delivery: DeliveryId,
     api_url: ApiUrl = API_URL_DEFAULT, api_key: OperatorKey = None, as_json: AsJson = False,
 ) -> None:
-    """Any account's delivery (operator): its attempts (status, latency, errors, response excerpt) and ledger entries."""
+    """Any account's delivery (operator): its attempts (status, latency, errors, response excerpt, custom headers
+    sent) and ledger entries."""
     delivery_id = parse_id(delivery, "delivery")
     with api(api_url, api_key, as_json, key_names=OPERATOR_KEY_NAMES) as client:
         found = client.deliveries.inspect(delivery_id)
@@ -358,11 +359,18 @@ def show(
     ])
     console.print()
     output.print_rows(console, "attempts (latest first)",
-                      output.texts("#", "status", "latency ms", "error", "response excerpt", "stale", "finished at"),
+                      output.texts("#", "status", "latency ms", "error", "response excerpt", "headers sent", "stale",
+                                   "finished at"),
                       [(a.attempt, a.status_code, a.latency_ms, a.error or "", (a.response_excerpt or "")[:200],
-                        "yes" if a.stale else "", _time(a.finished_at)) for a in found.attempts])
+                        _headers_sent(a.sent_headers), "yes" if a.stale else "", _time(a.finished_at))
+                       for a in found.attempts])
     output.print_rows(console, "ledger entries", (*output.ids("entry"), *output.texts("kind", "amount", "at")),
                       [(e.id, e.kind, e.amount, _time(e.created_at)) for e in found.ledger_entries])
+
+
+def _headers_sent(headers: dict[str, str] | None) -> str:
+    """An attempt's custom headers on one line, `Name: value` each by name, `;` between."""
+    return "; ".join(f"{name}: {headers[name]}" for name in sorted(headers or {}, key=str.lower))
 
 
 # ---- deliveries replay (on PostgreSQL) -------------------------------------------------------------

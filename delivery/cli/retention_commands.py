@@ -34,7 +34,8 @@ def expunge(
     message_id: Annotated[str, typer.Argument(metavar="MESSAGE_ID", show_default=False, help="The message's id.")],
     api_url: ApiUrl = API_URL_DEFAULT, api_key: ApiKey = None, as_json: AsJson = False,
 ) -> None:
-    """Erase a message's payload and its attempts' response excerpts now; the rows and the ledger stay.
+    """Erase a message's payload and its attempts' response excerpts and custom headers sent now; the rows
+    and the ledger stay.
 
     Only once every delivery of the message has finished (delivered or dead). Again: the same answer.
     """

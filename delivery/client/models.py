@@ -241,6 +241,8 @@ class Attempt(msgspec.Struct, frozen=True):
     error: str | None
     response_excerpt: str | None
     stale: bool  # recorded after the lease expired (a slow worker)
+    # The endpoint's custom headers this attempt was sent with (None: none, or erased with the excerpt).
+    sent_headers: dict[str, str] | None = None
 
 
 class Delivery(msgspec.Struct, frozen=True):

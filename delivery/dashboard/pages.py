@@ -11,6 +11,7 @@ Middlewares, outermost first:
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime
 
@@ -196,4 +197,12 @@ def short_id(value: object) -> str:
     return str(value)[-12:] if value is not None else "—"
 
 
-FILTERS = {"credits": credits, "timestamp": timestamp, "short_id": short_id}
+def header_pairs(stored: str | dict | None) -> list[tuple[str, str]]:
+    """Custom headers (a jsonb column's text, or already a dict) as (name, value) pairs sorted by name."""
+    if stored is None:
+        return []
+    headers = json.loads(stored) if isinstance(stored, str) else stored
+    return sorted(headers.items(), key=lambda pair: pair[0].lower()) if isinstance(headers, dict) else []
+
+
+FILTERS = {"credits": credits, "timestamp": timestamp, "short_id": short_id, "header_pairs": header_pairs}

@@ -1,7 +1,10 @@
-"""Endpoints: list with health, create, edit event types, disable/enable, rotate and reveal the secret.
+"""Endpoints: list with health, create, edit (event types, rate limit, custom headers), disable/enable,
+rotate (to either signing key type) and reveal the secret.
 
 Input goes through the API's own checks: the body Structs of delivery.api.validation (lengths,
-event type syntax, timeouts) and the SSRF policy of delivery.engine.ssrf; writes go through
+event type syntax, timeouts), the SSRF policy of delivery.engine.ssrf, and for the rate limit,
+custom headers and signing key type delivery.dashboard.endpoint_controls (the API's rules, read
+from form text); a refused form lists every error and writes nothing. Writes go through
 delivery.store.endpoints. Revealing or rotating a secret is a POST behind a confirmation page, so a
 secret never sits in a URL or the history, and no link or prefetch can show or change one.
 """
@@ -20,10 +23,9 @@ from delivery.store import endpoints as store
 from delivery.store import signing_keys
 from delivery.api.problems import Problem, not_found
 from delivery.api.validation import EndpointCreate, EndpointPatch, decode, path_id
-from delivery.dashboard import pages, queries
+from delivery.dashboard import endpoint_controls, pages, queries
 from delivery.errors import InvalidEndpointUrlError
 from delivery.engine.ssrf import validate_endpoint_url
-from signing import generate_secret
 
 routes = web.RouteTableDef()
 
@@ -90,12 +92,18 @@ async def create_endpoint(request: web.Request) -> web.Response:
     form = await pages.form(request)
     fields = {"url": str(form.get("url", "")).strip(), "description": str(form.get("description", "")).strip(),
               "event_types": _event_types(form.get("event_types"))}
-    body, errors = _checked(fields, ctx.policy)  # every error at once: the body's checks and the URL policy
-    if body is not None:
+    # Every error at once: the body's checks, the URL policy, then the controls'.
+    body, errors = _checked(fields, ctx.policy)
+    rate_limit, rate_limit_errors = endpoint_controls.rate_limit(form.get("rate_limit_per_second"))
+    headers, header_errors = endpoint_controls.headers(form.get("headers"))
+    key_type, key_type_errors = endpoint_controls.key_type(form.get("signing_key_type"), signing_keys.HMAC)
+    errors += rate_limit_errors + header_errors + key_type_errors
+    if body is not None and not errors:
         try:
             endpoint = await store.create_endpoint(
-                ctx.pool, account_id, body.url, secret=generate_secret(), keyring=ctx.keyring,
+                ctx.pool, account_id, body.url, secret=signing_keys.new_key(key_type), keyring=ctx.keyring,
                 event_types=body.event_types, description=body.description, timeout_ms=body.timeout_ms,
+                headers=headers, rate_limit_per_second=rate_limit,
                 outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds,
             )
         except (store.EndpointLimitReached, AccountNotActive) as error:
@@ -103,9 +111,15 @@ async def create_endpoint(request: web.Request) -> web.Response:
     if errors:
         health = await endpoint_health(ctx.pool, account_id, await store.list_endpoints(ctx.pool, account_id))
         return pages.render(request, "endpoints.html", {
-            "health": health, "errors": errors, "form": {**fields, "event_types": form.get("event_types", "")},
+            "health": health, "errors": errors, "form": {**fields, **_typed(form)},
         }, status=422)
     raise pages.redirect(f"/dashboard/endpoints/{endpoint.id}?created=1")
+
+
+def _typed(form) -> dict[str, str]:
+    """What was typed in the text fields, to show again beside the errors."""
+    names = ("event_types", "rate_limit_per_second", "headers", "signing_key_type")
+    return {name: str(form.get(name, "")) for name in names if name in form}
 
 
 def _checked(fields: dict, policy) -> tuple[EndpointCreate | None, list[str]]:
@@ -127,8 +141,18 @@ def _checked(fields: dict, policy) -> tuple[EndpointCreate | None, list[str]]:
 async def show_endpoint(request: web.Request) -> web.Response:
     _, endpoint = await _endpoint(request)
     return pages.render(request, "endpoint.html", {
-        "endpoint": endpoint, "errors": [], "notice": _notice(request.query),
+        "endpoint": endpoint, "errors": [], "notice": _notice(request.query), "form": _shown(endpoint),
     })
+
+
+def _shown(endpoint: store.Endpoint) -> dict[str, str]:
+    """The edit form's fields as the endpoint has them now."""
+    return {
+        "description": endpoint.description,
+        "event_types": ", ".join(endpoint.event_types) if endpoint.event_types else "",
+        "rate_limit_per_second": "" if endpoint.rate_limit_per_second is None else str(endpoint.rate_limit_per_second),
+        "headers": endpoint_controls.headers_text(endpoint.headers),
+    }
 
 
 def _notice(query) -> str | None:
@@ -139,18 +163,30 @@ def _notice(query) -> str | None:
 
 @routes.post("/endpoints/{id}")
 async def edit_endpoint(request: web.Request) -> web.Response:
-    """Change the description and the event types the endpoint receives."""
+    """Change the description, the event types the endpoint receives, and (when the form carries
+    them) its rate limit and custom headers; an empty one of those two clears it."""
     account_id, endpoint = await _endpoint(request)
     form = await pages.form(request)
     changes = {"description": str(form.get("description", "")).strip(),
                "event_types": _event_types(form.get("event_types"))}
+    errors: list[str] = []
+    if "rate_limit_per_second" in form:
+        changes["rate_limit_per_second"], found = endpoint_controls.rate_limit(form.get("rate_limit_per_second"))
+        errors += found
+    if "headers" in form:
+        changes["headers"], found = endpoint_controls.headers(form.get("headers"))
+        errors += found
     try:
         body = decode(msgspec.json.encode(changes), EndpointPatch)
     except Problem as problem:
-        return pages.render(request, "endpoint.html", {"endpoint": endpoint, "errors": _errors(problem, changes),
-                                                       "notice": None}, status=422)
+        errors = _errors(problem, changes) + errors
+    if errors:
+        return pages.render(request, "endpoint.html", {
+            "endpoint": endpoint, "errors": errors, "notice": None,
+            "form": {**_shown(endpoint), "description": changes["description"], **_typed(form)},
+        }, status=422)
     updated = await store.update_endpoint(pages.api(request).pool, account_id, endpoint.id,
-                                          {"description": body.description, "event_types": body.event_types})
+                                          {name: getattr(body, name) for name in changes})
     if updated is None:
         raise not_found("endpoint")
     raise pages.redirect(f"/dashboard/endpoints/{endpoint.id}?saved=1")
@@ -168,10 +204,16 @@ async def set_enabled(request: web.Request) -> web.Response:
 @routes.get("/endpoints/{id}/secret/{action:reveal|rotate}")
 async def confirm_secret(request: web.Request) -> web.Response:
     _, endpoint = await _endpoint(request)
+    return _confirm_page(request, endpoint, request.match_info["action"], [], endpoint.signing_key_type)
+
+
+def _confirm_page(request: web.Request, endpoint: store.Endpoint, action: str, errors: list[str],
+                  key_type: str) -> web.Response:
     overlap_hours = pages.api(request).settings.api.secret_rotation_overlap_seconds / 3600
     return pages.render(request, "secret_confirm.html", {
-        "endpoint": endpoint, "action": request.match_info["action"], "overlap_hours": overlap_hours,
-    })
+        "endpoint": endpoint, "action": action, "overlap_hours": overlap_hours, "errors": errors,
+        "key_type": key_type, "key_types": endpoint_controls.KEY_TYPE_LABELS,
+    }, status=422 if errors else 200)
 
 
 @routes.post("/endpoints/{id}/secret/reveal")
@@ -186,10 +228,15 @@ async def reveal_secret(request: web.Request) -> web.Response:
 
 @routes.post("/endpoints/{id}/secret/rotate")
 async def rotate_secret(request: web.Request) -> web.Response:
-    """A new secret now; the old one keeps signing beside it for the configured overlap."""
+    """A new signing key now, of the kind chosen (absent: the kind it has); the old one keeps signing
+    beside it for the configured overlap, across kinds too. An Ed25519 key shows its whpk_ only."""
     account_id, endpoint = await _endpoint(request)
     ctx = pages.api(request)
-    secret = signing_keys.new_key(endpoint.signing_key_type)  # of the kind it has; an Ed25519 one shows its whpk_
+    form = await pages.form(request)
+    key_type, errors = endpoint_controls.key_type(form.get("signing_key_type"), endpoint.signing_key_type)
+    if errors:
+        return _confirm_page(request, endpoint, "rotate", errors, endpoint.signing_key_type)
+    secret = signing_keys.new_key(key_type)
     rotated = await store.rotate_secret(ctx.pool, account_id, endpoint.id, secret=secret, keyring=ctx.keyring,
                                         overlap_seconds=ctx.settings.api.secret_rotation_overlap_seconds)
     if not rotated:

@@ -9,7 +9,7 @@ the endpoint is paused.
   about one send per round of sends (AIMD, as TCP does), up to the sender's per-endpoint bound.
   Only a send that started after the last halving can halve again: the sends already on the
   wire when the first 429 came back answer 429 too, and they say nothing new.
-- A Retry-After on a 429 or 503 (delivery.engine.retry reads it) pauses the whole endpoint for
+- A Retry-After on a 429, 502, 503 or 504 (delivery.engine.retry reads it) pauses the whole endpoint for
   that long, at most `pause_seconds_max` (the longest delay of the retry schedule): sends of it
   that have not started are held back (the engine gives their claims back, no attempt spent).
   delivery.engine.throttle shares the pause with the other workers through Redis.

@@ -280,7 +280,7 @@ class Engine:
         return AttemptResult(
             item.claimed.id, item.claimed.attempt, item.claimed.account_id, sent.success, sent.latency_ms,
             sent.status_code, sent.error, sent.response_excerpt or None, delay, False,
-            sent.sent_at or None, sent.answered_at or None,
+            sent.sent_at or None, sent.answered_at or None, endpoint_headers.as_sent(item.headers),
         )
 
     async def _after_write(self, group: list[Pending], summary: RecordSummary, connection: asyncpg.Connection) -> None:

@@ -65,6 +65,8 @@ class AttemptResult(NamedTuple):
     # then started_at is taken as latency_ms before the write and finished_at as the write.
     sent_at: float | None = None
     answered_at: float | None = None
+    # The endpoint's custom headers this attempt was sent with, as JSON text (None: it had none).
+    sent_headers: str | None = None
 
 
 @dataclass
@@ -107,13 +109,14 @@ _RELEASE = (
 # milliseconds before now() (see the module's docstring on times).
 _INSERT_ATTEMPTS = (
     "INSERT INTO delivery_attempts AS a (delivery_id, attempt, account_id, started_at, finished_at,"
-    "   status_code, latency_ms, error, response_excerpt, stale)"
+    "   status_code, latency_ms, error, response_excerpt, sent_headers, stale)"
     " SELECT r.d, r.n, r.a, now() - r.sa * interval '1 millisecond', now() - r.fa * interval '1 millisecond',"
-    "   r.s, r.l, r.e, r.x, r.stale"
-    " FROM unnest($1::uuid[], $2::int[], $3::uuid[], $4::int[], $5::int[], $6::text[], $7::text[], $8::bool[],"
-    "   $9::float8[], $10::float8[]) AS r(d, n, a, s, l, e, x, stale, sa, fa)"
+    "   r.s, r.l, r.e, r.x, r.h::jsonb, r.stale"
+    " FROM unnest($1::uuid[], $2::int[], $3::uuid[], $4::int[], $5::int[], $6::text[], $7::text[], $8::text[],"
+    "   $9::bool[], $10::float8[], $11::float8[]) AS r(d, n, a, s, l, e, x, h, stale, sa, fa)"
     " ON CONFLICT (delivery_id, attempt) DO UPDATE SET status_code = excluded.status_code,"
     "   latency_ms = excluded.latency_ms, error = excluded.error, response_excerpt = excluded.response_excerpt,"
+    "   sent_headers = excluded.sent_headers,"
     "   started_at = excluded.started_at, finished_at = excluded.finished_at, stale = excluded.stale"
     " WHERE a.error = '" + LEASE_EXPIRED_ERROR + "'"
     "   OR (excluded.status_code BETWEEN 200 AND 299 AND NOT coalesce(a.status_code BETWEEN 200 AND 299, false))"
@@ -131,13 +134,14 @@ _RECORD_SUCCESSES = (
     "     AND d.state IN ('sending', 'pending') RETURNING d.id),"
     " recorded AS ("
     "   INSERT INTO delivery_attempts AS a (delivery_id, attempt, account_id, started_at, finished_at,"
-    "     status_code, latency_ms, error, response_excerpt, stale)"
+    "     status_code, latency_ms, error, response_excerpt, sent_headers, stale)"
     "   SELECT r.d, r.n, r.a, now() - r.sa * interval '1 millisecond', now() - r.fa * interval '1 millisecond',"
-    "     r.s, r.l, r.e, r.x, r.d NOT IN (SELECT id FROM delivered)"
-    "   FROM unnest($1::uuid[], $2::int[], $3::uuid[], $4::int[], $5::int[], $6::text[], $7::text[],"
-    "     $8::float8[], $9::float8[]) AS r(d, n, a, s, l, e, x, sa, fa)"
+    "     r.s, r.l, r.e, r.x, r.h::jsonb, r.d NOT IN (SELECT id FROM delivered)"
+    "   FROM unnest($1::uuid[], $2::int[], $3::uuid[], $4::int[], $5::int[], $6::text[], $7::text[], $8::text[],"
+    "     $9::float8[], $10::float8[]) AS r(d, n, a, s, l, e, x, h, sa, fa)"
     "   ON CONFLICT (delivery_id, attempt) DO UPDATE SET status_code = excluded.status_code,"
     "     latency_ms = excluded.latency_ms, error = excluded.error, response_excerpt = excluded.response_excerpt,"
+    "     sent_headers = excluded.sent_headers,"
     "     started_at = excluded.started_at, finished_at = excluded.finished_at, stale = excluded.stale"
     "   WHERE a.error = '" + LEASE_EXPIRED_ERROR + "'"
     "     OR (excluded.status_code BETWEEN 200 AND 299 AND NOT coalesce(a.status_code BETWEEN 200 AND 299, false)))"
@@ -275,6 +279,7 @@ def _result_columns(results: list[AttemptResult]) -> list[list]:
         [max(0, int(r.latency_ms)) for r in results],
         [_bounded(r.error, 1000) for r in results],
         [_bounded(r.response_excerpt, 4096) for r in results],
+        [r.sent_headers for r in results],
     ]
 
 
@@ -357,6 +362,7 @@ async def expire_leases(
             [0] * len(rows),
             [LEASE_EXPIRED_ERROR] * len(rows),
             [None] * len(rows),
+            [None] * len(rows),  # what the lost send carried is not known; its own result brings it
             [False] * len(rows),
             [0.0] * len(rows),
             [0.0] * len(rows),

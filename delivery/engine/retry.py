@@ -22,9 +22,10 @@ ATTEMPTS_MAX = 50
 DELAY_SECONDS_MAX = 7 * 24 * 3600
 SCHEDULE_TEXT_CHARS_MAX = 1000
 
-# Retry-After is honoured on these statuses only: they are the ones where the receiver is
-# asking us to slow down (RFC 9110 15.5.19 via RFC 6585, and 15.6.4).
-RETRY_AFTER_STATUSES = frozenset({429, 503})
+# Retry-After is honoured on these statuses only: the ones the Standard Webhooks spec names as the
+# receiver asking senders to slow down (429 Too Many Requests, 502 Bad Gateway, 503 Service
+# Unavailable, 504 Gateway Timeout). Behind a gateway a 502 or 504 may carry the upstream's wait.
+RETRY_AFTER_STATUSES = frozenset({429, 502, 503, 504})
 # A Retry-After value longer than this is garbage, not a delay; a bound before int().
 RETRY_AFTER_CHARS_MAX = 64
 DEFAULT_DELAY_CAP_SECONDS = 24 * 3600
@@ -171,7 +172,7 @@ def receiver_now(date_header: str | None) -> datetime:
 
 
 def retry_after_for(status_code: int | None, header: str | None, now: datetime) -> float | None:
-    """The Retry-After wait to honour for this response, only on 429 and 503."""
+    """The Retry-After wait to honour for this response, only on 429, 502, 503 and 504."""
     if status_code not in RETRY_AFTER_STATUSES:
         return None
     return parse_retry_after(header, now)

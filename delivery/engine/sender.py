@@ -22,7 +22,7 @@ from typing import NamedTuple
 import aiohttp
 from yarl import URL
 
-from delivery import event_loop
+from delivery import event_loop, metrics
 from delivery.engine import retry, ssrf
 from delivery.engine.backpressure import CONNECT_TIMEOUT_ERROR_PREFIX, Backpressure
 from delivery.errors import (
@@ -270,6 +270,7 @@ class Sender:
                     paused_for = self.backpressure.paused_for(endpoint_id)
                     if paused_for > 0:
                         result = not_sent_held(paused_for)
+                        metrics.HELD_GIVEN_BACK.labels("paused").inc()
                     elif request.not_after is not None and not self._fits(request):
                         result = NOT_SENT_LATE
                     else:

@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
+from delivery import metrics
 from delivery.engine.backpressure import Backpressure, says_slow_down
 from delivery.engine.queue import REDIS_ERRORS
 from delivery.engine.sender import SendRequest, SendResult, not_sent_held
@@ -100,18 +101,21 @@ class _Held(NamedTuple):
     request: SendRequest
     future: asyncio.Future
     deadline: float  # time.monotonic() after which it is given back rather than held
+    number: int  # its place among the gate's sends, from 1: counted as held once (metrics)
 
 
 class _Gate:
     """The sends of one throttled endpoint that this worker holds, in the order they came."""
 
-    __slots__ = ("endpoint_id", "rate", "held", "pump")
+    __slots__ = ("endpoint_id", "rate", "held", "pump", "submitted", "counted_through")
 
     def __init__(self, endpoint_id: str, rate: int) -> None:
         self.endpoint_id = endpoint_id
         self.rate = rate
         self.held: collections.deque[_Held] = collections.deque()
         self.pump: asyncio.Task | None = None
+        self.submitted = 0  # sends submitted to the gate so far: the last one's number
+        self.counted_through = 0  # the sends numbered up to this one were counted as held, or left at once
 
 
 class Throttle:
@@ -150,7 +154,8 @@ class Throttle:
         deadline = self._clock() + HOLD_SECONDS_MAX
         if request.not_after is not None:
             deadline = min(deadline, request.not_after - request.timeout_ms / 1000)
-        gate.held.append(_Held(request, future, deadline))
+        gate.submitted += 1
+        gate.held.append(_Held(request, future, deadline, gate.submitted))
         if gate.pump is None:
             gate.pump = asyncio.get_running_loop().create_task(self._pump(gate, send))
         return future
@@ -164,14 +169,14 @@ class Throttle:
                     continue
                 paused_for = self.backpressure.paused_for(gate.endpoint_id)
                 if paused_for > 0:
-                    self._give_back(gate, lambda index: paused_for)
+                    self._give_back(gate, lambda index: paused_for, "paused")
                     continue
                 wait = await self.take_token(gate.endpoint_id, gate.rate)
                 if wait <= 0:
                     try:
                         sending = send(head.request)
                     except RuntimeError:  # the sender is closing (shutdown): what is held goes back unsent
-                        self._give_back(gate, lambda index: RELEASE_DELAY_SECONDS_MIN)
+                        self._give_back(gate, lambda index: RELEASE_DELAY_SECONDS_MIN, "shutdown")
                         break
                     gate.held.popleft()
                     _chain(sending, head.future)
@@ -181,7 +186,7 @@ class Throttle:
                     await asyncio.sleep(max(0.0, min(wait, gate.held[0].deadline - self._clock())))
         except Exception:  # noqa: BLE001 - a bug here must not strand the sends it holds
             logger.exception("the throttle of endpoint %s failed; its held sends are given back", gate.endpoint_id)
-            self._give_back(gate, lambda index: RELEASE_DELAY_SECONDS_MIN)
+            self._give_back(gate, lambda index: RELEASE_DELAY_SECONDS_MIN, "error")
         finally:
             gate.pump = None
             if gate.held and not self._closing:  # held while this pump ended: a new one takes them
@@ -196,20 +201,29 @@ class Throttle:
         spacing_here = spacing_seconds(gate.rate) * max(1, self.workers)  # this worker's share
         kept: collections.deque[_Held] = collections.deque()
         late: list[_Held] = []
+        newly_held = 0
         for held in gate.held:
             if held.future.done():
                 continue
+            newly_held += held.number > gate.counted_through
             if now + wait + len(kept) * spacing_here <= held.deadline:
                 kept.append(held)
             else:
                 late.append(held)
         gate.held = kept
+        gate.counted_through = gate.submitted  # those not held now left before the bucket ran dry
+        if newly_held:
+            metrics.THROTTLE_SENDS_HELD.inc(newly_held)
         if not late:
             return
         first, slot = await self._book_slots(gate.endpoint_id, gate.rate, len(late), wait + len(kept) * spacing_here)
+        given_back = 0
         for index, held in enumerate(late):
             if not held.future.done():
                 held.future.set_result(not_sent_held(_bounded_delay(first + index * slot)))
+                given_back += 1
+        if given_back:
+            metrics.HELD_GIVEN_BACK.labels("rate_limit").inc(given_back)
 
     async def _book_slots(self, endpoint_id: str, rate: int, count: int, earliest: float) -> tuple[float, float]:
         """Book `count` slots of the endpoint, after the last one booked and no sooner than `earliest`
@@ -232,12 +246,16 @@ class Throttle:
         self._local_booked[endpoint_id] = start + count * spacing
         return start - now, spacing
 
-    def _give_back(self, gate: _Gate, delay_of: Callable[[int], float]) -> None:
-        """Answer every held send as not sent, due again after delay_of(its place)."""
+    def _give_back(self, gate: _Gate, delay_of: Callable[[int], float], reason: str) -> None:
+        """Answer every held send as not sent, due again after delay_of(its place); counted by reason."""
+        given_back = 0
         for index, held in enumerate(gate.held):
             if not held.future.done():
                 held.future.set_result(not_sent_held(_bounded_delay(delay_of(index))))
+                given_back += 1
         gate.held.clear()
+        if given_back:
+            metrics.HELD_GIVEN_BACK.labels(reason).inc(given_back)
 
     async def take_token(self, endpoint_id: str, rate: int) -> float:
         """Take a token of the endpoint's bucket: 0.0 when taken, else the seconds until one is free."""
@@ -295,6 +313,8 @@ class Throttle:
         if not result.retry_after_seconds or not result.sent_at or not says_slow_down(result.status_code, result.error):
             return
         seconds = min(result.retry_after_seconds, self.backpressure.pause_seconds_max)
+        if seconds > 0:
+            metrics.ENDPOINT_PAUSES.inc()
         if self._redis is None or seconds <= 0 or not self._asks_redis():
             return
         task = asyncio.get_running_loop().create_task(self._share_pause(str(endpoint_id), seconds))
@@ -321,7 +341,7 @@ class Throttle:
         """Give back every held send (not sent; the claims are released) and stop the pumps."""
         self._closing = True
         for gate in list(self._gates.values()):
-            self._give_back(gate, lambda index: RELEASE_DELAY_SECONDS_MIN)
+            self._give_back(gate, lambda index: RELEASE_DELAY_SECONDS_MIN, "shutdown")
             if gate.pump is not None:
                 gate.pump.cancel()
         pumps = [gate.pump for gate in self._gates.values() if gate.pump is not None]

@@ -128,7 +128,7 @@ _DELIVERY = (
     " WHERE d.id = $1"
 )
 _ATTEMPTS = (
-    "SELECT attempt, started_at, finished_at, status_code, latency_ms, error, response_excerpt, stale"
+    "SELECT attempt, started_at, finished_at, status_code, latency_ms, error, response_excerpt, stale, sent_headers"
     " FROM delivery_attempts WHERE delivery_id = $1 ORDER BY attempt DESC LIMIT $2"
 )
 # Its charge, refund and reclaim, and any adjustment tied to it by id (billing.adjustments).

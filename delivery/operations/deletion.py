@@ -243,10 +243,12 @@ async def _bulk_settle(connection, account_id):
 
 
 # What the closeout leaves that is the customer's or signs in as them: the receivers' response
-# excerpts (the attempts' rows stay, for the ledger's and the audit's sake) and dashboard sign-ins.
+# excerpts and the custom headers each attempt was sent with (the attempts' rows stay, for the
+# ledger's and the audit's sake), and dashboard sign-ins. Counted: attempts that had either.
 _ERASE_ACCOUNT_EXCERPTS = (
-    "WITH erased AS (UPDATE delivery_attempts SET response_excerpt = NULL"
-    " WHERE account_id = $1 AND response_excerpt IS NOT NULL RETURNING 1) SELECT count(*) FROM erased"
+    "WITH erased AS (UPDATE delivery_attempts SET response_excerpt = NULL, sent_headers = NULL"
+    " WHERE account_id = $1 AND (response_excerpt IS NOT NULL OR sent_headers IS NOT NULL) RETURNING 1)"
+    " SELECT count(*) FROM erased"
 )
 _END_ACCOUNT_SESSIONS = (
     "WITH ended AS (DELETE FROM dashboard_sessions WHERE account_id = $1 RETURNING 1) SELECT count(*) FROM ended"

@@ -1,8 +1,8 @@
 """Erasure of payloads and response excerpts: at once for one message (expunge), and after each
 account's retention period for every finished message (the worker's `retention` cron).
 
-What is erased: `messages.payload` and the `response_excerpt` of every attempt of the message's
-deliveries. What stays: every row (ids, sizes, states, times, status codes), and the ledger,
+What is erased: `messages.payload`, and the `response_excerpt` and `sent_headers` (the endpoint's
+custom headers as sent: the customer's values) of every attempt of the message's deliveries. What stays: every row (ids, sizes, states, times, status codes), and the ledger,
 which nothing here touches. `messages.payload_erased_at` and `payload_erased_by` record when and
 by whom, never what.
 
@@ -53,10 +53,10 @@ _ERASE_MESSAGE = (
     "UPDATE messages SET payload = NULL, payload_erased_at = now(), payload_erased_by = $3"
     " WHERE id = $1 AND account_id = $2 RETURNING payload_erased_at, payload_erased_by"
 )
-# Erase the response excerpts of these deliveries' attempts.
+# Erase the response excerpts, and the custom headers sent, of these deliveries' attempts.
 _ERASE_EXCERPTS = (
-    "UPDATE delivery_attempts SET response_excerpt = NULL"
-    " WHERE delivery_id = ANY($1::uuid[]) AND response_excerpt IS NOT NULL"
+    "UPDATE delivery_attempts SET response_excerpt = NULL, sent_headers = NULL"
+    " WHERE delivery_id = ANY($1::uuid[]) AND (response_excerpt IS NOT NULL OR sent_headers IS NOT NULL)"
 )
 # The oldest kept payloads past their account's retention whose deliveries have all finished (as
 # of the statement's snapshot; re-checked under the deliveries' locks), per account through

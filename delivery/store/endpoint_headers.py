@@ -121,6 +121,24 @@ def for_sending(column: str | None) -> Mapping[str, str] | None:
     return _parsed(column)
 
 
+def as_sent(column: str | None) -> str | None:
+    """What an attempt records of the headers it sent (delivery_attempts.sent_headers): the column's
+    text when every header in it is sent (always, for headers the API stored), else the JSON of
+    those that were; None when none were."""
+    if column is None:
+        return None
+    return _sent_text(column)
+
+
+@functools.lru_cache(maxsize=PARSED_CACHED_MAX)
+def _sent_text(column: str) -> str | None:
+    sent = _parsed(column)
+    if not sent:
+        return None
+    headers = json.loads(column)
+    return column if len(sent) == len(headers) else stored(sent)
+
+
 @functools.lru_cache(maxsize=PARSED_CACHED_MAX)
 def _parsed(column: str) -> Mapping[str, str]:
     # The API stores only headers that pass `refusals`; one written past it (by hand, in SQL) is

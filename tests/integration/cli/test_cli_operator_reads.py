@@ -63,6 +63,33 @@ def test_dead_and_show_go_through_the_api_with_the_operator_key(operator, dead):
     assert human.exit_code == 0 and f"refund:{ids[0]}" in human.stdout and "endpoint_deleted" in human.stdout
 
 
+def test_show_lists_the_custom_headers_each_attempt_was_sent_with(operator, dead, module_database_url):
+    """An attempt recorded with custom headers: `deliveries show` prints them on its row, `Name: value`
+    each in name order, and --json carries them as attempts[].sent_headers."""
+    import asyncio
+
+    import asyncpg
+
+    account_id, _, ids = dead
+
+    async def record() -> None:
+        connection = await asyncpg.connect(module_database_url)
+        try:
+            await connection.execute(
+                "INSERT INTO delivery_attempts (delivery_id, attempt, account_id, started_at, status_code, sent_headers)"
+                " VALUES ($1, 1, $2, now(), 503, '{\"X-Tenant\": \"acme\", \"X-Route\": \"v2\"}')",
+                uuid.UUID(ids[1]), uuid.UUID(account_id))
+        finally:
+            await connection.close()
+
+    asyncio.run(record())
+    found = json.loads(operator("deliveries", "show", ids[1], "--json").stdout)
+    assert [attempt["sent_headers"] for attempt in found["attempts"]] == [{"X-Tenant": "acme", "X-Route": "v2"}]
+    human = operator("deliveries", "show", ids[1])
+    assert human.exit_code == 0 and "headers sent" in human.stdout
+    assert "X-Route: v2; X-Tenant: acme" in human.stdout, human.stdout  # by name
+
+
 @pytest.mark.parametrize("columns", [60, 200])
 def test_ids_come_out_whole_at_any_width(operator, cli, dead, columns):
     """At 200 columns a table, at 60 a list: either way every id is on one line, whole, to copy into

@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from delivery import metrics
 from delivery.errors import SenderOverloadedError, SenderSettingsError
 from delivery.engine.sender import EXCERPT_BYTES_MAX_LIMIT, USER_AGENT, Sender, SenderSettings, SendRequest
 
@@ -129,7 +130,7 @@ async def test_gone_says_disable_the_endpoint(receiver: Receiver, sender: Sender
     assert result.gone and not result.success and result.status_code == 410
 
 
-async def test_retry_after_is_parsed_on_429_and_503_only(receiver: Receiver, sender: Sender) -> None:
+async def test_retry_after_is_parsed_on_429_and_503_and_ignored_on_500(receiver: Receiver, sender: Sender) -> None:
     """Retry-After is honoured on 429 (seconds) and 503 (HTTP-date), and ignored on a 500. Each is
     its own endpoint: a Retry-After pauses the endpoint that answered it (delivery.engine.backpressure),
     and a send to that endpoint then comes back held, never sent, for what is left of the pause."""
@@ -146,6 +147,24 @@ async def test_retry_after_is_parsed_on_429_and_503_only(receiver: Receiver, sen
     held = await sender.send(request_to(receiver.url("/busy"), endpoint_id="ep_busy"))
     assert held.status_code is None and held.sent_at == 0.0 and 0 < held.retry_after_seconds <= 120.0
     assert receiver.hits["/busy"] == 1, "the paused endpoint's send never left"
+
+
+@pytest.mark.parametrize("status_code", [502, 504])
+async def test_a_retry_after_on_a_gateway_error_pauses_the_endpoint(
+        receiver: Receiver, sender: Sender, status_code: int) -> None:
+    """A 502 or 504 with Retry-After is read like a 429's: the wait is kept on the result and the
+    endpoint is paused, so its next send comes back held (counted as given back, paused) and
+    never reaches the receiver."""
+    receiver.route("/gateway", answer(status_code, headers={"Retry-After": "90"}))
+    await receiver.start()
+    given_back = metrics.REGISTRY.get_sample_value("hookledger_held_deliveries_given_back_total", {"reason": "paused"})
+    first = await sender.send(request_to(receiver.url("/gateway"), endpoint_id="ep_gateway"))
+    assert first.status_code == status_code and first.retry_after_seconds == 90.0 and not first.success
+    held = await sender.send(request_to(receiver.url("/gateway"), endpoint_id="ep_gateway"))
+    assert held.status_code is None and held.sent_at == 0.0 and 0 < held.retry_after_seconds <= 90.0
+    assert receiver.hits["/gateway"] == 1, "the paused endpoint's send never left"
+    assert metrics.REGISTRY.get_sample_value("hookledger_held_deliveries_given_back_total",
+                                             {"reason": "paused"}) == (given_back or 0.0) + 1
 
 
 async def test_an_http_date_retry_after_is_measured_against_the_receivers_date(receiver: Receiver, sender: Sender) -> None:

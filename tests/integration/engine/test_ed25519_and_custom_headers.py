@@ -147,7 +147,8 @@ async def test_a_rotation_from_hmac_to_ed25519_verifies_with_either_key_during_t
 async def test_custom_headers_go_with_every_request_outside_the_signature(platform, pool, receiver_factory):
     """An endpoint's headers arrive on each request beside ours and the Standard Webhooks ones,
     which they cannot replace; the signature still verifies; a PATCH changes what the next
-    request carries and null clears them; the delivery's detail shows the endpoint's headers."""
+    request carries and null clears them; the delivery's detail shows the endpoint's headers now,
+    and each attempt the headers it was sent with (NULL in the row when the endpoint had none)."""
     api, receiver = platform, await receiver_factory()
     custom = {"X-Tenant": "acme-eu", "Authorization": "Bearer gateway-token", "X-Trace": "a=b; c"}
     response = await api.post("/v1/endpoints", json={"url": receiver.url, "secret": receiver.secret,
@@ -164,15 +165,47 @@ async def test_custom_headers_go_with_every_request_outside_the_signature(platfo
     assert received["webhook-id"] == str(delivery_id)
     detail = await (await api.get(f"/v1/deliveries/{delivery_id}", headers=api.account_headers)).json()
     assert detail["endpoint_headers"] == custom
+    assert [attempt["sent_headers"] for attempt in detail["attempts"]] == [custom]
 
     path = f"/v1/endpoints/{endpoint['id']}"
     patched = await api.patch(path, json={"headers": {"X-Tenant": "acme-us"}}, headers=api.account_headers)
     assert patched.status == 200 and (await patched.json())["headers"] == {"X-Tenant": "acme-us"}
-    await _deliver(api, pool)
+    patched_delivery_id = await _deliver(api, pool)
     received = CIMultiDict(receiver.received[-1]["headers"])
     assert received["X-Tenant"] == "acme-us" and "Authorization" not in received
+    first = await (await api.get(f"/v1/deliveries/{delivery_id}", headers=api.account_headers)).json()
+    assert first["endpoint_headers"] == {"X-Tenant": "acme-us"}, "the endpoint's headers now"
+    assert [attempt["sent_headers"] for attempt in first["attempts"]] == [custom], "what the attempt was sent with"
+    second = await (await api.get(f"/v1/deliveries/{patched_delivery_id}", headers=api.account_headers)).json()
+    assert [attempt["sent_headers"] for attempt in second["attempts"]] == [{"X-Tenant": "acme-us"}]
     cleared = await api.patch(path, json={"headers": None}, headers=api.account_headers)
     assert (await cleared.json())["headers"] is None
     assert await pool.fetchval("SELECT headers FROM endpoints WHERE id = $1", uuid.UUID(endpoint["id"])) is None
-    await _deliver(api, pool)
+    cleared_delivery_id = await _deliver(api, pool)
     assert "X-Tenant" not in CIMultiDict(receiver.received[-1]["headers"]) and receiver.received[-1]["valid"]
+    third = await (await api.get(f"/v1/deliveries/{cleared_delivery_id}", headers=api.account_headers)).json()
+    assert [attempt["sent_headers"] for attempt in third["attempts"]] == [None]
+    assert await pool.fetchval("SELECT count(*) FROM delivery_attempts WHERE delivery_id = $1 AND sent_headers IS NULL",
+                               cleared_delivery_id) == 1
+
+
+async def test_a_failed_attempt_keeps_its_headers_and_an_expunge_erases_them(platform, pool, receiver_factory):
+    """The receiver answers 500, then 200: both attempts record the headers they were sent with
+    (a failure is written by another statement than a batch of successes). Expunging the message
+    erases them with the response excerpts; the attempts' rows stay."""
+    api, receiver = platform, await receiver_factory(lambda number: 500 if number == 1 else 200)
+    custom = {"X-Tenant": "acme-eu"}
+    response = await api.post("/v1/endpoints", json={"url": receiver.url, "secret": receiver.secret,
+                                                     "headers": custom}, headers=api.account_headers)
+    assert response.status == 201, await response.text()
+    delivery_id = await _deliver(api, pool)
+    detail = await (await api.get(f"/v1/deliveries/{delivery_id}", headers=api.account_headers)).json()
+    assert [(attempt["status_code"], attempt["sent_headers"]) for attempt in detail["attempts"]] == [
+        (500, custom), (200, custom)]
+    expunged = await api.post(f"/v1/messages/{detail['message_id']}/expunge", headers=api.account_headers)
+    assert expunged.status == 200, await expunged.text()
+    detail = await (await api.get(f"/v1/deliveries/{delivery_id}", headers=api.account_headers)).json()
+    assert [(attempt["status_code"], attempt["sent_headers"]) for attempt in detail["attempts"]] == [
+        (500, None), (200, None)]
+    assert await pool.fetchval("SELECT count(*) FROM delivery_attempts WHERE delivery_id = $1 AND sent_headers IS NULL",
+                               delivery_id) == 2

@@ -12,6 +12,7 @@ import bisect
 import contextlib
 import time
 
+import pytest
 from aiohttp import web
 
 from billing.audit import audit
@@ -88,21 +89,22 @@ async def test_a_throttled_endpoint_gets_at_most_its_limit_in_any_second_across_
     assert (await audit(pool)).clean
 
 
+@pytest.mark.parametrize("slow_down_status", [503, 502])
 async def test_a_retry_after_pauses_the_whole_endpoint_and_spends_no_other_attempt(
-        pool, database_url, redis_url, keyring, receiver_factory, arq_queue):
-    """A receiver answers its first request 503 with Retry-After: 2 and the rest 200. One send at a
-    time, so the receiver's clock shows the pause: its next request comes at least 2 s after the
-    503. Then it receives again: all 20 are delivered, none dead, and only the one that was
-    answered 503 used a second attempt."""
+        pool, database_url, redis_url, keyring, receiver_factory, arq_queue, slow_down_status):
+    """A receiver answers its first request 503 (or 502, a gateway's) with Retry-After: 2 and the
+    rest 200. One send at a time, so the receiver's clock shows the pause: its next request comes
+    at least 2 s after the first answer. Then it receives again: all 20 are delivered, none dead,
+    and only the one that was answered 503 or 502 used a second attempt."""
     settings = config.load(fast_environment(database_url, redis_url, keyring, HOOKLEDGER_SENDS_PER_ENDPOINT_MAX="1",
                                             HOOKLEDGER_RETRY_SCHEDULE="0,0.2,5", HOOKLEDGER_LEASE_MS="20000"))
     answers: list[tuple[float, int]] = []
 
     def answer(number: int):
-        status = 503 if number == 1 else 200
+        status = slow_down_status if number == 1 else 200
         answers.append((time.monotonic(), status))
-        if status == 503:
-            return web.Response(status=503, headers={"Retry-After": "2"}, text="busy")
+        if status == slow_down_status:
+            return web.Response(status=status, headers={"Retry-After": "2"}, text="busy")
         return status
 
     receiver = await receiver_factory(answer)
@@ -113,7 +115,7 @@ async def test_a_retry_after_pauses_the_whole_endpoint_and_spends_no_other_attem
         await wait_for(lambda: _finished(pool, delivery_ids), timeout_seconds=120)
 
     (paused_at, status), (resumed_at, _) = answers[0], answers[1]
-    assert status == 503 and resumed_at - paused_at >= 2.0, answers[:3]
+    assert status == slow_down_status and resumed_at - paused_at >= 2.0, answers[:3]
     rows = await pool.fetch("SELECT state, attempt FROM deliveries WHERE id = ANY($1::uuid[])", delivery_ids)
     assert sorted((row["state"], row["attempt"]) for row in rows) == [("delivered", 1)] * 19 + [("delivered", 2)]
     assert await pool.fetchval("SELECT count(*) FROM delivery_attempts WHERE delivery_id = ANY($1::uuid[])",

@@ -13,6 +13,7 @@ import uuid
 
 from redis.asyncio import Redis
 
+from delivery import metrics
 from delivery.engine import throttle as throttle_module
 from delivery.engine.backpressure import Backpressure
 from delivery.engine.sender import Sender, SenderSettings, SendRequest, SendResult, was_held
@@ -25,6 +26,11 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def _counted(name: str, **labels: str) -> float:
+    """A worker-side counter's value in this process (0.0 before its first increment)."""
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def _closed_port() -> int:
@@ -77,11 +83,14 @@ async def test_without_redis_each_worker_sends_its_share_and_never_above_the_lim
 
 async def test_a_pause_one_worker_was_told_holds_the_endpoint_in_another(arq_queue):
     """Worker A's answer was a 503 with Retry-After: 2; worker B, reading the endpoint's pause
-    before its batch, holds it for what is left of the 2 s. Other endpoints are not paused."""
+    before its batch, holds it for what is left of the 2 s. Other endpoints are not paused. The
+    pause is counted once, by the worker that was told (hookledger_endpoint_pauses_total)."""
     first, second = (Throttle(arq_queue.redis, Backpressure(16)) for _ in range(2))
     endpoint, other = uuid.uuid4(), uuid.uuid4()
+    pauses_before = _counted("hookledger_endpoint_pauses_total")
     first.observed(endpoint, SendResult(503, 5, "http 503", "", 2.0, False, False, 1.0, 1.1))
     first.observed(other, SendResult(500, 5, "http 500", "", 2.0, False, False, 1.0, 1.1))  # not a slow-down
+    assert _counted("hookledger_endpoint_pauses_total") == pauses_before + 1
     await first.pauses_shared()
     await second.read_pauses([endpoint, other, endpoint])
     assert 0.0 < second.backpressure.paused_for(str(endpoint)) <= 2.0
@@ -92,8 +101,12 @@ async def test_sends_past_their_hold_are_given_back_due_later(receiver_factory, 
     """30 sends at 10/s to a loopback receiver, with no Redis (one worker: its own bucket): those
     that fit in the hold go out, in the order they came; the rest come back held, never on the
     wire, each due again at a slot of its own (booked one spacing apart, after those booked
-    before). The receiver got exactly the ones sent, and the throttle logged no failure."""
+    before). The receiver got exactly the ones sent, and the throttle logged no failure. The
+    counters say the same: every send but the first waited for the bucket, and those given back
+    are counted under rate_limit."""
     receiver = await receiver_factory()
+    held_before = _counted("hookledger_throttle_sends_held_total")
+    given_back_before = _counted("hookledger_held_deliveries_given_back_total", reason="rate_limit")
     caplog.set_level(logging.WARNING, logger="delivery.engine.throttle")
     answered_at: dict[int, float] = {}
     async with Sender(SenderSettings(allow_loopback=True)) as sender:
@@ -115,6 +128,8 @@ async def test_sends_past_their_hold_are_given_back_due_later(receiver_factory, 
     due = sorted(answered_at[number] + result.retry_after_seconds for number, result in held)
     assert all(later - earlier >= spacing_seconds(10) / 2 for earlier, later in zip(due, due[1:])), due
     assert not caplog.records, "the throttle gave its sends back as planned, not after a failure"
+    assert _counted("hookledger_throttle_sends_held_total") - held_before == 29
+    assert _counted("hookledger_held_deliveries_given_back_total", reason="rate_limit") - given_back_before == len(held)
 
 
 async def test_claims_given_back_book_slots_after_those_booked_before(arq_queue):

@@ -21,11 +21,13 @@ LEASE_MS = 60_000
 
 
 async def _finish(pool, delivery_ids, state: str = "delivered") -> None:
-    """Record each delivery's attempt with a response excerpt and end it: delivered (keeping its charge)
-    by SQL, or dead through billing.settle (refunded once)."""
+    """Record each delivery's attempt with a response excerpt and the custom headers it was sent with,
+    and end it: delivered (keeping its charge) by SQL, or dead through billing.settle (refunded once)."""
     await pool.execute(
-        "INSERT INTO delivery_attempts (delivery_id, attempt, account_id, started_at, status_code, response_excerpt)"
-        " SELECT id, greatest(attempt, 1), account_id, now(), 200, 'thank you, ' || id FROM deliveries"
+        "INSERT INTO delivery_attempts (delivery_id, attempt, account_id, started_at, status_code, response_excerpt,"
+        "   sent_headers)"
+        " SELECT id, greatest(attempt, 1), account_id, now(), 200, 'thank you, ' || id,"
+        "   jsonb_build_object('X-Customer', id::text) FROM deliveries"
         " WHERE id = ANY($1::uuid[]) ON CONFLICT DO NOTHING", list(delivery_ids))
     if state == "dead":
         await pool.execute("UPDATE deliveries SET attempt = greatest(attempt, 1) WHERE id = ANY($1::uuid[])",
@@ -51,7 +53,8 @@ async def _ledger(pool) -> list:
 async def _payloads(pool, delivery_ids) -> dict:
     rows = await pool.fetch(
         "SELECT d.id, m.payload, m.payload_erased_by, (SELECT count(response_excerpt) FROM delivery_attempts a"
-        " WHERE a.delivery_id = d.id) AS excerpts FROM deliveries d JOIN messages m ON m.id = d.message_id"
+        " WHERE a.delivery_id = d.id) AS excerpts, (SELECT count(sent_headers) FROM delivery_attempts a"
+        " WHERE a.delivery_id = d.id) AS headers FROM deliveries d JOIN messages m ON m.id = d.message_id"
         " WHERE d.id = ANY($1::uuid[])", list(delivery_ids))
     return {row["id"]: row for row in rows}
 
@@ -85,12 +88,12 @@ async def test_retention_erases_exactly_what_is_past_the_period_and_finished(poo
     assert run.erased == 35
     rows = await _payloads(pool, old_finished + old_dead + old_pending + old_sending + young + others)
     for delivery_id in old_finished + old_dead:
-        assert rows[delivery_id]["payload"] is None and rows[delivery_id]["excerpts"] == 0
+        assert rows[delivery_id]["payload"] is None and rows[delivery_id]["excerpts"] == rows[delivery_id]["headers"] == 0
         assert rows[delivery_id]["payload_erased_by"] == "retention"
     for delivery_id in old_pending + old_sending + young + others:
         assert rows[delivery_id]["payload"] is not None and rows[delivery_id]["payload_erased_by"] is None
     for delivery_id in young + others:
-        assert rows[delivery_id]["excerpts"] == 1
+        assert rows[delivery_id]["excerpts"] == rows[delivery_id]["headers"] == 1
     assert await _ledger(pool) == ledger_before
     assert counts_before == await pool.fetchval(
         "SELECT (SELECT count(*) FROM messages) + (SELECT count(*) FROM deliveries) + (SELECT count(*) FROM delivery_attempts)")
@@ -122,7 +125,7 @@ async def test_expunge_refuses_live_and_unknown_and_answers_the_same_twice(pool)
     second = await retention.expunge(pool, account_id, message_id, "api_key:two")
     assert first == second and first.payload_erased_by == "api_key:one"
     row = (await _payloads(pool, [delivery_id]))[delivery_id]
-    assert row["payload"] is None and row["excerpts"] == 0
+    assert row["payload"] is None and row["excerpts"] == row["headers"] == 0
     await assert_audit_clean(pool)
 
 
@@ -189,8 +192,9 @@ async def test_claims_and_erasure_concurrently_never_send_an_erased_body(pool, r
 
 
 async def test_account_deletion_erases_excerpts_sessions_and_stored_answers(pool):
-    """The deletion job's close_out step erases payloads, response excerpts, stored idempotent answers and
-    dashboard sign-ins with the rest; every attempt row stays; the audit is clean."""
+    """The deletion job's close_out step erases payloads, response excerpts and the custom headers each
+    attempt was sent with, stored idempotent answers and dashboard sign-ins with the rest; every
+    attempt row stays; the audit is clean."""
     account_id = await make_account(pool, balance=1000)
     endpoint_id = await add_endpoint(pool, account_id)
     delivery_ids = await create_many(pool, account_id, endpoint_id, 10)
@@ -209,12 +213,13 @@ async def test_account_deletion_erases_excerpts_sessions_and_stored_answers(pool
     row = await pool.fetchrow(
         "SELECT (SELECT count(*) FROM delivery_attempts WHERE account_id = $1) AS attempts,"
         " (SELECT count(response_excerpt) FROM delivery_attempts WHERE account_id = $1) AS excerpts,"
+        " (SELECT count(sent_headers) FROM delivery_attempts WHERE account_id = $1) AS headers,"
         " (SELECT count(*) FROM dashboard_sessions WHERE account_id = $1) AS sessions,"
         " (SELECT count(*) FROM idempotent_responses WHERE principal = $1::text) AS answers,"
         " (SELECT count(*) FROM messages WHERE account_id = $1 AND payload IS NOT NULL) AS payloads,"
         " (SELECT count(*) FROM messages WHERE account_id = $1 AND payload_erased_by = 'account_deletion') AS marked",
         account_id)
-    assert dict(row) == {"attempts": 6, "excerpts": 0, "sessions": 0, "answers": 0, "payloads": 0, "marked": 10}
+    assert dict(row) == {"attempts": 6, "excerpts": 0, "headers": 0, "sessions": 0, "answers": 0, "payloads": 0, "marked": 10}
     await retention.run_retention(pool)
     await assert_audit_clean(pool)
 

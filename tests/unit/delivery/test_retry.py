@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from delivery.engine import retry
+from delivery.engine.backpressure import SLOW_DOWN_STATUSES
 from delivery.errors import RetryScheduleError, RetrySettingsError
 
 NOW = datetime(2024, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -129,10 +130,11 @@ def test_parse_retry_after(header: str | None, expected_seconds: float | None) -
 
 @pytest.mark.parametrize(
     ("status_code", "expected_seconds"),
-    [(429, 60.0), (503, 60.0), (500, None), (200, None), (301, None), (None, None)],
+    [(429, 60.0), (502, 60.0), (503, 60.0), (504, 60.0), (500, None), (501, None), (505, None), (200, None),
+     (301, None), (None, None)],
 )
-def test_retry_after_only_on_429_and_503(status_code: int | None, expected_seconds: float | None) -> None:
-    """Only 429 and 503 ask us to wait; the same header on other statuses is ignored."""
+def test_retry_after_only_on_429_502_503_and_504(status_code: int | None, expected_seconds: float | None) -> None:
+    """Only 429, 502, 503 and 504 ask us to wait; the same header on other statuses is ignored."""
     assert retry.retry_after_for(status_code, "60", NOW) == expected_seconds
 
 
@@ -250,3 +252,8 @@ def test_the_receivers_clock_comes_from_its_date_header_else_ours() -> None:
     assert retry.receiver_now("Mon, 01 Jan 2001 00:00:00 GMT") == datetime(2001, 1, 1, tzinfo=timezone.utc)
     for missing in (None, "", "not a date", "x" * 1000):
         assert abs((retry.receiver_now(missing) - datetime.now(timezone.utc)).total_seconds()) < 5
+
+
+def test_retry_after_is_read_on_every_status_that_slows_the_endpoint() -> None:
+    """The statuses whose Retry-After pauses an endpoint are exactly those that halve its concurrency."""
+    assert retry.RETRY_AFTER_STATUSES == SLOW_DOWN_STATUSES == {429, 502, 503, 504}
