@@ -48,9 +48,11 @@ _LOCK_DELIVERIES = (
     "SELECT id, state, next_attempt_at, leased_until FROM deliveries"
     " WHERE message_id = $1 AND account_id = $2 ORDER BY id FOR UPDATE"
 )
-# Erase one message's payload, recording who and when.
+# Erase one message's payload, recording who and when: when is the clock's after the locks were
+# taken, not the transaction's start (now()), which can be earlier than an attempt this one
+# waited for.
 _ERASE_MESSAGE = (
-    "UPDATE messages SET payload = NULL, payload_erased_at = now(), payload_erased_by = $3"
+    "UPDATE messages SET payload = NULL, payload_erased_at = clock_timestamp(), payload_erased_by = $3"
     " WHERE id = $1 AND account_id = $2 RETURNING payload_erased_at, payload_erased_by"
 )
 # Erase the response excerpts, and the custom headers sent, of these deliveries' attempts.
@@ -80,7 +82,7 @@ _DELIVERY_COUNTS = (
     "SELECT message_id, count(*) AS deliveries FROM deliveries WHERE message_id = ANY($1::uuid[]) GROUP BY message_id"
 )
 _ERASE_MESSAGES = (
-    "UPDATE messages SET payload = NULL, payload_erased_at = now(), payload_erased_by = $2"
+    "UPDATE messages SET payload = NULL, payload_erased_at = clock_timestamp(), payload_erased_by = $2"
     " WHERE id = ANY($1::uuid[]) AND payload IS NOT NULL"
 )
 # How many kept payloads are past their retention (finished or not), up to BACKLOG_COUNTED_MAX.
