@@ -25,6 +25,8 @@ class Account(msgspec.Struct, frozen=True):
     # None only from an API that does not say.
     payload_retention_days: int | None = None
     low_balance_threshold: int | None = None  # balance.low below it; None: off (or an API that does not say)
+    # https origins that may embed the customer portal in an iframe; None only from an API that does not say.
+    portal_frame_ancestors: list[str] | None = None
 
 
 class MessageErased(msgspec.Struct, frozen=True):
