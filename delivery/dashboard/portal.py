@@ -109,7 +109,7 @@ async def sign_in(request: web.Request) -> web.Response:
 async def sign_out(request: web.Request) -> web.Response:
     await portal.sign_out(pages.api(request).pool, _session(request).token)
     response = web.HTTPSeeOther(f"{PREFIX}/signed-out")
-    response.del_cookie(portal_pages.COOKIE_NAME, path=PREFIX)
+    portal_pages.set_session_cookie(response, request, "", _session(request).frame_ancestors, max_age=0)
     raise response
 
 

@@ -17,6 +17,8 @@ confirmation page, so neither a link nor another site's framing of a page can sh
 
 from __future__ import annotations
 
+from http.cookies import SimpleCookie
+
 import aiohttp_jinja2
 from aiohttp import web
 
@@ -87,11 +89,17 @@ async def security_headers(request: web.Request, handler) -> web.StreamResponse:
 
 
 def set_session_cookie(response: web.StreamResponse, request: web.Request, token: str,
-                       frame_ancestors: tuple[str, ...]) -> None:
-    """Strict where nothing embeds the portal; SameSite=None; Secure; Partitioned where an origin may."""
+                       frame_ancestors: tuple[str, ...], *, max_age: int = portal.PORTAL_SESSION_SECONDS) -> None:
+    """Strict where nothing embeds the portal; SameSite=None; Secure; Partitioned where an origin may.
+    max_age 0 clears it (a partitioned cookie is cleared only by a partitioned Set-Cookie)."""
     if frame_ancestors:
-        response.set_cookie(COOKIE_NAME, token, path=PREFIX, httponly=True, samesite="None", secure=True,
-                            partitioned=True, max_age=portal.PORTAL_SESSION_SECONDS)
+        # Written by hand: Python's http.cookies (before 3.14) knows no Partitioned attribute.
+        cookie = SimpleCookie()
+        cookie[COOKIE_NAME] = token
+        morsel = cookie[COOKIE_NAME]
+        morsel.update({"path": PREFIX, "httponly": True, "secure": True, "samesite": "None",
+                       "max-age": str(max_age)})
+        response.headers.add("Set-Cookie", morsel.OutputString() + "; Partitioned")
     else:
         response.set_cookie(COOKIE_NAME, token, path=PREFIX, httponly=True, samesite="Strict",
-                            secure=is_https(request), max_age=portal.PORTAL_SESSION_SECONDS)
+                            secure=is_https(request), max_age=max_age)
