@@ -158,7 +158,8 @@ applications = sa.Table(
     sa.Column("uid", sa.Text),
     sa.Column("name", sa.Text, nullable=False),
     sa.Column("metadata", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
-    # The rate its endpoints are meant to be sent at, in deliveries a second; NULL for none.
+    # The default rate limit of its endpoints, in deliveries a second (each endpoint on its own): an
+    # endpoint without a rate_limit_per_second of its own is throttled at this; NULL for none.
     sa.Column("rate_limit_per_second", sa.Integer),
     _created_at(),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),

@@ -115,7 +115,7 @@ class Application(msgspec.Struct, frozen=True):
     uid: str | None  # the account's own id for it, usable wherever an application id is
     name: str
     metadata: dict[str, str]
-    rate_limit_per_second: int | None
+    rate_limit_per_second: int | None  # the default limit of its endpoints (each on its own); None: none
     is_default: bool  # the account's default application (its id is the account's): where send() goes
     created_at: datetime
     updated_at: datetime

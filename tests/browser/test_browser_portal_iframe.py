@@ -34,7 +34,7 @@ async def _embedder(src: str) -> TestServer:
 
 
 async def test_a_listed_origin_embeds_the_portal_and_the_session_works_in_its_iframe(platform, browser_page, pool):
-    base_url, _, api = platform
+    _, _, api = platform
     page = browser_page
     account_id, key = await api.account(balance=100, price=2, name="App Co")
     await _api(api, "POST", "/v1/applications", key, json={"name": "Globex", "uid": "globex"})

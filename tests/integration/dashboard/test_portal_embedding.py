@@ -25,7 +25,8 @@ async def _sign_in(dash, link: dict):
     the https portal, so that a Secure cookie comes back. Returns it and the sign-in's responses."""
     browser = Dashboard(dash.base_url, dash.pool)
     await browser.http.close()
-    browser.http = ClientSession(dash.base_url, cookie_jar=CookieJar(unsafe=True, treat_as_secure_origin=[dash.base_url]))
+    jar = CookieJar(unsafe=True, treat_as_secure_origin=[dash.base_url])
+    browser.http = ClientSession(dash.base_url, cookie_jar=jar)
     target = urlsplit(link["url"])
     page, _ = await browser.get(f"{target.path}?{target.query}")
     signed_in, _ = await browser.post("/portal/sign-in", {"token": target.query.removeprefix("token=")}, csrf=False)
@@ -47,7 +48,7 @@ async def test_without_origins_the_portal_cannot_be_framed_and_its_cookie_is_str
 
 
 async def test_listed_origins_may_frame_the_portal_and_its_cookie_works_in_their_iframe(dash, pool):
-    account_id, key, made, link = await _world(dash)
+    _, key, made, link = await _world(dash)
     await _api(dash, "PATCH", "/v1/account", key,
                json={"portal_frame_ancestors": [EMBEDDER, "https://other.customer.example:8443"]})
     browser, page, signed_in = await _sign_in(dash, link)
