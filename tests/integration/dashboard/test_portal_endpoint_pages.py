@@ -93,20 +93,26 @@ async def test_the_portal_reveals_and_rotates_a_secret_with_the_apis_overlap(das
         await browser.close()
 
 
-async def test_another_applications_ids_answer_404_on_every_new_page_and_change_nothing(dash, pool):
+async def test_another_applications_or_accounts_ids_answer_404_on_every_new_page_and_change_nothing(dash, pool):
     _, _, made, link = await _world(dash)
     other_endpoint, other_delivery = made["b"]
+    _, stranger_key = await dash.account(balance=10)
+    stranger_endpoint = (await dash.endpoint(stranger_key, "https://example.com/stranger"))["id"]
+    stranger_delivery = (await dash.send(stranger_key))["deliveries"][0]["id"]
     browser = await _signed_in(dash, link)
     try:
         await browser.page("/portal/")
         before = await _endpoints(pool)
-        for path in (f"/portal/endpoints/{other_endpoint}", f"/portal/endpoints/{other_endpoint}/secret/reveal",
+        for path in (f"/portal/endpoints/{stranger_endpoint}", f"/portal/deliveries/{stranger_delivery}",
+                     f"/portal/endpoints/{stranger_endpoint}/secret/reveal",f"/portal/endpoints/{other_endpoint}", f"/portal/endpoints/{other_endpoint}/secret/reveal",
                      f"/portal/endpoints/{other_endpoint}/secret/rotate", f"/portal/deliveries/{other_delivery}",
                      f"/portal/deliveries/{uuid.uuid4()}", "/portal/deliveries/not-an-id", "/portal/endpoints/x"):
             response, html = await browser.get(path)
             assert response.status == 404, path
-            assert "example.com/b-hooks" not in html
+            assert "example.com/b-hooks" not in html and "example.com/stranger" not in html
         for path, form in ((f"/portal/endpoints/{other_endpoint}", {"url": "https://example.com/taken"}),
+                           (f"/portal/endpoints/{stranger_endpoint}", {"url": "https://example.com/taken"}),
+                           (f"/portal/endpoints/{stranger_endpoint}/secret/rotate", {}),
                            (f"/portal/endpoints/{other_endpoint}/enabled", {"enabled": "false"}),
                            (f"/portal/endpoints/{other_endpoint}/secret/reveal", {}),
                            (f"/portal/endpoints/{other_endpoint}/secret/rotate", {})):
