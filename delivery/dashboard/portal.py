@@ -93,7 +93,9 @@ async def sign_in(request: web.Request) -> web.Response:
     if not csrf.same_origin(request):
         raise Problem(403, "sign in from the page the link opens", "csrf")
     form = await request.post()
-    session_token = await portal.sign_in(pages.api(request).pool, str(form.get("token", "")))
+    link_token = str(form.get("token", ""))
+    request[FRAME_ANCESTORS] = await portal.link_frame_ancestors(pages.api(request).pool, link_token)
+    session_token = await portal.sign_in(pages.api(request).pool, link_token)
     if session_token is None:
         raise Problem(404, "this link was used already, has expired, or its application no longer exists;"
                       " ask for a new one", "not-found")

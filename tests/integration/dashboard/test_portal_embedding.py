@@ -79,11 +79,16 @@ async def test_listed_origins_may_frame_the_portal_and_its_cookie_works_in_their
         assert response.status == 303  # the portal's own form, inside the iframe, posts with its own origin
         assert await pool.fetchval("SELECT enabled FROM endpoints WHERE id = $1::uuid", endpoint_id) is False
 
-        # Another account's origins do not frame this one's sign-in page, and a spent link frames nothing.
+        # A spent link's refusal is shown in the same iframe; a token that is no link frames nothing;
+        # another account's origins never frame this one's pages.
         _, other_key = await dash.account(balance=0)
         await _api(dash, "PATCH", "/v1/account", other_key, json={"portal_frame_ancestors": ["https://evil.example"]})
-        async with dash.http.get(urlsplit(link["url"]).path + "?" + urlsplit(link["url"]).query) as spent:
-            assert _frame_ancestors(spent) == "frame-ancestors 'none'"
+        token = urlsplit(link["url"]).query.removeprefix("token=")
+        async with dash.http.post("/portal/sign-in", data={"token": token}) as spent:
+            assert spent.status == 404 and "used already" in await spent.text()
+            assert _frame_ancestors(spent) == expected
+        async with dash.http.get("/portal/sign-in?token=not-a-link") as unknown:
+            assert _frame_ancestors(unknown) == "frame-ancestors 'none'" and unknown.headers["X-Frame-Options"] == "DENY"
         assert "evil" not in html
 
         await browser.page("/portal/")
