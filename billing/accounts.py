@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 from billing import ids
 from billing.database import Executor, transaction
-from billing.tables import PAYLOAD_RETENTION_DAYS_DEFAULT, PAYLOAD_RETENTION_DAYS_MAX, PAYLOAD_RETENTION_DAYS_MIN
+from billing.tables import (
+    PAYLOAD_RETENTION_DAYS_DEFAULT,
+    PAYLOAD_RETENTION_DAYS_MAX,
+    PAYLOAD_RETENTION_DAYS_MIN,
+    PORTAL_FRAME_ANCESTORS_MAX,
+)
 from billing.errors import (
     AccountNotActive,
     AccountNotFound,
@@ -47,6 +52,7 @@ class Account:
     price_per_delivery: int
     payload_retention_days: int
     low_balance_threshold: int | None  # balance.low is sent when the balance falls below it; None: never
+    portal_frame_ancestors: list[str]  # https origins that may embed the customer portal in an iframe
 
 
 @dataclass(frozen=True)
@@ -110,7 +116,8 @@ async def lock_active(connection, account_id: uuid.UUID, what: str, *, lock: str
     return row["balance"]
 
 
-_ACCOUNT_COLUMNS = "id, name, status, balance, price_per_delivery, payload_retention_days, low_balance_threshold"
+_ACCOUNT_COLUMNS = ("id, name, status, balance, price_per_delivery, payload_retention_days, low_balance_threshold,"
+                    " portal_frame_ancestors")
 
 
 def _check_retention_days(days: object) -> int:
@@ -157,22 +164,27 @@ async def set_payload_retention(executor: Executor, account_id: uuid.UUID, days:
 
 
 async def update_settings(executor: Executor, account_id: uuid.UUID, *, payload_retention_days: int | None = None,
-                          set_threshold: bool = False, low_balance_threshold: int | None = None) -> Account:
+                          set_threshold: bool = False, low_balance_threshold: int | None = None,
+                          portal_frame_ancestors: list[str] | None = None) -> Account:
     """Change an account's settings in one statement: payload_retention_days when given, and with
     set_threshold its low_balance_threshold (None: off), which arms balance.low again (the next fall
-    below it is sent; billing.operational_outbox). Moves no money."""
+    below it is sent; billing.operational_outbox); portal_frame_ancestors when given (the caller
+    checked each is an https origin; [] clears them). Moves no money."""
     if payload_retention_days is not None:
         _check_retention_days(payload_retention_days)
     if set_threshold and low_balance_threshold is not None and (
             isinstance(low_balance_threshold, bool) or not isinstance(low_balance_threshold, int)
             or not 0 < low_balance_threshold <= BALANCE_MAX):
         raise InvalidInput(f"low_balance_threshold must be between 1 and {BALANCE_MAX}, got {low_balance_threshold!r}")
+    if portal_frame_ancestors is not None and len(portal_frame_ancestors) > PORTAL_FRAME_ANCESTORS_MAX:
+        raise InvalidInput(f"portal_frame_ancestors lists at most {PORTAL_FRAME_ANCESTORS_MAX} origins")
     row = await executor.fetchrow(
         "UPDATE accounts SET payload_retention_days = coalesce($2, payload_retention_days),"
         " low_balance_threshold = CASE WHEN $3 THEN $4 ELSE low_balance_threshold END,"
-        " low_balance_armed = low_balance_armed OR $3"
+        " low_balance_armed = low_balance_armed OR $3,"
+        " portal_frame_ancestors = coalesce($5::text[], portal_frame_ancestors)"
         f" WHERE id = $1 RETURNING {_ACCOUNT_COLUMNS}",
-        account_id, payload_retention_days, set_threshold, low_balance_threshold,
+        account_id, payload_retention_days, set_threshold, low_balance_threshold, portal_frame_ancestors,
     )
     if row is None:
         raise AccountNotFound(f"no account {account_id}")

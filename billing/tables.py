@@ -57,6 +57,7 @@ PAYLOAD_RETENTION_DAYS_DEFAULT = 30
 PAYLOAD_RETENTION_DAYS_MIN = 1
 PAYLOAD_RETENTION_DAYS_MAX = 3_650
 ERASED_BY_LENGTH_MAX = 100
+PORTAL_FRAME_ANCESTORS_MAX = 10  # origins an account lets embed its customer portal in an iframe
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -95,7 +96,11 @@ accounts = sa.Table(
     sa.Column("low_balance_threshold", sa.BigInteger),
     sa.Column("low_balance_armed", sa.Boolean, nullable=False, server_default=sa.true()),
     sa.Column("balance_exhausted_armed", sa.Boolean, nullable=False, server_default=sa.true()),
+    # The https origins allowed to embed the account's customer portal in an iframe (its CSP
+    # frame-ancestors); none: the portal refuses to be framed.
+    sa.Column("portal_frame_ancestors", pg.ARRAY(sa.Text), nullable=False, server_default=sa.text("'{}'::text[]")),
     sa.CheckConstraint(_length("name", 1, 200), name="name_length"),
+    sa.CheckConstraint(f"cardinality(portal_frame_ancestors) <= {PORTAL_FRAME_ANCESTORS_MAX}", name="portal_frame_ancestors_max"),
     sa.CheckConstraint("low_balance_threshold IS NULL OR low_balance_threshold > 0", name="low_balance_threshold_positive"),
     sa.CheckConstraint(
         f"payload_retention_days BETWEEN {PAYLOAD_RETENTION_DAYS_MIN} AND {PAYLOAD_RETENTION_DAYS_MAX}",
@@ -153,7 +158,8 @@ applications = sa.Table(
     sa.Column("uid", sa.Text),
     sa.Column("name", sa.Text, nullable=False),
     sa.Column("metadata", pg.JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
-    # The rate its endpoints are meant to be sent at, in deliveries a second; NULL for none.
+    # The default rate limit of its endpoints, in deliveries a second (each endpoint on its own): an
+    # endpoint without a rate_limit_per_second of its own is throttled at this; NULL for none.
     sa.Column("rate_limit_per_second", sa.Integer),
     _created_at(),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),

@@ -30,7 +30,8 @@ _PUBLIC_KEY = "whpk_Lbp3Xl3Wc+9KDSTuy1PPv7DNnTC7Ni2vQ9gCbqDTYfU="
 _HEADERS = {"X-Tenant": "acme-eu"}
 
 _ACCOUNT_BODY = r.Account(id=_ACCOUNT, name="Acme", status="active", balance=9_998, price_per_delivery=1,
-                          payload_retention_days=30, low_balance_threshold=None)
+                          payload_retention_days=30, low_balance_threshold=None,
+                          portal_frame_ancestors=["https://app.acme.example"])
 _KEY_CREATED = r.ApiKeyCreated(id=_KEY, prefix="hl_live_3kQ9", created_at=_AT,
                                key="hl_live_3kQ9Zb7xW2mN5pR8sT1vY4aC6dE0fG")
 _ENDPOINT_BODY = r.Endpoint(id=_ENDPOINT, url="https://hooks.example.com/hookledger", description="Orders",
@@ -47,7 +48,8 @@ _RECOVERED = recover.RecoveredDelivery(dead_delivery_id=_DEAD, delivery_id=_DELI
 
 _INSTANCES: tuple[msgspec.Struct, ...] = (
     v.AccountCreate(name="Acme", price_per_delivery=1, payload_retention_days=30),
-    v.AccountPatch(payload_retention_days=90, low_balance_threshold=100),
+    v.AccountPatch(payload_retention_days=90, low_balance_threshold=100,
+                   portal_frame_ancestors=["https://app.acme.example"]),
     r.MessageErased(id=_MESSAGE, event_type="invoice.paid", payload_erased_at=_LATER,
                     payload_erased_by=f"api_key:{_KEY}"),
     v.TopupCreate(order_id="order-2026-0131", amount=10_000),

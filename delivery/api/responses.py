@@ -31,6 +31,7 @@ class Account(msgspec.Struct):
     price_per_delivery: int
     payload_retention_days: int
     low_balance_threshold: int | None
+    portal_frame_ancestors: list[str]
 
 
 class ApiKey(msgspec.Struct):

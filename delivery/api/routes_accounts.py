@@ -13,7 +13,7 @@ from billing.database import Executor, OutcomeUnknown, resolved_transaction
 from delivery.operations import deletion
 from delivery.api import api_keys, idempotency, reads, responses
 from delivery.api.context import ApiContext, context
-from delivery.api.problems import not_found
+from delivery.api.problems import FieldError, not_found, validation
 from delivery.api.validation import AccountCreate, AccountPatch, Query, TopupCreate, decode, path_id
 from delivery.store.idempotent_responses import OPERATOR_PRINCIPAL
 
@@ -72,13 +72,27 @@ async def get_account(request: web.Request) -> web.Response:
 
 
 async def _update_settings(ctx: ApiContext, account_id: uuid.UUID, body: AccountPatch) -> web.Response:
-    """payload_retention_days (applied by the retention job) and low_balance_threshold, each when given."""
+    """payload_retention_days (applied by the retention job), low_balance_threshold and
+    portal_frame_ancestors (the customer portal's CSP frame-ancestors), each when given."""
     days = None if body.payload_retention_days is msgspec.UNSET else body.payload_retention_days
     threshold_given = body.low_balance_threshold is not msgspec.UNSET
     account = await billing_accounts.update_settings(
         ctx.pool, account_id, payload_retention_days=days, set_threshold=threshold_given,
-        low_balance_threshold=body.low_balance_threshold if threshold_given else None)
+        low_balance_threshold=body.low_balance_threshold if threshold_given else None,
+        portal_frame_ancestors=frame_ancestors(body.portal_frame_ancestors))
     return responses.json(_account(account))
+
+
+def frame_ancestors(given) -> list[str] | None:
+    """The origins to store (lower case, each once, in the order given); None: unchanged. 422 for a repeat."""
+    if given is msgspec.UNSET:
+        return None
+    origins = [origin.lower() for origin in given or []]
+    repeats = [FieldError(f"portal_frame_ancestors[{index}]", "lists an origin given before it")
+               for index, origin in enumerate(origins) if origin in origins[:index]]
+    if repeats:
+        raise validation(repeats)
+    return origins
 
 
 @routes.patch("/v1/accounts/{id}")

@@ -66,8 +66,8 @@ Metadata = Annotated[dict[MetadataText, MetadataText], msgspec.Meta(
                 f" {APPLICATION_METADATA_BYTES_MAX} bytes as JSON.")]
 RateLimit = Annotated[int, msgspec.Meta(
     ge=1, le=APPLICATION_RATE_LIMIT_MAX,
-    description="Deliveries a second its endpoints are meant to receive at most; stored and shown, not yet"
-                " enforced by the workers.")]
+    description="The default limit of its endpoints: one without a rate_limit_per_second of its own is sent at"
+                " most this many deliveries a second (each endpoint on its own, all workers together); null: none.")]
 
 
 class ApplicationCreate(msgspec.Struct, forbid_unknown_fields=True):

@@ -28,6 +28,7 @@ from billing.tables import (
     PAYLOAD_RETENTION_DAYS_DEFAULT,
     PAYLOAD_RETENTION_DAYS_MAX,
     PAYLOAD_RETENTION_DAYS_MIN,
+    PORTAL_FRAME_ANCESTORS_MAX,
     RATE_LIMIT_PER_SECOND_MAX,
     RATE_LIMIT_PER_SECOND_MIN,
 )
@@ -92,6 +93,18 @@ Threshold = Annotated[int, msgspec.Meta(
     ge=1, le=billing_accounts.BALANCE_MAX,
     description="Credits: balance.low is sent once when the balance falls below this, and again after a top-up"
                 " lifts it above; null: never.")]
+# An https origin, scheme://host[:port] and nothing more: what a CSP frame-ancestors source names.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?"
+_HTTPS_ORIGIN = (r"^https://" + _LABEL + r"(?:\." + _LABEL + r")*"
+                 r"(?::(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?" + _END)
+PATTERN_WORDS[_HTTPS_ORIGIN] = ("must be an https origin: https://, a host name and an optional :port, with no path,"
+                                " query or trailing slash (like https://app.example.com)")
+HttpsOrigin = Annotated[str, msgspec.Meta(min_length=9, max_length=300, pattern=_HTTPS_ORIGIN,
+                                          description="An https origin, like https://app.example.com:8443")]
+FrameAncestors = Annotated[list[HttpsOrigin], msgspec.Meta(
+    max_length=PORTAL_FRAME_ANCESTORS_MAX,
+    description="Origins allowed to embed the customer portal in an iframe (its CSP frame-ancestors);"
+                " [] or null: none may, the default.")]
 OrderId = Annotated[
     str, msgspec.Meta(min_length=1, max_length=billing_accounts.ORDER_ID_LENGTH_MAX, pattern=_IDENTIFIER)
 ]
@@ -139,6 +152,7 @@ class AccountCreate(msgspec.Struct, forbid_unknown_fields=True):
 class AccountPatch(msgspec.Struct, forbid_unknown_fields=True):
     payload_retention_days: RetentionDays | msgspec.UnsetType = msgspec.UNSET
     low_balance_threshold: Threshold | None | msgspec.UnsetType = msgspec.UNSET
+    portal_frame_ancestors: FrameAncestors | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class TopupCreate(msgspec.Struct, forbid_unknown_fields=True):

@@ -49,7 +49,8 @@ def _metadata(pairs: list[str] | None) -> dict[str, str] | None:
 
 Metadata = Annotated[Optional[list[str]], typer.Option("--metadata", "-m", metavar="NAME=VALUE",
                                                        help="A metadata pair (repeat).")]
-RateLimit = Annotated[Optional[int], typer.Option("--rate-limit", metavar="N", help="Deliveries a second (stored).")]
+RateLimit = Annotated[Optional[int], typer.Option(
+    "--rate-limit", metavar="N", help="Deliveries a second each of its endpoints without a limit of its own gets at most.")]
 
 
 @applications_app.command("create")

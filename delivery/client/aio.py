@@ -88,10 +88,16 @@ class AsyncClient:
         """The calling account: status, balance, price per delivery and payload_retention_days."""
         return await self._run(calls.own_account())
 
-    async def update_account(self, *, payload_retention_days: int) -> models.Account:
-        """Set how many days (1 to 3,650) a finished message's payload and its attempts' response
-        excerpts are kept before the retention job erases them; the ledger is kept forever."""
-        return await self._run(calls.update_own_account(payload_retention_days=payload_retention_days))
+    async def update_account(self, *, payload_retention_days: int = UNSET,
+                       portal_frame_ancestors: Sequence[str] | None = UNSET) -> models.Account:
+        """Set what is given: how many days (1 to 3,650) a finished message's payload and its attempts'
+        response excerpts are kept before the retention job erases them (the ledger is kept forever),
+        and the https origins (at most 10) allowed to embed the customer portal in an iframe (None: none)."""
+        frames = portal_frame_ancestors
+        if frames is not None and frames is not UNSET:
+            frames = list(frames)
+        return await self._run(calls.update_own_account(payload_retention_days=payload_retention_days,
+                                                        portal_frame_ancestors=frames))
 
     async def balance(self) -> models.Balance:
         return await self._run(calls.balance())

@@ -25,6 +25,8 @@ class Account(msgspec.Struct, frozen=True):
     # None only from an API that does not say.
     payload_retention_days: int | None = None
     low_balance_threshold: int | None = None  # balance.low below it; None: off (or an API that does not say)
+    # https origins that may embed the customer portal in an iframe; None only from an API that does not say.
+    portal_frame_ancestors: list[str] | None = None
 
 
 class MessageErased(msgspec.Struct, frozen=True):
@@ -113,7 +115,7 @@ class Application(msgspec.Struct, frozen=True):
     uid: str | None  # the account's own id for it, usable wherever an application id is
     name: str
     metadata: dict[str, str]
-    rate_limit_per_second: int | None
+    rate_limit_per_second: int | None  # the default limit of its endpoints (each on its own); None: none
     is_default: bool  # the account's default application (its id is the account's): where send() goes
     created_at: datetime
     updated_at: datetime

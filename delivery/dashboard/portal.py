@@ -3,11 +3,13 @@ POST /v1/applications/{app}/portal-links, sees that application only.
 
 It lists the application's endpoints (add one, delete one, send it a test event) and its newest
 deliveries, and replays a dead one; a test event and a replay are real deliveries, charged to the
-account, their price shown on the button. It shows nothing
-of the account's balance or ledger. Pages are served as the dashboard's are: the same security
-headers (CSP, no framing), errors as pages, and a CSRF token derived from the session on every
-form; the session cookie is HttpOnly, SameSite=Strict and scoped to /portal. Another
-application's or account's id answers 404; a session whose application was deleted signs out.
+account, their price shown on the button. An endpoint's page edits it and shows or rotates its
+secret (portal_endpoints.py); a delivery's page shows its attempts, payload and headers
+(portal_deliveries.py). It shows nothing of the account's balance or ledger. Pages are served as
+the dashboard's are: the same security headers (CSP; framing only by the origins the account
+lists, portal_pages.py), errors as pages, and a CSRF token derived from the session on every form;
+the session cookie is HttpOnly and scoped to /portal. Another application's or account's id
+answers 404; a session whose application was deleted signs out.
 
 The sign-in link is a GET that shows a button, and only the button's POST uses the link: a mail
 scanner that fetches the link does not spend it.
@@ -26,32 +28,22 @@ from delivery.api import problems
 from delivery.api.problems import Problem, not_found
 from delivery.api.routes_messages import submit
 from delivery.api.validation import EndpointCreate, decode, path_id
-from delivery.dashboard import csrf, pages
+from delivery.dashboard import csrf, pages, portal_deliveries, portal_endpoints, portal_pages
+from delivery.dashboard.portal_pages import FRAME_ANCESTORS, PREFIX, SESSION
 from delivery.engine.ssrf import validate_endpoint_url
 from delivery.errors import InvalidEndpointUrlError
 from delivery.store import endpoints as endpoint_store
 from delivery.store import portal
 from signing import generate_secret
 
-PREFIX = "/portal"
-COOKIE_NAME = "hookledger_portal"
 DELIVERIES_SHOWN = 50
 TEST_EVENT_TYPE = "webhook.test"
 TEST_PAYLOAD = b'{"test":true,"sent_from":"the webhook portal"}'
-SESSION = web.RequestKey("portal_session", portal.PortalSession) if hasattr(web, "RequestKey") else "portal_session"
 
 routes = web.RouteTableDef()
-
-
-def _session(request: web.Request) -> portal.PortalSession:
-    return request[SESSION]
-
-
-def _render(request: web.Request, template: str, context: dict | None = None, *, status: int = 200) -> web.Response:
-    session = request.get(SESSION)
-    page = {"portal": session, "csrf_token": csrf.session_token(session.token) if session else ""}
-    page.update(context or {})
-    return aiohttp_jinja2.render_template(template, request, page, status=status)
+_session = portal_pages.session
+_render = portal_pages.render
+_own_endpoint = portal_pages.own_endpoint
 
 
 @web.middleware
@@ -74,11 +66,12 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
 async def _authenticate(request: web.Request, handler) -> web.StreamResponse:
     if request.path.startswith(f"{PREFIX}/sign-in"):
         return await handler(request)
-    session = await portal.lookup(pages.api(request).pool, request.cookies.get(COOKIE_NAME))
+    session = await portal.lookup(pages.api(request).pool, request.cookies.get(portal_pages.COOKIE_NAME))
     if session is None:
         raise Problem(401, "sign in with the link you were given; a link works once, within 15 minutes",
                       "unauthorized")
     request[SESSION] = session
+    request[FRAME_ANCESTORS] = session.frame_ancestors
     if request.method == "POST":
         submitted = (await request.post()).get(csrf.FIELD)
         if not csrf.same_origin(request) or not csrf.matches(csrf.session_token(session.token), submitted):
@@ -91,6 +84,7 @@ async def sign_in_page(request: web.Request) -> web.Response:
     token = request.query.get("token", "")
     if not portal.well_formed(token):
         raise not_found("sign-in link")
+    request[FRAME_ANCESTORS] = await portal.link_frame_ancestors(pages.api(request).pool, token)
     return _render(request, "portal_sign_in.html", {"token": token})
 
 
@@ -99,13 +93,17 @@ async def sign_in(request: web.Request) -> web.Response:
     if not csrf.same_origin(request):
         raise Problem(403, "sign in from the page the link opens", "csrf")
     form = await request.post()
-    session_token = await portal.sign_in(pages.api(request).pool, str(form.get("token", "")))
+    link_token = str(form.get("token", ""))
+    request[FRAME_ANCESTORS] = await portal.link_frame_ancestors(pages.api(request).pool, link_token)
+    session_token = await portal.sign_in(pages.api(request).pool, link_token)
     if session_token is None:
         raise Problem(404, "this link was used already, has expired, or its application no longer exists;"
                       " ask for a new one", "not-found")
+    session = await portal.lookup(pages.api(request).pool, session_token)
+    frame_ancestors = session.frame_ancestors if session is not None else ()
+    request[FRAME_ANCESTORS] = frame_ancestors
     response = web.HTTPSeeOther(f"{PREFIX}/")
-    response.set_cookie(COOKIE_NAME, session_token, path=PREFIX, httponly=True, samesite="Strict",
-                        secure=request.secure, max_age=portal.PORTAL_SESSION_SECONDS)
+    portal_pages.set_session_cookie(response, request, session_token, frame_ancestors)
     raise response
 
 
@@ -113,7 +111,7 @@ async def sign_in(request: web.Request) -> web.Response:
 async def sign_out(request: web.Request) -> web.Response:
     await portal.sign_out(pages.api(request).pool, _session(request).token)
     response = web.HTTPSeeOther(f"{PREFIX}/signed-out")
-    response.del_cookie(COOKIE_NAME, path=PREFIX)
+    portal_pages.set_session_cookie(response, request, "", _session(request).frame_ancestors, max_age=0)
     raise response
 
 
@@ -153,16 +151,6 @@ async def add_endpoint(request: web.Request) -> web.Response:
     except (endpoint_store.EndpointLimitReached, endpoint_store.ApplicationGone) as error:
         return await home(request, errors=[str(error)], status=409)
     raise web.HTTPSeeOther(f"{PREFIX}/")
-
-
-async def _own_endpoint(request: web.Request):
-    session = _session(request)
-    endpoint_id = path_id(request.match_info["id"])
-    endpoint = None if endpoint_id is None else await endpoint_store.get_endpoint(
-        pages.api(request).pool, session.account_id, endpoint_id)
-    if endpoint is None or endpoint.application_id != session.application_id:
-        raise not_found("endpoint")
-    return endpoint
 
 
 @routes.post("/endpoints/{id}/delete")
@@ -207,10 +195,11 @@ async def signed_out(request: web.Request) -> web.Response:
 
 def setup(app: web.Application) -> web.Application:
     """Mount the portal on the API app at /portal."""
-    portal_app = web.Application(middlewares=[pages.security_headers, _errors, _authenticate],
+    portal_app = web.Application(middlewares=[portal_pages.security_headers, _errors, _authenticate],
                                  client_max_size=pages.FORM_BYTES_MAX)
     aiohttp_jinja2.setup(portal_app, loader=jinja2.PackageLoader("delivery.dashboard", "templates"), autoescape=True,
                          undefined=jinja2.StrictUndefined, filters=pages.FILTERS)
-    portal_app.add_routes(routes)
+    for table in (routes, portal_endpoints.routes, portal_deliveries.routes):
+        portal_app.add_routes(table)
     app.add_subapp(PREFIX, portal_app)
     return portal_app

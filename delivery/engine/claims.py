@@ -73,7 +73,12 @@ _CLAIM_IDS = _DUE_IDS + _TAKE_DUE
 SEND_COLUMNS = (
     "a.status AS account_status, e.url, e.timeout_ms, e.enabled, e.deleted_at IS NOT NULL AS endpoint_deleted,"
     " e.secret, CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,"
-    " m.event_type, m.payload, e.headers, m.trace_context, e.rate_limit_per_second"
+    " m.event_type, m.payload, e.headers, m.trace_context,"
+    # An endpoint without a limit of its own is throttled at its application's. The subquery runs
+    # only for such an endpoint (coalesce stops at the first non-null) and is one primary-key probe;
+    # the claim's joins and their plan stay as they were.
+    " coalesce(e.rate_limit_per_second,"
+    "   (SELECT ap.rate_limit_per_second FROM applications ap WHERE ap.id = e.application_id)) AS rate_limit_per_second"
 )
 SEND_JOINS = (
     " JOIN accounts a ON a.id = d.account_id JOIN endpoints e ON e.id = d.endpoint_id"

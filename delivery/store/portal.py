@@ -29,6 +29,7 @@ class PortalSession:
     account_id: uuid.UUID
     application_id: uuid.UUID
     application_name: str
+    frame_ancestors: tuple[str, ...] = ()  # the account's origins allowed to embed the portal
 
 
 def token_hash(token: str) -> bytes:
@@ -83,12 +84,27 @@ async def lookup(executor: Executor, session_token: str | None) -> PortalSession
     if not well_formed(session_token):
         return None
     row = await executor.fetchrow(
-        "SELECT s.account_id, s.application_id, ap.name FROM portal_sessions s"
+        "SELECT s.account_id, s.application_id, ap.name, a.portal_frame_ancestors FROM portal_sessions s"
         " JOIN applications ap ON ap.id = s.application_id AND ap.account_id = s.account_id"
         " JOIN accounts a ON a.id = s.account_id"
         " WHERE s.token_hash = $1 AND s.expires_at > now() AND ap.deleted_at IS NULL AND a.status = 'active'",
         token_hash(session_token))
-    return None if row is None else PortalSession(session_token, row["account_id"], row["application_id"], row["name"])
+    if row is None:
+        return None
+    return PortalSession(session_token, row["account_id"], row["application_id"], row["name"],
+                         tuple(row["portal_frame_ancestors"]))
+
+
+async def link_frame_ancestors(executor: Executor, link_token: str) -> tuple[str, ...]:
+    """The origins allowed to frame the pages a link opens (its sign-in page, and the refusal of a
+    used or expired one, so that the customer reads it inside the embedding iframe); none for a
+    token that is no link. Reading does not spend the link."""
+    if not well_formed(link_token):
+        return ()
+    origins = await executor.fetchval(
+        "SELECT a.portal_frame_ancestors FROM portal_links l JOIN accounts a ON a.id = l.account_id"
+        " WHERE l.token_hash = $1", token_hash(link_token))
+    return tuple(origins or ())
 
 
 async def sign_out(executor: Executor, session_token: str) -> None:

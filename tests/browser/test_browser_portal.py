@@ -55,6 +55,27 @@ async def test_a_customer_signs_in_adds_an_endpoint_tests_it_and_replays_a_dead_
     assert receiver.received and receiver.received[0]["body"] == b'{"test":true,"sent_from":"the webhook portal"}'
     await screenshot(page, "61-portal-test-event-delivered")
 
+    # The delivery's page: its attempt, payload and headers; then the endpoint's page: edit, reveal.
+    async with page.expect_navigation():
+        await page.click("#deliveries td a")
+    assert "200" in await page.inner_text("#attempts")
+    assert await page.inner_text("#payload-text") == '{"test":true,"sent_from":"the webhook portal"}'
+    await page.goto(f"{base_url}/portal/")
+    async with page.expect_navigation():
+        await page.click(f"#endpoints a:has-text('{receiver.url}')")
+    await page.fill("#edit-endpoint input[name=more_event_types]", "a, webhook.*")
+    async with page.expect_navigation():
+        await page.click("#edit-endpoint button")
+    assert "Saved." in await page.inner_text("main")
+    assert await pool.fetchval("SELECT event_types FROM endpoints WHERE url = $1", receiver.url) == ["a", "webhook.*"]
+    async with page.expect_navigation():
+        await page.click("a:has-text('Reveal secret')")
+    async with page.expect_navigation():
+        await page.click("#confirm")
+    assert (await page.inner_text("#secret")).startswith("whsec_")
+    await screenshot(page, "63-portal-secret")
+    await page.goto(f"{base_url}/portal/")
+
     # A delivery that died: the customer replays it, and the account pays for the replay.
     sent = await _api(api, "POST", "/v1/applications/globex/messages", key, json={"event_type": "a", "payload": {}})
     dead = uuid.UUID(sent["deliveries"][0]["id"])

@@ -17,7 +17,8 @@ async def test_create_and_read_an_account_with_its_first_key(api):
     key = body["api_key"]["key"]
     assert key.startswith("hl_live_") and key.startswith(body["api_key"]["prefix"])
     assert body["account"] == {"id": body["account"]["id"], "name": "acme", "status": "active", "balance": 0,
-                               "price_per_delivery": 3, "payload_retention_days": 30, "low_balance_threshold": None}
+                               "price_per_delivery": 3, "payload_retention_days": 30, "low_balance_threshold": None,
+                               "portal_frame_ancestors": []}
     stored = await api.pool.fetchrow("SELECT key_hash, prefix FROM api_keys WHERE id = $1", uuid.UUID(body["api_key"]["id"]))
     assert key.encode() not in bytes(stored["key_hash"]) and stored["prefix"] == body["api_key"]["prefix"]
     read = await api.client.get(f"/v1/accounts/{body['account']['id']}", headers=api.operator)
