@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 IDLE_SECONDS_MAX = 60.0  # the longest sleep without a notice (the cron runs meanwhile too)
 RELISTEN_DELAY_SECONDS = 1.0
-RUN_GAP_SECONDS_MIN = 0.05  # after a run that found nothing to do (due rows locked by a concurrent run)
+RUN_GAP_SECONDS_MIN = 0.2  # after a run that found nothing to do (what is due is locked by another transaction)
 ERROR_PAUSE_SECONDS = 1.0
 
 # Seconds until the next thing a run would do: an open delivery.dead batch's window ending, or a
