@@ -17,7 +17,7 @@ from delivery.engine.sender import Sender, SenderSettings
 from delivery.operations.operational_sender import OperationalSender
 from delivery.operations.operational_wake import OperationalWake
 from delivery.store import operational as store
-from engine_helpers import PRICE, add_account, wait_for
+from engine_helpers import PRICE, add_account, running_worker, wait_for
 from operational_helpers import add_operational_endpoint, check_each_received_once, events_of, start_operational_receiver
 
 
@@ -143,8 +143,26 @@ async def test_events_are_sent_when_they_commit_without_the_cron(pool, keyring, 
     finally:
         await wake.stop()
     assert [entry["payload"]["type"] for entry in operations.received] == ["topup.applied"] * 4 + ["delivery.dead"]
-    assert [entry["payload"]["data"]["order_id"] for entry in operations.received[:4]] == [
+    assert sorted(entry["payload"]["data"]["order_id"] for entry in operations.received[:4]) == [
         f"order-{number}" for number in range(1, 5)]
+    await check_each_received_once(pool, account_id, operations)
+
+
+async def test_a_worker_without_its_operational_cron_still_sends_each_event(pool, settings, keyring, runners):
+    """A real worker whose `operational` cron is taken out before it starts: events written while it
+    runs arrive all the same (its wake-up listens to PostgreSQL, not Redis)."""
+    operations = await start_operational_receiver(runners)
+    account_id = await add_account(pool, balance=0)
+    await add_operational_endpoint(pool, account_id, operations, keyring)
+    async with running_worker(settings, pool) as worker:
+        worker.cron_jobs = [job for job in worker.cron_jobs if job.name != "operational"]  # before it first runs
+        await wait_for(lambda: asyncio.sleep(0, result=worker.ctx.get("operational_wake") is not None
+                                             and worker.ctx["operational_wake"].runs >= 1))
+        for number in range(3):
+            await accounts.top_up(pool, account_id, f"order-{number}", 10)
+        await wait_for(lambda: asyncio.sleep(0, result=len(operations.received) == 3))
+    assert sorted(entry["payload"]["data"]["order_id"] for entry in operations.received) == [
+        "order-0", "order-1", "order-2"]
     await check_each_received_once(pool, account_id, operations)
 
 
