@@ -377,7 +377,8 @@ def _insert_batch(only: str, replay_of: int | None, trace: int) -> str:
 def _write_batch(replay_of: int | None) -> str:
     return (
         "WITH" + _insert_batch("", replay_of, 15 if replay_of is None else replay_of + 1) +
-        " UPDATE accounts SET balance = t.balance FROM unnest($13::uuid[], $14::bigint[]) AS t(id, balance)"
+        " UPDATE accounts SET balance = t.balance, balance_exhausted_armed = true"
+        " FROM unnest($13::uuid[], $14::bigint[]) AS t(id, balance)"
         " WHERE accounts.id = t.id"
     )
 
@@ -397,7 +398,7 @@ def _gated_write(replay_of: int | None) -> str:
         "   ORDER BY a.id FOR UPDATE OF a),"
         " ok AS (SELECT count(*) = cardinality($13::uuid[]) AS ok FROM locked),"
         " gate AS ("
-        "   UPDATE accounts a SET balance = a.balance - t.total"
+        "   UPDATE accounts a SET balance = a.balance - t.total, balance_exhausted_armed = true"
         "   FROM unnest($13::uuid[], $14::bigint[]) AS t(id, total), ok WHERE ok.ok AND a.id = t.id),"
         + _insert_batch(" WHERE (SELECT ok FROM ok)", replay_of, 16 if replay_of is None else replay_of + 1) +
         " SELECT ok FROM ok"

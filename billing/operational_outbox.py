@@ -20,9 +20,17 @@ every path is covered without each remembering to. The migration creates them fr
     balance.low         the balance falls below low_balance_threshold while armed       trigger on accounts
                         (disarms it, under the account's row lock: one per crossing)
     balance.exhausted   a create refused for its balance while armed (disarms it);     balance_exhausted() here
-                        the next charge arms it again (trigger on accounts)
+                        the next accepted message arms it again (the create's own
+                        write of the balance, billing.message_plan and
+                        billing.message_direct: a top-up, a reversal or a reclaim
+                        does not)
     endpoint.failing    the failure streak passed half of what disables the endpoint    record_event() here, with
                         (delivery.engine.endpoint_health), once per streak              a dedupe key
+
+Every statement that writes events notifies WAKE_CHANNEL (a statement trigger on
+operational_events; PostgreSQL delivers it when the transaction commits, and never if it rolls
+back): the worker listens and sends at once (delivery.operations.operational_wake), with no Redis
+involved; its cron remains the fallback for a notification missed.
 
 The triggers on the hot tables are row triggers with a WHEN condition: PostgreSQL evaluates it
 without calling any function, so a charge, a claim or a delivered result pays one comparison,
@@ -176,8 +184,9 @@ BALANCE_LOW_TRIGGER = (
     "   AND NEW.balance < NEW.low_balance_threshold)"
     " EXECUTE FUNCTION operational_balance_low()"
 )
-# A charge after a refused create arms balance.exhausted again (any debit does: a reclaim or a
-# reversal too, which only makes the next refusal's event possible a little sooner).
+# What migration 0015 created to arm balance.exhausted again: any debit did (a reclaim or a top-up
+# reversal too, not only an accepted message). Migration 0020 drops it (its downgrade restores it):
+# the create statements set balance_exhausted_armed themselves.
 EXHAUSTED_REARM_FUNCTION = """
 CREATE FUNCTION operational_balance_exhausted_rearm() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -192,7 +201,22 @@ EXHAUSTED_REARM_TRIGGER = (
     " EXECUTE FUNCTION operational_balance_exhausted_rearm()"
 )
 
-# What the migration creates, in order, and what it drops (functions with their triggers).
+# Wakes the worker's operational sender when events are written (on commit; once per statement).
+WAKE_CHANNEL = "hookledger_operational"
+WAKE_FUNCTION = f"""
+CREATE FUNCTION operational_event_written() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{WAKE_CHANNEL}', '');
+    RETURN NULL;
+END;
+$$
+"""
+WAKE_TRIGGER = (
+    "CREATE TRIGGER operational_event_written AFTER INSERT ON operational_events FOR EACH STATEMENT"
+    " EXECUTE FUNCTION operational_event_written()"
+)
+
+# What migration 0015 creates, in order, and what it drops (functions with their triggers).
 CREATE_STATEMENTS = (
     EVENT_ID_FUNCTION,
     ENDPOINT_FUNCTION, ENDPOINT_TRIGGER,
@@ -201,18 +225,23 @@ CREATE_STATEMENTS = (
     BALANCE_LOW_FUNCTION, BALANCE_LOW_TRIGGER,
     EXHAUSTED_REARM_FUNCTION, EXHAUSTED_REARM_TRIGGER,
 )
-# The triggers alone (scripts/bench_ingest.py --operational-compare measures the create path without them, then with).
-TRIGGERS = (ENDPOINT_TRIGGER, DELIVERY_DEAD_TRIGGER, LEDGER_TRIGGER, BALANCE_LOW_TRIGGER, EXHAUSTED_REARM_TRIGGER)
+# The triggers on the tables of the create path, as migration 0020 leaves them
+# (scripts/bench_ingest.py --operational-compare measures the create path without them, then with).
+TRIGGERS = (ENDPOINT_TRIGGER, DELIVERY_DEAD_TRIGGER, LEDGER_TRIGGER, BALANCE_LOW_TRIGGER)
 DROP_TRIGGERS = (
-    "DROP TRIGGER operational_balance_exhausted_rearm ON accounts",
     "DROP TRIGGER operational_balance_low ON accounts",
     "DROP TRIGGER operational_ledger_entry ON ledger_entries",
     "DROP TRIGGER operational_delivery_dead ON deliveries",
     "DROP TRIGGER operational_endpoint_changed ON endpoints",
 )
-DROP_STATEMENTS = (
-    *DROP_TRIGGERS,
+DROP_EXHAUSTED_REARM = (
+    "DROP TRIGGER operational_balance_exhausted_rearm ON accounts",
     "DROP FUNCTION operational_balance_exhausted_rearm()",
+)
+# Migration 0015's downgrade (after 0020's has restored the rearm trigger).
+DROP_STATEMENTS = (
+    *DROP_EXHAUSTED_REARM,
+    *DROP_TRIGGERS,
     "DROP FUNCTION operational_balance_low()",
     "DROP FUNCTION operational_ledger_entry()",
     "DROP FUNCTION operational_delivery_dead()",
@@ -239,7 +268,7 @@ _RECORD_EVENT = (
 
 
 async def balance_exhausted(executor: Executor, account_ids: list[uuid.UUID]) -> None:
-    """A create of these accounts was refused for its balance: balance.exhausted, once until the next charge."""
+    """A create of these accounts was refused for its balance: balance.exhausted, once until a message is accepted."""
     if account_ids:
         await executor.execute(_BALANCE_EXHAUSTED, sorted(set(account_ids)))
 

@@ -92,7 +92,8 @@ accounts = sa.Table(
               server_default=str(PAYLOAD_RETENTION_DAYS_DEFAULT)),
     # Operational events about the balance (billing.operational_outbox): balance.low when the
     # balance falls below the threshold (NULL: off) while armed; a top-up above it arms it again.
-    # balance.exhausted on a refused create while its flag is armed; the next charge arms it again.
+    # balance.exhausted on a refused create while its flag is armed; the next accepted message arms it
+    # again (the create's own write of the balance: a top-up, a reversal or a reclaim does not).
     sa.Column("low_balance_threshold", sa.BigInteger),
     sa.Column("low_balance_armed", sa.Boolean, nullable=False, server_default=sa.true()),
     sa.Column("balance_exhausted_armed", sa.Boolean, nullable=False, server_default=sa.true()),
@@ -596,11 +597,21 @@ operational_endpoints = sa.Table(
     _created_at(),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
     sa.Column("deleted_at", sa.DateTime(timezone=True)),
+    # Why the worker switched it off (delivery.operations.operational_health): 'gone' (410) or
+    # 'failing' (the auto-disable policy); NULL while enabled or when its account switched it off.
+    sa.Column("disabled_reason", sa.Text),
+    # Its current failure streak (cleared by a success), measured against the auto-disable policy.
+    sa.Column("failing_since", sa.DateTime(timezone=True)),
+    sa.Column("last_failure_at", sa.DateTime(timezone=True)),
+    sa.Column("failure_count", sa.Integer, nullable=False, server_default="0"),
     sa.CheckConstraint(_length("url", 1, 2048), name="url_length"),
     sa.CheckConstraint(_length("description", 0, 1000), name="description_length"),
     sa.CheckConstraint(f"cardinality(event_types) BETWEEN 1 AND {len(OPERATIONAL_EVENT_TYPES)}",
                        name="event_types_count"),
     sa.CheckConstraint("octet_length(secret) <= 1024", name="secret_length"),
+    sa.CheckConstraint("disabled_reason IS NULL OR char_length(disabled_reason) BETWEEN 1 AND 500",
+                       name="disabled_reason_length"),
+    sa.CheckConstraint("failure_count >= 0", name="failure_count_positive"),
     sa.Index(None, "account_id"),
     comment="Where an account's operational events go (its own whsec_ secret, encrypted at rest). Free of charge;"
             " event_types NULL means every type.",

@@ -198,6 +198,12 @@ OPERATIONS: tuple[Operation, ...] = (
               "Any account's delivery with its endpoint, latest attempts and every ledger entry tied to it,"
               " adjustments too (operator)", OPERATOR, {200: operator_reads.InspectedDelivery}, (404,),
               parameters=(_path_id(),)),
+    Operation("post", "/v1/operator/endpoints/{id}/disable", "disableEndpointAsOperator", "Endpoints",
+              "Disable any account's endpoint",
+              "Switch the endpoint off with disabled_reason 'operator': its account's operational endpoints receive"
+              " endpoint.disabled (reason operator) and its pending deliveries are refunded. Idempotent: an endpoint"
+              " already off is answered as it is, with its own reason (operator)", OPERATOR, {200: r.Endpoint}, (404,),
+              parameters=(_path_id(),)),
     Operation("get", "/v1/account", "getOwnAccount", "Accounts", "Read the calling account",
               "The calling account: its status, balance, price per delivery and settings", ACCOUNT,
               {200: r.Account}),

@@ -52,7 +52,7 @@ EVENT_DESCRIPTIONS = {
 }
 
 _ENDPOINT_BODY = operational.OperationalEndpoint(_OPERATIONAL_ENDPOINT, _URL, "Ops alerts",
-                                                 ["endpoint.disabled", "balance.low"], True, _AT, _AT)
+                                                 ["endpoint.disabled", "balance.low"], True, None, _AT, _AT)
 _EVENT_BODY = operational.OperationalEvent(_EVENT, 42, "balance.low", _AT, EVENT_DATA["balance.low"])
 _INSTANCES = (
     operational.OperationalEndpointCreate(url=_URL, description="Ops alerts",

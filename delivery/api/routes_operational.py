@@ -61,6 +61,9 @@ class OperationalEndpoint(msgspec.Struct):
     description: str
     event_types: list[str] | None
     enabled: bool
+    # Why the worker switched it off: the receiver answered 410 Gone, or every attempt failed for as
+    # long as the auto-disable policy allows. null while enabled, or when the account switched it off.
+    disabled_reason: str | None
     created_at: datetime
     updated_at: datetime
 
@@ -99,7 +102,7 @@ RESPONSE_BODIES = (OperationalEndpoint, OperationalEndpointCreated, OperationalE
 
 def _endpoint(endpoint: store.OperationalEndpoint) -> OperationalEndpoint:
     return OperationalEndpoint(endpoint.id, endpoint.url, endpoint.description, endpoint.event_types,
-                               endpoint.enabled, endpoint.created_at, endpoint.updated_at)
+                               endpoint.enabled, endpoint.disabled_reason, endpoint.created_at, endpoint.updated_at)
 
 
 def _event(event: store.OperationalEvent) -> OperationalEvent:

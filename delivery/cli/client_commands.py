@@ -1,6 +1,7 @@
 """CLI commands for apps and operators that go through the SDK (the HTTP API), never the database.
 
     hookledger endpoints create|list|show|update|delete|rotate-secret|secret
+    hookledger endpoints disable ENDPOINT_ID          (operator key)
     hookledger send EVENT_TYPE PAYLOAD_JSON [--idempotency-key KEY]
     hookledger deliveries list          (beside the operator's deliveries dead|show|replay)
     hookledger balance | ledger
@@ -211,6 +212,17 @@ def endpoints_delete(endpoint_id: EndpointId, api_url: ApiUrl = API_URL_DEFAULT,
     emit(deleted, as_json, lambda console: console.print(
         f"deleted endpoint {deleted.id}; {deleted.refunded_now} pending deliveries refunded now", markup=False,
         soft_wrap=True))
+
+
+@endpoints_app.command("disable")
+def endpoints_disable(endpoint_id: EndpointId, api_url: ApiUrl = API_URL_DEFAULT, api_key: OperatorKey = None,
+                      as_json: AsJson = False) -> None:
+    """Switch any account's endpoint off (operator): disabled_reason operator, its account is told
+    (endpoint.disabled) and its pending deliveries are refunded. Again: nothing more."""
+    check_ids((endpoint_id, "endpoint"))
+    with api(api_url, api_key, as_json, key_names=OPERATOR_KEY_NAMES) as client:
+        endpoint = client.endpoints.disable_as_operator(endpoint_id)
+    emit(endpoint, as_json, _print_endpoint(endpoint))
 
 
 @endpoints_app.command("rotate-secret")

@@ -32,8 +32,14 @@ _EVENT_COLUMNS = (*output.ids("id"), *output.texts("seq", "type", "at", "data"))
 
 
 def _rows(endpoints) -> list[tuple]:
-    return [(e.id, e.url, ", ".join(e.event_types) if e.event_types else "(all)", "yes" if e.enabled else "no",
-             e.description) for e in endpoints]
+    return [(e.id, e.url, ", ".join(e.event_types) if e.event_types else "(all)", _enabled(e), e.description)
+            for e in endpoints]
+
+
+def _enabled(endpoint) -> str:
+    if endpoint.enabled:
+        return "yes"
+    return f"no ({endpoint.disabled_reason})" if endpoint.disabled_reason else "no"
 
 
 def _print(endpoint) -> Any:

@@ -169,6 +169,11 @@ def inspect_delivery(delivery_id: Id) -> Call[models.InspectedDelivery]:
     return Call("GET", f"/v1/operator/deliveries/{_segment(delivery_id)}", True, _reads(models.InspectedDelivery))
 
 
+def disable_endpoint_as_operator(endpoint_id: Id) -> Call[models.Endpoint]:
+    # Idempotent: an endpoint already off is answered as it is.
+    return Call("POST", f"/v1/operator/endpoints/{_segment(endpoint_id)}/disable", True, _reads(models.Endpoint))
+
+
 def delete_account(account_id: Id) -> Call[models.AccountDeletion]:
     # A repeat starts nothing more: the API records one deletion per account and resumes it.
     return Call("DELETE", f"/v1/accounts/{_segment(account_id)}", True, _reads(models.AccountDeletion))

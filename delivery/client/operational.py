@@ -29,6 +29,7 @@ class OperationalEndpoint(msgspec.Struct, frozen=True):
     enabled: bool
     created_at: datetime
     updated_at: datetime
+    disabled_reason: str | None = None  # why the worker switched it off (410 Gone, failing); None otherwise
 
 
 class OperationalEndpointCreated(msgspec.Struct, frozen=True):

@@ -16,6 +16,8 @@ restart is done again from there.
    every attempt. The existing sender (SSRF guard at connect time, bounded reads, timeouts).
 5. Record, fenced by attempt as deliveries are: 2xx delivered; else the next attempt on the
    retry schedule (Retry-After honoured), or dead (`out_of_retries`) after the last.
+6. Health: a 410 Gone, or a failure streak that meets the auto-disable policy, switches the
+   operational endpoint off and ends its pending deliveries (delivery.operations.operational_health).
 
 Operational deliveries are never charged and never touch the ledger or the deliveries table.
 """
@@ -35,6 +37,7 @@ from billing.operational_outbox import DEAD_BATCH_WINDOW_SECONDS
 from billing.tables import OPERATIONAL_DEAD_BATCH_MAX
 from delivery.engine import retry
 from delivery.engine.sender import Sender, SendRequest, SendResult
+from delivery.operations import operational_health
 from delivery.store.operational import open_secret
 from signing import Keyring, Signer
 
@@ -168,9 +171,19 @@ class OperationalSender:
         return await self.sender.send(request)
 
     async def _record(self, row, result: SendResult) -> str:
+        outcome = await self._record_result(row, result)
+        if outcome == "delivered":
+            await operational_health.succeeded(self.pool, row["endpoint_id"])
+        elif outcome != "stale":
+            gone = retry.classify(result.status_code) is retry.Outcome.GONE
+            await operational_health.failed(self.pool, row["endpoint_id"], gone, self.settings.auto_disable)
+        return outcome
+
+    async def _record_result(self, row, result: SendResult) -> str:
         error = result.error[:ERROR_CHARS_MAX] if result.error else None
         if result.success:
-            await self.pool.execute(_DELIVERED, row["id"], row["attempt"], result.status_code)
+            if await self.pool.execute(_DELIVERED, row["id"], row["attempt"], result.status_code) != "UPDATE 1":
+                return "stale"
             return "delivered"
         delay = retry.delay_before(row["attempt"] + 1, self.settings.schedule, self.rng)
         if delay is not None:
@@ -179,7 +192,8 @@ class OperationalSender:
             if await self.pool.execute(_RETRY, row["id"], row["attempt"], result.status_code, error,
                                        float(delay)) == "UPDATE 1":
                 return "retrying"
-        await self.pool.execute(_DEAD, row["id"], row["attempt"], result.status_code, error)
+        if await self.pool.execute(_DEAD, row["id"], row["attempt"], result.status_code, error) != "UPDATE 1":
+            return "stale"
         return "dead"
 
 

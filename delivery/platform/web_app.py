@@ -19,6 +19,7 @@ from delivery.api import (
     routes_endpoints,
     routes_event_types,
     routes_messages,
+    routes_operator_endpoints,
     routes_operator_reads,
     routes_ops,
     routes_operational,
@@ -82,7 +83,8 @@ def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> w
         auth=Authenticator(pool, api.operator_key, api.auth_cache_ttl_ms), coalescer=coalescer,
     )
     for module in (routes_accounts, routes_api_keys, routes_endpoints, routes_messages, routes_deliveries, routes_ops,
-                   routes_operator_reads, routes_recover, routes_operational, routes_applications,
+                   routes_operator_reads, routes_operator_endpoints, routes_recover, routes_operational,
+                   routes_applications,
                    routes_event_types, docs_page):
         app.add_routes(module.routes)
     dashboard.setup(app)  # the web dashboard under /dashboard (delivery/dashboard)

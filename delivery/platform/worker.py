@@ -6,8 +6,9 @@ Two kinds of work:
 - the `sweep` cron: expired leases, exhausted deliveries, and every due delivery whose job
   Redis lost. Redis is never the source of truth; this is what guarantees liveness.
 - `delete_account` jobs (delivery.operations.deletion) and the `audit_cron` (metrics from billing.audit).
-- the `operational` cron, as often as the sweep: operational events dispatched, sent and recorded
-  (delivery.operations.operational_sender), from PostgreSQL alone.
+- operational events sent as soon as they commit: a LISTEN on PostgreSQL's notice of them
+  (delivery.operations.operational_wake), and the `operational` cron, as often as the sweep, as the
+  fallback; both dispatch, send and record (delivery.operations.operational_sender) from PostgreSQL alone.
 - the `retention` cron, once a minute: payloads and response excerpts past each account's
   retention are erased in small batches (delivery.operations.retention).
 
@@ -34,6 +35,7 @@ from billing.ids import parse_id
 from delivery import event_loop, gc_tuning, metrics, tracing
 from delivery.operations import deletion, retention
 from delivery.operations.operational_sender import OperationalSender
+from delivery.operations.operational_wake import OperationalWake
 from delivery.engine import metrics_share, queue as job_queue
 from delivery.platform.config import Settings
 from delivery.platform.database import open_pool
@@ -211,6 +213,8 @@ async def _startup(ctx: dict) -> None:
     ctx["operational"] = OperationalSender(pool, Sender(settings.worker.sender), keyring, settings.worker.engine.retry,
                                            lease_ms=settings.worker.engine.lease_ms,
                                            timeout_ms=settings.worker.sender.timeout_ms_default)
+    ctx["operational_wake"] = OperationalWake(pool, ctx["operational"])
+    ctx["operational_wake"].start()
     logger.info("worker started on the %s event loop", event_loop.name(asyncio.get_running_loop()))
 
 
@@ -230,6 +234,8 @@ async def _shutdown(ctx: dict) -> None:
     sender = ctx.get("sender")
     if sender is not None:
         await sender.close()
+    if ctx.get("operational_wake") is not None:
+        await ctx["operational_wake"].stop()
     if ctx.get("operational") is not None:
         await ctx["operational"].sender.close()
     if engine is not None:  # after the sender: the sends that ended while it closed are written too

@@ -222,6 +222,24 @@ async def update_endpoint(
     return None if row is None else Endpoint.from_row(row)
 
 
+OPERATOR_REASON = "operator"  # disabled_reason of an endpoint the operator switched off
+
+
+async def disable_by_operator(executor: Executor, endpoint_id: uuid.UUID) -> Endpoint | None:
+    """The operator switches any account's endpoint off (disabled_reason 'operator', which the
+    operational trigger reports as endpoint.disabled, reason operator); its pending deliveries then
+    die at the pre-send check and are refunded. An endpoint already off keeps its reason: run twice,
+    the second changes nothing and writes no event. None when there is no such endpoint."""
+    async with transaction(executor) as connection:
+        row = await connection.fetchrow(
+            "UPDATE endpoints SET enabled = false, disabled_reason = $2, updated_at = now()"
+            f" WHERE id = $1 AND enabled AND deleted_at IS NULL RETURNING {_COLUMNS}", endpoint_id, OPERATOR_REASON)
+        if row is None:
+            row = await connection.fetchrow(
+                f"SELECT {_COLUMNS} FROM endpoints WHERE id = $1 AND deleted_at IS NULL", endpoint_id)
+    return None if row is None else Endpoint.from_row(row)
+
+
 async def delete_endpoint(pool: asyncpg.Pool, account_id: uuid.UUID, endpoint_id: uuid.UUID) -> int | None:
     """Soft-delete; settle up to SETTLE_ON_DELETE_MAX pending deliveries now. None when the account
     never had this endpoint.

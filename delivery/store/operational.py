@@ -49,6 +49,9 @@ class OperationalEndpoint:
     description: str
     event_types: list[str] | None
     enabled: bool
+    # Why the worker switched it off (410 Gone, or failing past the auto-disable policy); None
+    # while enabled or when the account switched it off (delivery.operations.operational_health).
+    disabled_reason: str | None
     created_at: datetime
     updated_at: datetime
 
@@ -62,7 +65,7 @@ class OperationalEvent:
     data: dict
 
 
-_COLUMNS = "id, account_id, url, description, event_types, enabled, created_at, updated_at"
+_COLUMNS = "id, account_id, url, description, event_types, enabled, disabled_reason, created_at, updated_at"
 _EVENT_COLUMNS = "id, seq, type, created_at, data"
 
 
@@ -108,7 +111,8 @@ _UPDATABLE = ("url", "description", "event_types", "enabled")
 
 async def update_endpoint(executor: Executor, account_id: uuid.UUID, endpoint_id: uuid.UUID,
                           changes: dict[str, object]) -> OperationalEndpoint | None:
-    """Apply the given fields; None when the account has no such endpoint."""
+    """Apply the given fields; None when the account has no such endpoint. Enabling clears the
+    disabled_reason and the failure streak: the account says the receiver is fixed."""
     unknown = set(changes) - set(_UPDATABLE)
     assert not unknown, f"not updatable: {unknown}"
     given = [name in changes for name in _UPDATABLE]
@@ -119,6 +123,10 @@ async def update_endpoint(executor: Executor, account_id: uuid.UUID, endpoint_id
         "   description = CASE WHEN $5 THEN $6 ELSE description END,"
         "   event_types = CASE WHEN $7 THEN $8::text[] ELSE event_types END,"
         "   enabled = CASE WHEN $9 THEN $10 ELSE enabled END,"
+        "   disabled_reason = CASE WHEN $9 THEN NULL ELSE disabled_reason END,"
+        "   failing_since = CASE WHEN $9 AND $10 THEN NULL ELSE failing_since END,"
+        "   last_failure_at = CASE WHEN $9 AND $10 THEN NULL ELSE last_failure_at END,"
+        "   failure_count = CASE WHEN $9 AND $10 THEN 0 ELSE failure_count END,"
         "   updated_at = now()"
         f" WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL RETURNING {_COLUMNS}",
         endpoint_id, account_id, *[item for pair in zip(given, values) for item in pair])

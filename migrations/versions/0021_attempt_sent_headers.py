@@ -10,7 +10,7 @@ response excerpts: by retention and expunge, and at account deletion. The trigge
 drops the excerpt of a stale attempt recorded after its message was erased, drops its headers too.
 
 Revision ID: 0021
-Revises: 0019
+Revises: 0020
 Create Date: 2026-12-06
 """
 import sqlalchemy as sa
@@ -18,7 +18,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql as pg
 
 revision = '0021'
-down_revision = '0019'
+down_revision = '0020'
 branch_labels = None
 depends_on = None
 

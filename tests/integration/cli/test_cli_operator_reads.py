@@ -201,3 +201,20 @@ def test_endpoints_create_prints_the_new_secret_once(cli):
     assert secret.startswith("whsec_") and cli("endpoints", "secret", endpoint_id, key=key).stdout.strip() == secret
     as_json = json.loads(cli("endpoints", "create", "https://example.com/other", "--json", key=key).stdout)
     assert as_json["secret"] == cli("endpoints", "secret", as_json["id"], key=key).stdout.strip()
+
+
+def test_endpoints_disable_with_the_operator_key(cli, operator):
+    """`endpoints disable ID` switches the endpoint off (disabled_reason operator); again: the same answer;
+    an unknown id exits 1 with a 404; the account's own key is refused."""
+    _, key = cli.account()
+    endpoint_id = json.loads(cli("endpoints", "create", "https://example.com/hooks", "--json", key=key).stdout)["id"]
+    refused = cli("endpoints", "disable", endpoint_id, "--json", key=key)
+    assert refused.exit_code == 1
+    disabled = operator("endpoints", "disable", endpoint_id, "--json")
+    assert disabled.exit_code == 0, disabled.output
+    body = json.loads(disabled.stdout)
+    assert (body["id"], body["enabled"], body["disabled_reason"]) == (endpoint_id, False, "operator")
+    again = operator("endpoints", "disable", endpoint_id, "--json")
+    assert again.exit_code == 0 and json.loads(again.stdout) == body
+    missing = operator("endpoints", "disable", str(uuid.uuid4()))
+    assert missing.exit_code == 1 and "endpoint" in missing.output.lower(), missing.output

@@ -211,3 +211,18 @@ async def test_keyed_creates_repeated_with_their_key_make_one_thing(operator, sd
     deleted = await sdk.endpoints.delete(endpoint.id)
     again = await sdk.endpoints.delete(endpoint.id)  # a retry whose first answer was lost
     assert deleted.deleted and again.deleted and again.refunded_now == 0
+
+
+async def test_the_operator_disables_an_endpoint(operator, sdk):
+    """disable_as_operator: disabled_reason operator, the same answer again; 404 for an unknown id and
+    403 with an account's key."""
+    endpoint = await sdk.endpoints.create("https://example.com/operator-off")
+    disabled = await operator.endpoints.disable_as_operator(endpoint.id)
+    assert (disabled.id, disabled.enabled, disabled.disabled_reason) == (endpoint.id, False, "operator")
+    assert await operator.endpoints.disable_as_operator(endpoint.id) == disabled
+    with pytest.raises(NotFoundError):
+        await operator.endpoints.disable_as_operator(uuid.uuid4())
+    other = await sdk.endpoints.create("https://example.com/still-on")
+    with pytest.raises(PermissionDeniedError):
+        await sdk.endpoints.disable_as_operator(other.id)
+    assert (await sdk.endpoints.get(other.id)).enabled
