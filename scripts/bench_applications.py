@@ -1,8 +1,9 @@
 """Applications for scripts/bench_ingest.py --applications N: the accounts that send to one
 application and to N, and the timings of creating and listing applications with 1 and with N.
 
-The N applications and their endpoints (one each, every event type) are inserted by SQL in two
-statements: what is measured is sending to them, not making 20,000 API calls first.
+The N applications and their endpoints (one each by default, `endpoints` each with
+--endpoints-per-application, every event type) are inserted by SQL in two statements: what is
+measured is sending to them, not making 20,000 API calls first. The one application has as many.
 """
 
 from __future__ import annotations
@@ -31,16 +32,18 @@ async def _account(session: aiohttp.ClientSession, api_url: str, operator_key: s
     return account_id, created["api_key"]["key"]
 
 
-async def setup(api_url: str, database_url: str, operator_key: str, count: int) -> dict[str, tuple[list, list]]:
+async def setup(api_url: str, database_url: str, operator_key: str, count: int,
+                endpoints: int = 1) -> dict[str, tuple[list, list]]:
     """Label -> (keys, paths) for bench_ingest's load: one application, and `count` applications of one account."""
     async with aiohttp.ClientSession() as session:
         _, single_key = await _account(session, api_url, operator_key, "bench one application")
         headers = {"Authorization": f"Bearer {single_key}"}
         async with session.post(f"{api_url}/v1/applications", json={"name": "only"}, headers=headers) as response:
             single = (await response.json())["id"]
-        async with session.post(f"{api_url}/v1/applications/{single}/endpoints", headers=headers,
-                                json={"url": "https://example.com/h"}) as response:
-            assert response.status == 201, await response.text()
+        for number in range(endpoints):
+            async with session.post(f"{api_url}/v1/applications/{single}/endpoints", headers=headers,
+                                    json={"url": f"https://example.com/h{number}"}) as response:
+                assert response.status == 201, await response.text()
         many_account, many_key = await _account(session, api_url, operator_key, f"bench {count} applications")
     connection = await asyncpg.connect(database_url)
     try:
@@ -49,8 +52,9 @@ async def setup(api_url: str, database_url: str, operator_key: str, count: int) 
             " FROM generate_series(1, $2) AS n RETURNING id", uuid.UUID(many_account), count)
         await connection.execute(
             "INSERT INTO endpoints (id, account_id, application_id, url)"
-            " SELECT gen_random_uuid(), $1, id, 'https://example.com/h' FROM unnest($2::uuid[]) AS id",
-            uuid.UUID(many_account), [row["id"] for row in rows])
+            " SELECT gen_random_uuid(), $1, id, 'https://example.com/h' || k"
+            " FROM unnest($2::uuid[]) AS id CROSS JOIN generate_series(1, $3) AS k",
+            uuid.UUID(many_account), [row["id"] for row in rows], endpoints)
     finally:
         await connection.close()
     return {

@@ -45,7 +45,8 @@ and, with more than one C, each case at its best C against the trivial handler a
 
 Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest.py [--seconds 5] [--concurrency 96,256] [--accounts 1000]
        [--event-loop auto|uvloop|asyncio] [--fan-outs 1,4] [--no-bare-sql] [--without-writes]
-       [--load-generator wrk|raw|aiohttp] [--applications 10000] [--schema] [--tracing off,1%,100%]
+       [--load-generator wrk|raw|aiohttp] [--applications 10000 [--endpoints-per-application 2]] [--schema]
+       [--tracing off,1%,100%]
        [--operational-compare]
 """
 
@@ -638,7 +639,8 @@ async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str)
         applications = {}
         if arguments.applications:
             applications.update(await bench_applications.setup(api_url, database_url, OPERATOR_KEY,
-                                                               arguments.applications))
+                                                               arguments.applications,
+                                                               arguments.endpoints_per_application))
         if arguments.schema:
             applications.update(await bench_applications.schema_case(api_url, OPERATOR_KEY))
         if applications:
@@ -696,8 +698,10 @@ if __name__ == "__main__":
     parser.add_argument("--fan-outs", type=lambda text: [int(n) for n in text.split(",")], default=[1, 4],
                         help="the fan-outs to measure, of 1 and 4 (default: both)")
     parser.add_argument("--applications", type=int, default=0, metavar="N",
-                        help="also send to one application and round-robin over N applications (1 endpoint each)"
+                        help="also send to one application and round-robin over N applications"
                              " of one account, and time creating and listing applications with 1 and with N")
+    parser.add_argument("--endpoints-per-application", type=int, default=1, metavar="E",
+                        help="with --applications, each application (the one and the N) has E endpoints (fan-out E)")
     parser.add_argument("--schema", action="store_true",
                         help="also send as one hot account whose event type has a JSON Schema every payload is checked"
                              " against (beside the same account's sends without one)")
