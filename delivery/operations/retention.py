@@ -60,30 +60,39 @@ _ERASE_EXCERPTS = (
     "UPDATE delivery_attempts SET response_excerpt = NULL, sent_headers = NULL"
     " WHERE delivery_id = ANY($1::uuid[]) AND (response_excerpt IS NOT NULL OR sent_headers IS NOT NULL)"
 )
-# The oldest kept payloads past their account's retention whose deliveries have all finished (as
-# of the statement's snapshot; re-checked under the deliveries' locks), per account through
-# ix_messages_retained, locked with SKIP LOCKED.
-_CANDIDATES = (
-    "SELECT c.id FROM accounts a CROSS JOIN LATERAL ("
-    "   SELECT m.id FROM messages m"
-    "   WHERE m.account_id = a.id AND m.payload IS NOT NULL"
-    "     AND m.created_at < now() - a.payload_retention_days * interval '1 day'"
-    "     AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id AND d.state IN ('pending', 'sending'))"
-    "   ORDER BY m.created_at LIMIT $1 FOR UPDATE OF m SKIP LOCKED) c"
-    " LIMIT $1"
-)
-# The candidates' deliveries, locked in id order without waiting; one that is locked elsewhere
-# (a claim, a record in flight) is skipped, and so its message is left for a later run.
-_LOCK_CANDIDATE_DELIVERIES = (
-    "SELECT id, message_id, state FROM deliveries WHERE message_id = ANY($1::uuid[])"
-    " ORDER BY id FOR UPDATE SKIP LOCKED"
-)
-_DELIVERY_COUNTS = (
-    "SELECT message_id, count(*) AS deliveries FROM deliveries WHERE message_id = ANY($1::uuid[]) GROUP BY message_id"
-)
-_ERASE_MESSAGES = (
-    "UPDATE messages SET payload = NULL, payload_erased_at = clock_timestamp(), payload_erased_by = $2"
-    " WHERE id = ANY($1::uuid[]) AND payload IS NOT NULL"
+# One batch of the retention job, in one statement (one round trip). The oldest kept payloads
+# past their account's retention whose deliveries have all finished (as of the statement's
+# snapshot), per account through ix_messages_retained, locked with SKIP LOCKED; then their
+# deliveries, locked in id order with SKIP LOCKED (a lock returns the row's latest committed
+# state). A message keeps its payload when one of its deliveries is locked elsewhere (a claim, a
+# record in flight) or live after all; every other one loses its payload and its attempts'
+# response excerpts and custom headers sent (only the attempts that still hold either are
+# written), erased at the clock's time once the locks are held. Nothing here waits on a lock.
+# Answers how many messages were taken and how many erased.
+_ERASE_BATCH = (
+    "WITH candidates AS ("
+    "   SELECT c.id FROM accounts a CROSS JOIN LATERAL ("
+    "     SELECT m.id FROM messages m"
+    "     WHERE m.account_id = a.id AND m.payload IS NOT NULL"
+    "       AND m.created_at < now() - a.payload_retention_days * interval '1 day'"
+    "       AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id AND d.state IN ('pending', 'sending'))"
+    "     ORDER BY m.created_at LIMIT $1 FOR UPDATE OF m SKIP LOCKED) c"
+    "   LIMIT $1),"
+    " locked AS ("
+    "   SELECT id, message_id, state FROM deliveries WHERE message_id IN (SELECT id FROM candidates)"
+    "   ORDER BY id FOR UPDATE SKIP LOCKED),"
+    " held AS ("
+    "   SELECT d.message_id FROM deliveries d LEFT JOIN locked l ON l.id = d.id"
+    "   WHERE d.message_id IN (SELECT id FROM candidates) AND (l.id IS NULL OR l.state IN ('pending', 'sending'))),"
+    " erasable AS (SELECT id FROM candidates WHERE id NOT IN (SELECT message_id FROM held)),"
+    " excerpts AS ("
+    "   UPDATE delivery_attempts SET response_excerpt = NULL, sent_headers = NULL"
+    "   WHERE delivery_id IN (SELECT l.id FROM locked l WHERE l.message_id IN (SELECT id FROM erasable))"
+    "     AND (response_excerpt IS NOT NULL OR sent_headers IS NOT NULL)),"
+    " erased AS ("
+    "   UPDATE messages SET payload = NULL, payload_erased_at = clock_timestamp(), payload_erased_by = $2"
+    "   WHERE id IN (SELECT id FROM erasable) RETURNING 1)"
+    " SELECT (SELECT count(*) FROM candidates) AS taken, (SELECT count(*) FROM erased) AS erased"
 )
 # How many kept payloads are past their retention (finished or not), up to BACKLOG_COUNTED_MAX.
 _BACKLOG = (
@@ -136,27 +145,11 @@ async def expunge(executor: Executor, account_id: uuid.UUID, message_id: uuid.UU
 
 
 async def erase_batch(pool: asyncpg.Pool, *, batch_size: int = BATCH_SIZE) -> tuple[int, int]:
-    """One batch of the retention job, one transaction. Returns (messages taken, messages erased):
+    """One batch of the retention job, one statement. Returns (messages taken, messages erased):
     a taken message is left when one of its deliveries is locked elsewhere or live after all."""
-    async with pool.acquire() as connection, connection.transaction():
-        candidates = [row["id"] for row in await connection.fetch(_CANDIDATES, batch_size)]
-        if not candidates:
-            return 0, 0
-        locked = await connection.fetch(_LOCK_CANDIDATE_DELIVERIES, candidates)
-        counts = {row["message_id"]: row["deliveries"] for row in await connection.fetch(_DELIVERY_COUNTS, candidates)}
-        finished: dict[uuid.UUID, list[uuid.UUID]] = {}
-        refused: set[uuid.UUID] = set()
-        for row in locked:
-            if row["state"] in ("pending", "sending"):
-                refused.add(row["message_id"])
-            finished.setdefault(row["message_id"], []).append(row["id"])
-        erasable = [message_id for message_id in candidates
-                    if message_id not in refused and len(finished.get(message_id, ())) == counts.get(message_id, 0)]
-        if not erasable:
-            return len(candidates), 0
-        await connection.execute(_ERASE_EXCERPTS, [delivery for message_id in erasable for delivery in finished.get(message_id, ())])
-        await connection.execute(_ERASE_MESSAGES, erasable, ERASED_BY_RETENTION)
-    return len(candidates), len(erasable)
+    async with pool.acquire() as connection:
+        row = await connection.fetchrow(_ERASE_BATCH, batch_size, ERASED_BY_RETENTION)
+    return row["taken"], row["erased"]
 
 
 @dataclass(frozen=True)
