@@ -14,15 +14,20 @@ message's payload. A finished delivery never goes back to pending (replays are n
 once checked, nothing can send the message again; and if anything ever did, the pre-send check
 settles a delivery whose payload is NULL instead of sending it (delivery.engine.presend).
 
-The retention job works in small batches: each is one short transaction that takes at most
-BATCH_SIZE messages with SKIP LOCKED (never waiting on a claim, a send's record or an expunge).
-A run goes on until nothing is due, for at most RUN_SECONDS_MAX (the worker's cron starts one a
-minute, so a run ends before the next is due) and BATCHES_PER_RUN_MAX batches, so the job erases
-for most of each minute while a backlog lasts, at the rate scripts/bench_retention.py measures.
+The retention job works in small batches: each is one statement, one short transaction, that
+takes at most BATCH_SIZE messages with SKIP LOCKED (never waiting on a claim, a send's record or an
+expunge). A run goes on while work is due: until a batch erases nothing or finds less than a full
+batch, for at most RUN_SECONDS_MAX and BATCHES_PER_RUN_MAX batches, yielding between batches. Each
+batch starts where the run's previous one reached in each account, so a long run does not slow
+down walking the index entries of the payloads it erased. One run at a time across every worker:
+the run holds a session advisory lock (the cron's `unique` only keeps two workers from taking the
+same minute's tick; a run longer than a minute would otherwise meet the next tick's). So while a
+backlog lasts the job erases nearly all the time, at the rate scripts/bench_retention.py measures.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,9 +38,14 @@ import asyncpg
 from billing.database import Executor, transaction
 
 ERASED_BY_RETENTION = "retention"
-BATCH_SIZE = 500  # messages per transaction: each holds its rows' locks for a few milliseconds
-BATCHES_PER_RUN_MAX = 4_000  # 2,000,000 messages: a bound behind RUN_SECONDS_MAX, which ends a run first
-RUN_SECONDS_MAX = 45.0  # a run's time budget: the cron starts one a minute
+BATCH_SIZE = 1_000  # messages per batch (one statement): each holds its rows' locks for tens of milliseconds
+BATCHES_PER_RUN_MAX = 20_000  # a bound behind RUN_SECONDS_MAX, which ends a run first
+# A run goes on while work is due, up to this long: the worker's cron starts one a minute (second
+# 30), the ticks during a run find its lock taken and return, and a run cut short at this bound
+# ends ten seconds before the tick that starts the next one.
+RUN_SECONDS_MAX = 290.0
+# The run's advisory lock: a namespace of its own ("hlre"; account deletion's is "hlde"), key 0.
+RUN_LOCK_NAMESPACE = 0x686C_7265
 BACKLOG_COUNTED_MAX = 1_000_000  # the backlog gauge counts up to this many messages
 
 # The message of an account, locked (an expunge waits for a concurrent one, then finds it done).
@@ -62,18 +72,25 @@ _ERASE_EXCERPTS = (
 )
 # One batch of the retention job, in one statement (one round trip). The oldest kept payloads
 # past their account's retention whose deliveries have all finished (as of the statement's
-# snapshot), per account through ix_messages_retained, locked with SKIP LOCKED; then their
-# deliveries, locked in id order with SKIP LOCKED (a lock returns the row's latest committed
-# state). A message keeps its payload when one of its deliveries is locked elsewhere (a claim, a
-# record in flight) or live after all; every other one loses its payload and its attempts'
-# response excerpts and custom headers sent (only the attempts that still hold either are
-# written), erased at the clock's time once the locks are held. Nothing here waits on a lock.
-# Answers how many messages were taken and how many erased.
+# snapshot), per account through ix_messages_retained from where the run's previous batch reached
+# in that account ($3, $4: the index entries of the payloads it erased are dead but stay until
+# VACUUM, and walking them again each batch made the run slow down as it went), locked with SKIP
+# LOCKED; then their deliveries, locked in id order with SKIP LOCKED (a lock returns the row's
+# latest committed state). A message keeps its payload when one of its deliveries is locked
+# elsewhere (a claim, a record in flight) or live after all; every other one loses its payload and
+# its attempts' response excerpts and custom headers sent (only the attempts that still hold
+# either are written), erased at the clock's time once the locks are held. Nothing here waits on
+# a lock. Answers how many messages were taken and erased, and where the batch
+# reached in each account (the newest created_at it took there).
 _ERASE_BATCH = (
     "WITH candidates AS ("
-    "   SELECT c.id FROM accounts a CROSS JOIN LATERAL ("
-    "     SELECT m.id FROM messages m"
+    "   SELECT c.id, c.account_id, c.created_at FROM accounts a"
+    "   LEFT JOIN unnest($3::uuid[], $4::timestamptz[]) AS run_cursor (account_id, reached)"
+    "     ON run_cursor.account_id = a.id"
+    "   CROSS JOIN LATERAL ("
+    "     SELECT m.id, m.account_id, m.created_at FROM messages m"
     "     WHERE m.account_id = a.id AND m.payload IS NOT NULL"
+    "       AND m.created_at >= coalesce(run_cursor.reached, '-infinity')"
     "       AND m.created_at < now() - a.payload_retention_days * interval '1 day'"
     "       AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id AND d.state IN ('pending', 'sending'))"
     "     ORDER BY m.created_at LIMIT $1 FOR UPDATE OF m SKIP LOCKED) c"
@@ -91,8 +108,10 @@ _ERASE_BATCH = (
     "     AND (response_excerpt IS NOT NULL OR sent_headers IS NOT NULL)),"
     " erased AS ("
     "   UPDATE messages SET payload = NULL, payload_erased_at = clock_timestamp(), payload_erased_by = $2"
-    "   WHERE id IN (SELECT id FROM erasable) RETURNING 1)"
-    " SELECT (SELECT count(*) FROM candidates) AS taken, (SELECT count(*) FROM erased) AS erased"
+    "   WHERE id IN (SELECT id FROM erasable) RETURNING 1),"
+    " reached AS (SELECT account_id, max(created_at) AS created_at FROM candidates GROUP BY account_id)"
+    " SELECT (SELECT count(*) FROM candidates) AS taken, (SELECT count(*) FROM erased) AS erased,"
+    "   array_agg(account_id) AS reached_accounts, array_agg(created_at) AS reached_at FROM reached"
 )
 # How many kept payloads are past their retention (finished or not), up to BACKLOG_COUNTED_MAX.
 _BACKLOG = (
@@ -144,11 +163,18 @@ async def expunge(executor: Executor, account_id: uuid.UUID, message_id: uuid.UU
     return Erased(message_id, message["event_type"], erased["payload_erased_at"], erased["payload_erased_by"])
 
 
-async def erase_batch(pool: asyncpg.Pool, *, batch_size: int = BATCH_SIZE) -> tuple[int, int]:
+async def erase_batch(pool: asyncpg.Pool, *, batch_size: int = BATCH_SIZE,
+                      reached: dict[uuid.UUID, datetime] | None = None) -> tuple[int, int]:
     """One batch of the retention job, one statement. Returns (messages taken, messages erased):
-    a taken message is left when one of its deliveries is locked elsewhere or live after all."""
+    a taken message is left when one of its deliveries is locked elsewhere or live after all.
+    `reached`, a run's own map of where it has reached in each account, is read (the batch starts
+    there) and moved on; without it the batch starts at each account's oldest kept payload."""
+    reached = {} if reached is None else reached
     async with pool.acquire() as connection:
-        row = await connection.fetchrow(_ERASE_BATCH, batch_size, ERASED_BY_RETENTION)
+        row = await connection.fetchrow(_ERASE_BATCH, batch_size, ERASED_BY_RETENTION,
+                                        list(reached), list(reached.values()))
+    for account_id, created_at in zip(row["reached_accounts"] or (), row["reached_at"] or (), strict=True):
+        reached[account_id] = created_at
     return row["taken"], row["erased"]
 
 
@@ -157,20 +183,33 @@ class RetentionRun:
     batches: int
     erased: int
     seconds: float
+    ran_elsewhere: bool = False  # another worker's run held the lock: this one did nothing
 
 
 async def run_retention(pool: asyncpg.Pool, *, batch_size: int = BATCH_SIZE,
                         batches_max: int = BATCHES_PER_RUN_MAX, seconds_max: float = RUN_SECONDS_MAX) -> RetentionRun:
-    """Erase what is past retention, batch by batch, until a batch finds nothing to erase, or
-    batches_max batches ran, or seconds_max passed (the next run goes on)."""
+    """Erase what is past retention, batch by batch, while work is due: until a batch erases
+    nothing or takes less than a full batch, or batches_max batches ran, or seconds_max passed
+    (the next run goes on). One run at a time across every worker: a session advisory lock, held
+    on a connection of its own for the run (PostgreSQL releases it if the worker dies); a run that
+    finds it taken returns at once. Between batches the run yields to the event loop and holds no
+    row lock and no batch connection."""
     started = time.monotonic()
-    erased = batches = 0
-    while batches < batches_max and (batches == 0 or time.monotonic() - started < seconds_max):
-        taken, erased_now = await erase_batch(pool, batch_size=batch_size)
-        batches += 1
-        erased += erased_now
-        if erased_now == 0 or taken < batch_size:
-            break
+    async with pool.acquire() as lock_connection:
+        if not await lock_connection.fetchval("SELECT pg_try_advisory_lock($1, 0)", RUN_LOCK_NAMESPACE):
+            return RetentionRun(0, 0, time.monotonic() - started, ran_elsewhere=True)
+        try:
+            reached: dict[uuid.UUID, datetime] = {}
+            erased = batches = 0
+            while batches < batches_max and (batches == 0 or time.monotonic() - started < seconds_max):
+                taken, erased_now = await erase_batch(pool, batch_size=batch_size, reached=reached)
+                batches += 1
+                erased += erased_now
+                if erased_now == 0 or taken < batch_size:
+                    break
+                await asyncio.sleep(0)
+        finally:
+            await lock_connection.execute("SELECT pg_advisory_unlock($1, 0)", RUN_LOCK_NAMESPACE)
     return RetentionRun(batches, erased, time.monotonic() - started)
 
 

@@ -10,7 +10,8 @@ Two kinds of work:
   (delivery.operations.operational_wake), and the `operational` cron, as often as the sweep, as the
   fallback; both dispatch, send and record (delivery.operations.operational_sender) from PostgreSQL alone.
 - the `retention` cron, once a minute: payloads and response excerpts past each account's
-  retention are erased in small batches (delivery.operations.retention).
+  retention are erased in small batches, for as long as work is due, by one worker at a time
+  (delivery.operations.retention).
 
 On SIGTERM the worker stops claiming, lets in-flight sends finish within the grace period,
 records what finished, and cancels the rest (their leases expire; they are tried again).
@@ -50,7 +51,7 @@ logger = logging.getLogger(__name__)
 SWEEP_TIMEOUT_SECONDS = 600
 DELETION_TIMEOUT_SECONDS = 3600
 AUDIT_TIMEOUT_SECONDS = 1800
-RETENTION_TIMEOUT_SECONDS = 300  # a run stops starting batches after retention.RUN_SECONDS_MAX
+RETENTION_TIMEOUT_SECONDS = 360  # a run stops starting batches after retention.RUN_SECONDS_MAX (290 s)
 AUDIT_NOTICES_LOGGED_MAX = 20  # one warning each, then one line with the count
 QUEUE_READ_MAX = 1000  # job ids read from the queue's head per poll: room for 50 workers' running jobs
 # Slots for operator jobs (account deletion), beside HOOKLEDGER_WORKER_JOBS for deliveries and crons:
@@ -149,8 +150,9 @@ async def _audit(ctx: dict) -> int:
 
 
 async def retention_cron(ctx: dict) -> int:
-    """Erase the payloads and response excerpts past each account's retention (a bounded run of
-    small batches: delivery.operations.retention), then publish the backlog. Returns how many."""
+    """Erase the payloads and response excerpts past each account's retention (a run of small
+    batches while work is due, one at a time across workers: delivery.operations.retention), then
+    publish the backlog. Returns how many."""
     try:
         run = await retention.run_retention(ctx["pool"])
         backlog = await retention.backlog(ctx["pool"])
@@ -159,8 +161,11 @@ async def retention_cron(ctx: dict) -> int:
             raise
         logger.warning("retention stopped: PostgreSQL is unavailable (%r); the next run goes on", error)
         return 0
-    metrics.RETENTION_ERASED.set(run.erased)
     metrics.RETENTION_BACKLOG.set(backlog)
+    if run.ran_elsewhere:
+        logger.debug("retention: a run is going on in another worker")
+        return 0
+    metrics.RETENTION_ERASED.set(run.erased)
     if run.erased:
         logger.info("retention erased %d payloads in %d batches (%.2f s); %d past retention left",
                     run.erased, run.batches, run.seconds, backlog)
