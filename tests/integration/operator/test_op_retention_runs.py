@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+from operator_helpers import add_endpoint, assert_audit_clean, create_many, make_account
+
 from billing import accounts
 from billing.database import create_pool
 from delivery.operations import retention
-from operator_helpers import add_endpoint, assert_audit_clean, create_many, make_account
 
 ROUNDS = 5
 
