@@ -163,16 +163,14 @@ async def expunge(executor: Executor, account_id: uuid.UUID, message_id: uuid.UU
     return Erased(message_id, message["event_type"], erased["payload_erased_at"], erased["payload_erased_by"])
 
 
-async def erase_batch(pool: asyncpg.Pool, *, batch_size: int = BATCH_SIZE,
+async def erase_batch(executor: Executor, *, batch_size: int = BATCH_SIZE,
                       reached: dict[uuid.UUID, datetime] | None = None) -> tuple[int, int]:
     """One batch of the retention job, one statement. Returns (messages taken, messages erased):
     a taken message is left when one of its deliveries is locked elsewhere or live after all.
     `reached`, a run's own map of where it has reached in each account, is read (the batch starts
     there) and moved on; without it the batch starts at each account's oldest kept payload."""
     reached = {} if reached is None else reached
-    async with pool.acquire() as connection:
-        row = await connection.fetchrow(_ERASE_BATCH, batch_size, ERASED_BY_RETENTION,
-                                        list(reached), list(reached.values()))
+    row = await executor.fetchrow(_ERASE_BATCH, batch_size, ERASED_BY_RETENTION, list(reached), list(reached.values()))
     for account_id, created_at in zip(row["reached_accounts"] or (), row["reached_at"] or (), strict=True):
         reached[account_id] = created_at
     return row["taken"], row["erased"]
@@ -191,25 +189,25 @@ async def run_retention(pool: asyncpg.Pool, *, batch_size: int = BATCH_SIZE,
     """Erase what is past retention, batch by batch, while work is due: until a batch erases
     nothing or takes less than a full batch, or batches_max batches ran, or seconds_max passed
     (the next run goes on). One run at a time across every worker: a session advisory lock, held
-    on a connection of its own for the run (PostgreSQL releases it if the worker dies); a run that
-    finds it taken returns at once. Between batches the run yields to the event loop and holds no
-    row lock and no batch connection."""
+    by the run's one connection (PostgreSQL releases it if the worker dies), which runs the batches
+    too; a run that finds it taken returns at once. Between batches the run yields to the event
+    loop and holds no row lock."""
     started = time.monotonic()
-    async with pool.acquire() as lock_connection:
-        if not await lock_connection.fetchval("SELECT pg_try_advisory_lock($1, 0)", RUN_LOCK_NAMESPACE):
+    async with pool.acquire() as connection:
+        if not await connection.fetchval("SELECT pg_try_advisory_lock($1, 0)", RUN_LOCK_NAMESPACE):
             return RetentionRun(0, 0, time.monotonic() - started, ran_elsewhere=True)
         try:
             reached: dict[uuid.UUID, datetime] = {}
             erased = batches = 0
             while batches < batches_max and (batches == 0 or time.monotonic() - started < seconds_max):
-                taken, erased_now = await erase_batch(pool, batch_size=batch_size, reached=reached)
+                taken, erased_now = await erase_batch(connection, batch_size=batch_size, reached=reached)
                 batches += 1
                 erased += erased_now
                 if erased_now == 0 or taken < batch_size:
                     break
                 await asyncio.sleep(0)
         finally:
-            await lock_connection.execute("SELECT pg_advisory_unlock($1, 0)", RUN_LOCK_NAMESPACE)
+            await connection.execute("SELECT pg_advisory_unlock($1, 0)", RUN_LOCK_NAMESPACE)
     return RetentionRun(batches, erased, time.monotonic() - started)
 
 
