@@ -157,12 +157,6 @@ async def get_account(executor: Executor, account_id: uuid.UUID) -> Account:
     return Account(**dict(row))
 
 
-async def set_payload_retention(executor: Executor, account_id: uuid.UUID, days: int) -> Account:
-    """Set how long the account's finished payloads and response excerpts are kept (the operator's
-    setting; delivery.operations.retention applies it). Moves no money."""
-    return await update_settings(executor, account_id, payload_retention_days=_check_retention_days(days))
-
-
 async def update_settings(executor: Executor, account_id: uuid.UUID, *, payload_retention_days: int | None = None,
                           set_threshold: bool = False, low_balance_threshold: int | None = None,
                           portal_frame_ancestors: list[str] | None = None) -> Account:

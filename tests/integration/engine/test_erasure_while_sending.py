@@ -45,7 +45,7 @@ async def test_erasure_racing_sends_never_sends_an_erased_body(pool, settings, k
     receivers = [await receiver_factory(), await receiver_factory(lambda number: 500 if rng.random() < 0.3 else 200),
                  await receiver_factory(slow)]
     account_id = await add_account(pool, balance=10_000)
-    await accounts.set_payload_retention(pool, account_id, 1)
+    await accounts.update_settings(pool, account_id, payload_retention_days=1)
     for receiver in receivers:
         await add_endpoint(pool, account_id, receiver, keyring)
     ledger_before = [tuple(row) for row in await pool.fetch(_LEDGER, account_id)]

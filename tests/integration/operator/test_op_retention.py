@@ -63,10 +63,10 @@ async def test_retention_erases_exactly_what_is_past_the_period_and_finished(poo
     """Of an account with 7 days' retention: old finished messages lose payload and excerpts; old live
     ones, young finished ones and another account's (365 days) keep theirs; every row and the ledger stay."""
     account_id = await make_account(pool, balance=10_000)
-    await accounts.set_payload_retention(pool, account_id, 7)
+    await accounts.update_settings(pool, account_id, payload_retention_days=7)
     endpoint_id = await add_endpoint(pool, account_id)
     other_id = await make_account(pool, balance=10_000)
-    await accounts.set_payload_retention(pool, other_id, 365)
+    await accounts.update_settings(pool, other_id, payload_retention_days=365)
     other_endpoint = await add_endpoint(pool, other_id)
     old_finished = await create_many(pool, account_id, endpoint_id, 30)
     old_dead = await create_many(pool, account_id, endpoint_id, 5)
@@ -136,7 +136,7 @@ async def test_claims_and_erasure_concurrently_never_send_an_erased_body(pool, r
     it, every erased message's deliveries had all finished, and the ledger only grows by what settles."""
     rng = random.Random(round_)
     account_id = await make_account(pool, balance=100_000)
-    await accounts.set_payload_retention(pool, account_id, 1)
+    await accounts.update_settings(pool, account_id, payload_retention_days=1)
     endpoint_id = await add_endpoint(pool, account_id)
     delivery_ids = await create_many(pool, account_id, endpoint_id, 400)
     await _age(pool, delivery_ids, 2)
@@ -228,7 +228,7 @@ async def test_a_run_stops_at_its_batch_and_time_bounds_and_the_next_goes_on(poo
     """A run with no time left does one batch; one with one batch allowed does one; runs without
     those bounds go on until nothing is due. Nothing is erased twice or skipped."""
     account_id = await make_account(pool, balance=10_000)
-    await accounts.set_payload_retention(pool, account_id, 1)
+    await accounts.update_settings(pool, account_id, payload_retention_days=1)
     endpoint_id = await add_endpoint(pool, account_id)
     delivery_ids = await create_many(pool, account_id, endpoint_id, 25)
     await _finish(pool, delivery_ids)
@@ -240,3 +240,20 @@ async def test_a_run_stops_at_its_batch_and_time_bounds_and_the_next_goes_on(poo
     assert rest.erased == 15 and await retention.backlog(pool) == 0
     assert (await retention.run_retention(pool, batch_size=5)).erased == 0
     await assert_audit_clean(pool)
+
+
+@pytest.mark.parametrize("settings", [{"payload_retention_days": 0}, {"payload_retention_days": 3651},
+                                      {"payload_retention_days": True}, {"set_threshold": True, "low_balance_threshold": 0},
+                                      {"set_threshold": True, "low_balance_threshold": 2**63}])
+async def test_update_settings_refuses_out_of_range_values_and_changes_nothing(pool, settings):
+    """billing.accounts.update_settings checks what the API's validation also checks, for every
+    caller: out of range, or a bool for a number, is InvalidInput naming the setting; the row stays."""
+    from billing.errors import InvalidInput
+
+    account_id = await make_account(pool, balance=10)
+    before = await pool.fetchrow("SELECT payload_retention_days, low_balance_threshold, low_balance_armed"
+                                 " FROM accounts WHERE id = $1", account_id)
+    with pytest.raises(InvalidInput, match="payload_retention_days|low_balance_threshold"):
+        await accounts.update_settings(pool, account_id, **settings)
+    assert await pool.fetchrow("SELECT payload_retention_days, low_balance_threshold, low_balance_armed"
+                               " FROM accounts WHERE id = $1", account_id) == before

@@ -21,7 +21,7 @@ async def _due(pool, count: int, *, days_apart: bool = False) -> tuple[uuid.UUID
     """An account with 1 day's retention and `count` finished messages past it (each with an attempt
     and an excerpt), returned as delivery ids oldest first; days_apart gives each its own created_at."""
     account_id = await make_account(pool, balance=10 * count + 10)
-    await accounts.set_payload_retention(pool, account_id, 1)
+    await accounts.update_settings(pool, account_id, payload_retention_days=1)
     endpoint_id = await add_endpoint(pool, account_id)
     delivery_ids = await create_many(pool, account_id, endpoint_id, count)
     await pool.execute(
