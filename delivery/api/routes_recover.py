@@ -172,7 +172,7 @@ async def recover(request: web.Request) -> web.Response:
         lambda executor: _recover(ctx, executor, account_id, endpoint_id, since, until, body.confirm_total, created),
     )
     if created:
-        await _wake(ctx, created)
+        await _wake(ctx, [(account_id, delivery_id) for delivery_id in created])
     return response
 
 
@@ -223,7 +223,7 @@ def _recovered(endpoint_id: uuid.UUID, since: datetime, until: datetime, result:
                      result.charged, more)
 
 
-async def _wake(ctx: ApiContext, delivery_ids: list[uuid.UUID]) -> None:
+async def _wake(ctx: ApiContext, delivery_ids: list[tuple[uuid.UUID, uuid.UUID]]) -> None:
     """Ask a worker to send the new deliveries now; a lost wake-up costs a sweep interval, never a delivery."""
     if ctx.queue is None:
         return

@@ -4,12 +4,19 @@ A claim is one statement, its own transaction: `pending -> sending`, `attempt + 
 Rows are taken with FOR UPDATE SKIP LOCKED so concurrent workers never wait on each other. A
 delivery that has already used its last attempt (e.g. its final lease expired) is settled
 (`attempts_exhausted`) instead of claimed again.
+
+Claims name their accounts, so that a distributed engine (Citus; or PostgreSQL's own hash
+partitions, migration option HOOKLEDGER_ACCOUNT_PARTITIONS) can route each to one shard: with
+`shards` (HOOKLEDGER_ACCOUNT_SHARDS) above 1, the deliveries to claim are grouped by the shard of
+their account (billing.shards.partition_of) and each group is one statement. On one server every
+worker claims for every shard: no worker owns a range, so none needs assigning.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import asyncpg
@@ -17,6 +24,7 @@ import asyncpg
 from billing.database import Executor, runs_alone, transaction
 from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, settle
+from billing.shards import partition_of
 from delivery import tracing
 
 logger = logging.getLogger(__name__)
@@ -41,32 +49,52 @@ class Claimed(NamedTuple):
     attempts_max: int
 
 
+# Every statement here names the account of each delivery it touches (`account_id = k.account_id`,
+# the primary key being (account_id, id)), so that a distributed engine can route it to the shards
+# of those accounts; with HOOKLEDGER_ACCOUNT_SHARDS above 1, the callers below split their work so
+# that each statement names the accounts of one shard only (billing.shards.partition_of).
+class DeliveryKey(NamedTuple):
+    """A delivery's primary key: its account first, as the tables are distributed by it."""
+
+    account_id: uuid.UUID
+    id: uuid.UUID
+
+
+_DUE_FILTER = "state = 'pending' AND next_attempt_at <= now() AND attempt < attempts_max"
 _DUE = (
     "WITH due AS ("
-    "   SELECT id FROM deliveries"
-    "   WHERE state = 'pending' AND next_attempt_at <= now() AND attempt < attempts_max"
-    "   ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
+    "   SELECT account_id, id FROM deliveries"
+    "   WHERE " + _DUE_FILTER + " ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
 )
-# One primary-key probe per id, whatever the statistics say: a LATERAL subquery that OFFSET 0 keeps
-# PostgreSQL from flattening. As a plain `id = ANY($1)` filter, stale statistics (a burst of
-# creates since the last ANALYZE, when few deliveries were pending) made PostgreSQL scan the
-# whole due index instead: 40 ms for 500 ids rather than 23 ms. SKIP LOCKED never waits, so the
-# order rows are locked in cannot deadlock.
-_DUE_IDS = (
+# One primary-key probe per (account, delivery), whatever the statistics say: a LATERAL subquery
+# that OFFSET 0 keeps PostgreSQL from flattening. As a plain `id = ANY($1)` filter, stale
+# statistics (a burst of creates since the last ANALYZE, when few deliveries were pending) made
+# PostgreSQL scan the whole due index instead: 40 ms for 500 ids rather than 23 ms. SKIP LOCKED
+# never waits, so the order rows are locked in cannot deadlock. $1 the accounts, $3 the delivery ids
+# (pairwise), $2 the lease as in every claim.
+_DUE_KEYS = (
     "WITH due AS ("
-    "   SELECT p.id FROM unnest($1::uuid[]) AS k(id) CROSS JOIN LATERAL ("
-    "     SELECT id FROM deliveries"
-    "     WHERE id = k.id AND state = 'pending' AND next_attempt_at <= now() AND attempt < attempts_max"
+    "   SELECT p.account_id, p.id FROM unnest($1::uuid[], $3::uuid[]) AS k(account_id, id) CROSS JOIN LATERAL ("
+    "     SELECT account_id, id FROM deliveries"
+    "     WHERE account_id = k.account_id AND id = k.id AND " + _DUE_FILTER +
     "     OFFSET 0 FOR UPDATE SKIP LOCKED) p)"
 )
+# A job of the previous version carries bare delivery ids: claimed by id alone, as that version did.
+# Such a statement reaches every shard; it lasts only while those jobs drain (or the sweep finds them).
+_DUE_BARE_IDS = (
+    "WITH due AS ("
+    "   SELECT p.account_id, p.id FROM unnest($1::uuid[]) AS k(id) CROSS JOIN LATERAL ("
+    "     SELECT account_id, id FROM deliveries"
+    "     WHERE id = k.id AND " + _DUE_FILTER +
+    "     OFFSET 0 FOR UPDATE SKIP LOCKED) p)"
+)
+# The rows `due` locked, each by its whole key: one probe of the primary key per row.
 _TAKE_DUE = (
     " UPDATE deliveries d SET state = 'sending', attempt = d.attempt + 1,"
     "   leased_until = now() + $2 * interval '1 millisecond'"
-    " WHERE d.id = ANY(ARRAY(SELECT id FROM due))"
+    " FROM due WHERE d.account_id = due.account_id AND d.id = due.id"
     " RETURNING d.id, d.account_id, d.message_id, d.endpoint_id, d.attempt, d.attempts_max, d.webhook_id"
 )
-_CLAIM_DUE = _DUE + _TAKE_DUE
-_CLAIM_IDS = _DUE_IDS + _TAKE_DUE
 # What the pre-send check and the sender need, joined to a delivery `d` (delivery.engine.presend reads
 # these columns by name). Here, so that a claim can return them in the same round trip. The
 # delivery's own webhook_id (a replay's: NULL for every other delivery) comes with `d` itself.
@@ -78,20 +106,40 @@ SEND_COLUMNS = (
     # only for such an endpoint (coalesce stops at the first non-null) and is one primary-key probe;
     # the claim's joins and their plan stay as they were.
     " coalesce(e.rate_limit_per_second,"
-    "   (SELECT ap.rate_limit_per_second FROM applications ap WHERE ap.id = e.application_id)) AS rate_limit_per_second"
+    "   (SELECT ap.rate_limit_per_second FROM applications ap"
+    "    WHERE ap.account_id = e.account_id AND ap.id = e.application_id)) AS rate_limit_per_second"
 )
+# Each row joined within its delivery's account: on a distributed engine, rows of one shard.
 SEND_JOINS = (
-    " JOIN accounts a ON a.id = d.account_id JOIN endpoints e ON e.id = d.endpoint_id"
-    " JOIN messages m ON m.id = d.message_id"
+    " JOIN accounts a ON a.id = d.account_id"
+    " JOIN endpoints e ON e.account_id = d.account_id AND e.id = d.endpoint_id"
+    " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id"
 )
-# The claim and the pre-send load in one statement: the joins read the rows as of the claim.
-_CLAIM_DUE_FOR_SEND = _DUE + ", claimed AS (" + _TAKE_DUE + ") SELECT d.*, " + SEND_COLUMNS + " FROM claimed d" + SEND_JOINS
-_CLAIM_IDS_FOR_SEND = _DUE_IDS + ", claimed AS (" + _TAKE_DUE + ") SELECT d.*, " + SEND_COLUMNS + " FROM claimed d" + SEND_JOINS
+
+
+def _for_send(due: str) -> str:
+    """The claim and the pre-send load in one statement: the joins read the rows as of the claim."""
+    return due + ", claimed AS (" + _TAKE_DUE + ") SELECT d.*, " + SEND_COLUMNS + " FROM claimed d" + SEND_JOINS
+
+
+_CLAIM_DUE = _DUE + _TAKE_DUE
+_CLAIM_KEYS = _DUE_KEYS + _TAKE_DUE
+_CLAIM_BARE_IDS = _DUE_BARE_IDS + _TAKE_DUE
+_CLAIM_DUE_FOR_SEND = _for_send(_DUE)
+_CLAIM_KEYS_FOR_SEND = _for_send(_DUE_KEYS)
+_CLAIM_BARE_IDS_FOR_SEND = _for_send(_DUE_BARE_IDS)
+# The sweep with more than one shard: the due deliveries of every account, read without a lock (a
+# read across shards is fine on a distributed engine; a lock across them is one statement that no
+# shard can run alone), then claimed shard by shard with _CLAIM_KEYS, which checks each again.
+_FIND_DUE = (
+    "SELECT account_id, id FROM deliveries WHERE " + _DUE_FILTER + " ORDER BY next_attempt_at LIMIT $1"
+)
 # Only deliveries whose charge is right: settle would refuse the others (LedgerMismatch), and a
 # batch full of them must not hide healthy ones from every sweep. The audit reports them.
 _EXHAUSTED = (
     "SELECT d.id, d.attempt, d.account_id,"
-    "   (SELECT m.trace_context FROM messages m WHERE m.id = d.message_id) AS trace_context FROM deliveries d"
+    "   (SELECT m.trace_context FROM messages m WHERE m.account_id = d.account_id AND m.id = d.message_id)"
+    "   AS trace_context FROM deliveries d"
     " JOIN ledger_entries c ON c.id = 'charge:' || d.id AND c.account_id = d.account_id AND c.amount = -d.price"
     " WHERE d.state = 'pending' AND d.attempt >= d.attempts_max AND d.next_attempt_at <= now()"
     " ORDER BY d.next_attempt_at LIMIT $1"
@@ -105,42 +153,77 @@ def _check(batch_size: int, lease_ms: int) -> None:
         raise ValueError(f"lease_ms must be {LEASE_MS_MIN}..{LEASE_MS_MAX}")
 
 
-async def claim_due(executor: Executor, *, batch_size: int, lease_ms: int) -> list[Claimed]:
+def by_shard(keys: Iterable[DeliveryKey], shards: int) -> list[list[DeliveryKey]]:
+    """The keys grouped by the shard that holds their account (billing.shards.partition_of), in
+    shard order; one group of them all when there is one shard."""
+    keys = list(keys)
+    if shards == 1:
+        return [keys] if keys else []
+    groups: dict[int, list[DeliveryKey]] = {}
+    for key in keys:
+        groups.setdefault(partition_of(key.account_id, shards), []).append(key)
+    return [groups[shard] for shard in sorted(groups)]
+
+
+async def claim_due(executor: Executor, *, batch_size: int, lease_ms: int, shards: int = 1) -> list[Claimed]:
     """Claim up to batch_size due deliveries, oldest due first."""
-    return [claimed for claimed, _ in await _claim(executor, _CLAIM_DUE, batch_size, lease_ms)]
+    return [claimed for claimed, _ in await _claim_due(executor, False, batch_size, lease_ms, shards)]
 
 
-async def claim_ids(executor: Executor, delivery_ids: list[uuid.UUID], *, lease_ms: int) -> list[Claimed]:
-    """Claim these deliveries if they are due and nobody holds them (the fast path after a create)."""
-    return [claimed for claimed, _ in await _claim_ids(executor, _CLAIM_IDS, delivery_ids, lease_ms)]
-
-
-async def claim_due_for_send(executor: Executor, *, batch_size: int, lease_ms: int) -> list[tuple[Claimed, asyncpg.Record]]:
+async def claim_due_for_send(
+    executor: Executor, *, batch_size: int, lease_ms: int, shards: int = 1
+) -> list[tuple[Claimed, asyncpg.Record]]:
     """claim_due, each claimed delivery with its SEND_COLUMNS row (for delivery.engine.presend)."""
-    return await _claim(executor, _CLAIM_DUE_FOR_SEND, batch_size, lease_ms)
+    return await _claim_due(executor, True, batch_size, lease_ms, shards)
+
+
+async def claim_ids(executor: Executor, keys: Sequence[DeliveryKey], *, lease_ms: int, shards: int = 1) -> list[Claimed]:
+    """Claim these deliveries (account, id) if they are due and nobody holds them (the fast path
+    after a create): one statement per shard of their accounts."""
+    return [claimed for claimed, _ in await _claim_keys(executor, _CLAIM_KEYS, keys, lease_ms, shards)]
 
 
 async def claim_ids_for_send(
-    executor: Executor, delivery_ids: list[uuid.UUID], *, lease_ms: int
+    executor: Executor, keys: Sequence[DeliveryKey], *, lease_ms: int, shards: int = 1
 ) -> list[tuple[Claimed, asyncpg.Record]]:
     """claim_ids, each claimed delivery with its SEND_COLUMNS row (for delivery.engine.presend)."""
-    return await _claim_ids(executor, _CLAIM_IDS_FOR_SEND, delivery_ids, lease_ms)
+    return await _claim_keys(executor, _CLAIM_KEYS_FOR_SEND, keys, lease_ms, shards)
 
 
-async def _claim(executor: Executor, statement: str, batch_size: int, lease_ms: int) -> list[tuple[Claimed, asyncpg.Record]]:
-    _check(batch_size, lease_ms)
-    return [(_claimed(row), row) for row in await _fetch_alone(executor, statement, batch_size, lease_ms)]
-
-
-async def _claim_ids(
-    executor: Executor, statement: str, delivery_ids: list[uuid.UUID], lease_ms: int
+async def claim_bare_ids_for_send(
+    executor: Executor, delivery_ids: Sequence[uuid.UUID], *, lease_ms: int
 ) -> list[tuple[Claimed, asyncpg.Record]]:
+    """claim_ids_for_send for a job of the previous version, which carries delivery ids without
+    their accounts: one statement by id alone, as that version claimed them."""
     _check(max(1, len(delivery_ids)), lease_ms)
     if not delivery_ids:
         return []
-    return [(_claimed(row), row) for row in await _fetch_alone(executor, statement, delivery_ids, lease_ms)]
+    rows = await _fetch_alone(executor, _CLAIM_BARE_IDS_FOR_SEND, list(delivery_ids), lease_ms)
+    return [(_claimed(row), row) for row in rows]
 
 
+async def _claim_due(
+    executor: Executor, for_send: bool, batch_size: int, lease_ms: int, shards: int
+) -> list[tuple[Claimed, asyncpg.Record]]:
+    _check(batch_size, lease_ms)
+    if shards == 1:  # one statement, locking as it reads
+        statement = _CLAIM_DUE_FOR_SEND if for_send else _CLAIM_DUE
+        return [(_claimed(row), row) for row in await _fetch_alone(executor, statement, batch_size, lease_ms)]
+    found = [DeliveryKey(row[0], row[1]) for row in await executor.fetch(_FIND_DUE, batch_size)]
+    return await _claim_keys(executor, _CLAIM_KEYS_FOR_SEND if for_send else _CLAIM_KEYS, found, lease_ms, shards)
+
+
+async def _claim_keys(
+    executor: Executor, statement: str, keys: Sequence[DeliveryKey], lease_ms: int, shards: int
+) -> list[tuple[Claimed, asyncpg.Record]]:
+    _check(max(1, len(keys)), lease_ms)
+    claimed: list[tuple[Claimed, asyncpg.Record]] = []
+    for group in by_shard(keys, shards):  # each statement names the accounts of one shard
+        account_ids = [key.account_id for key in group]
+        delivery_ids = [key.id for key in group]
+        rows = await _fetch_alone(executor, statement, account_ids, lease_ms, delivery_ids)
+        claimed.extend((_claimed(row), row) for row in rows)
+    return claimed
 async def _fetch_alone(executor: Executor, statement: str, *args: object) -> list[asyncpg.Record]:
     """Run one statement as its own transaction: in autocommit it is one already, so no BEGIN and
     COMMIT around it (two round trips fewer per claim; a lost answer is the same either way: the
@@ -165,6 +248,8 @@ async def settle_exhausted(pool: asyncpg.Pool, *, batch_size: int) -> int:
             with tracing.message_span("delivery.settle", row["trace_context"], delivery_id=row["id"],
                                       account_id=row["account_id"], attempt=row["attempt"],
                                       dead_reason=DeadReason.ATTEMPTS_EXHAUSTED.value) as span:
+                # The account is at hand (row["account_id"]): settle should take it, to name it in
+                # its statements (helper `stmts` changes settle's signature; pass it once merged).
                 result = await settle(pool, row["id"], DeadReason.ATTEMPTS_EXHAUSTED, attempt=row["attempt"])
                 tracing.set_outcome(span, result.outcome)
         except LedgerMismatch:

@@ -22,11 +22,13 @@ import random
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 import asyncpg
 
+from billing import shards
 from delivery import metrics, tracing
 from delivery.engine import claims
 from delivery.store import idempotent_responses
@@ -73,6 +75,9 @@ class EngineSettings:
     sweep_batches_max: int = 50  # a sweep stops after this many batches; the next sweep goes on
     sweep_lanes: int = 4  # batches a sweep keeps in flight at once (claim, send, record each)
     retry: retry.RetrySettings = retry.RetrySettings()
+    # HOOKLEDGER_ACCOUNT_SHARDS: above 1, each claim statement names the accounts of one shard
+    # (delivery.engine.claims); set it to the partition count or the Citus shard count.
+    account_shards: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_size <= claims.CLAIM_BATCH_MAX:
@@ -81,6 +86,8 @@ class EngineSettings:
             raise ValueError("sweep_lanes must be 1..64")
         if not claims.LEASE_MS_MIN <= self.lease_ms <= claims.LEASE_MS_MAX:
             raise ValueError(f"lease_ms must be {claims.LEASE_MS_MIN}..{claims.LEASE_MS_MAX}")
+        if not 1 <= self.account_shards <= shards.PARTITIONS_MAX:
+            raise ValueError(f"account_shards must be 1..{shards.PARTITIONS_MAX}")
 
 
 @dataclass
@@ -112,6 +119,7 @@ class Engine:
         self.recorder = Recorder(pool, self._after_write,
                                  record=tracing.traced_record(record_results) if tracing.ENABLED else record_results)
         self.accepting = True  # cleared on shutdown: claim nothing new
+        self._sweep_claim_lock = asyncio.Lock()
         # Rate limits and pauses per endpoint, shared by the workers through Redis (delivery.engine.throttle);
         # a pause lasts at most the longest retry delay.
         sender.backpressure.pause_seconds_max = min(max(settings.retry.schedule.delays_seconds),
@@ -130,14 +138,20 @@ class Engine:
         await self.throttle.close()
         await self.recorder.close()
 
-    async def deliver_ids(self, delivery_ids: list[uuid.UUID]) -> BatchReport:
-        """The fast path after a create: claim exactly these deliveries if they are due."""
+    async def deliver_ids(self, keys: list[claims.DeliveryKey], bare_ids: Sequence[uuid.UUID] = ()) -> BatchReport:
+        """The fast path after a create: claim exactly these deliveries (account, id) if they are
+        due; and those a job of the previous version names by id alone (`bare_ids`)."""
         if not self.accepting:
             return BatchReport()
-        return await self._claim_and_process(
-            len(delivery_ids),
-            lambda: claims.claim_ids_for_send(self.pool, delivery_ids, lease_ms=self.settings.lease_ms),
-        )
+        return await self._claim_and_process(len(keys) + len(bare_ids), functools.partial(self._claim_ids, keys, bare_ids))
+
+    async def _claim_ids(self, keys: list[claims.DeliveryKey],
+                         bare_ids: Sequence[uuid.UUID]) -> list[tuple[claims.Claimed, asyncpg.Record]]:
+        loaded = await claims.claim_ids_for_send(self.pool, keys, lease_ms=self.settings.lease_ms,
+                                                 shards=self.settings.account_shards) if keys else []
+        if bare_ids:
+            loaded += await claims.claim_bare_ids_for_send(self.pool, bare_ids, lease_ms=self.settings.lease_ms)
+        return loaded
 
     async def _claim_and_process(self, count: int, claim) -> BatchReport:
         """Reserve room for `count` sends, claim (at most that many), then check, send and record them.
@@ -179,9 +193,7 @@ class Engine:
             processed = 0
             while self.accepting and batches_left[0] > 0:
                 batches_left[0] -= 1
-                claimed = (await self._claim_and_process(self.settings.batch_size, lambda: claims.claim_due_for_send(
-                    self.pool, batch_size=self.settings.batch_size, lease_ms=self.settings.lease_ms
-                ))).claimed
+                claimed = (await self._claim_and_process(self.settings.batch_size, self._claim_due)).claimed
                 if not claimed:
                     break
                 processed += claimed
@@ -189,6 +201,17 @@ class Engine:
 
         # Several lanes, so one batch's slowest send does not hold up the next batch's claim.
         return sum(await asyncio.gather(*(lane() for _ in range(self.settings.sweep_lanes))))
+
+    async def _claim_due(self) -> list[tuple[claims.Claimed, asyncpg.Record]]:
+        if self.settings.account_shards == 1:  # one statement that locks as it reads: lanes never overlap
+            return await claims.claim_due_for_send(self.pool, batch_size=self.settings.batch_size,
+                                                   lease_ms=self.settings.lease_ms)
+        # Per shard, the due deliveries are read without a lock, then claimed: two lanes reading at
+        # once would read the same ones and one of them would claim none (and stop), so this
+        # worker's lanes take turns to read and claim (the sends still overlap).
+        async with self._sweep_claim_lock:
+            return await claims.claim_due_for_send(self.pool, batch_size=self.settings.batch_size,
+                                                   lease_ms=self.settings.lease_ms, shards=self.settings.account_shards)
 
     async def process_loaded(self, loaded: list[tuple[claims.Claimed, asyncpg.Record]], claimed_at: float) -> BatchReport:
         """Check, send and record deliveries claimed (at time.monotonic() `claimed_at`, or just
@@ -303,13 +326,14 @@ class Engine:
         if self.queue is None or not (retrying or released) or not self.queue_reachable:
             return  # without Redis, the sweep finds each of them when it is due
         # Group by whole seconds so one job wakes many deliveries due together.
-        by_delay: dict[int, list[uuid.UUID]] = defaultdict(list)
+        by_delay: dict[int, list[tuple[uuid.UUID, uuid.UUID]]] = defaultdict(list)
         released_now = set(released)
         for result in results:
             if result.delivery_id in retrying:
-                by_delay[int(result.retry_delay_seconds + 0.999)].append(result.delivery_id)
+                by_delay[int(result.retry_delay_seconds + 0.999)].append((result.account_id, result.delivery_id))
             elif result.delivery_id in released_now:  # held back ones when they are due again
-                by_delay[max(RELEASED_WAKE_SECONDS, int(result.retry_delay_seconds + 0.999))].append(result.delivery_id)
+                by_delay[max(RELEASED_WAKE_SECONDS, int(result.retry_delay_seconds + 0.999))].append(
+                    (result.account_id, result.delivery_id))
         try:
             for delay, ids in by_delay.items():
                 if ids:

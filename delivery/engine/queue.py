@@ -3,7 +3,9 @@
 Redis holds nothing that cannot be rebuilt from PostgreSQL: a job is only a hint that some
 deliveries are due. If every job is lost, the sweeper (a cron in the worker) finds the due
 deliveries in PostgreSQL within one sweep interval. Jobs carry ids, never rows, and are
-serialized as JSON, never pickle.
+serialized as JSON, never pickle: a `deliver` job carries `[account_id, delivery_id]` pairs, the
+delivery's whole key, so that its claim names each delivery's account (delivery.engine.claims). A
+job of the previous version carries bare delivery id strings; workers still claim those by id.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from arq.utils import timestamp_ms
 from redis.exceptions import (ConnectionError as RedisConnectionError, ReadOnlyError, TimeoutError as RedisTimeoutError,
                               WatchError)
 
+from billing.ids import parse_id
+from delivery.engine.claims import DeliveryKey
 from delivery.errors import ServerUnreachableError, server_address
 
 QUEUE_NAME = "hookledger:deliveries"
@@ -93,15 +97,17 @@ class Queue:
     def __init__(self, redis: ArqRedis) -> None:
         self.redis = redis
 
-    async def wake(self, delivery_ids: Iterable[uuid.UUID]) -> None:
-        """Ask a worker to claim these deliveries now (after their create committed)."""
-        await self._enqueue(delivery_ids, None)
+    async def wake(self, keys: Iterable[tuple[uuid.UUID, uuid.UUID]]) -> None:
+        """Ask a worker to claim these deliveries, (account_id, delivery_id) each, now (after their
+        create committed)."""
+        await self._enqueue(keys, None)
 
-    async def defer_by(self, delivery_ids: Iterable[uuid.UUID], delay: timedelta) -> None:
-        """Ask a worker to claim these deliveries after `delay` (their next attempt)."""
-        await self._enqueue(delivery_ids, delay)
+    async def defer_by(self, keys: Iterable[tuple[uuid.UUID, uuid.UUID]], delay: timedelta) -> None:
+        """Ask a worker to claim these deliveries, (account_id, delivery_id) each, after `delay`
+        (their next attempt)."""
+        await self._enqueue(keys, delay)
 
-    async def _enqueue(self, delivery_ids: Iterable[uuid.UUID], delay: timedelta | None) -> None:
+    async def _enqueue(self, keys: Iterable[tuple[uuid.UUID, uuid.UUID]], delay: timedelta | None) -> None:
         """Write the jobs as arq's enqueue_job does (job key, then its score in the queue), all in one
         MULTI/EXEC round trip.
 
@@ -110,7 +116,7 @@ class Queue:
         seen recently, arq #137, #432), so that check could never fire; on the ingest path it was
         most of the cost of a wake-up.
         """
-        ids = [str(delivery_id) for delivery_id in delivery_ids]
+        ids = [[str(account_id), str(delivery_id)] for account_id, delivery_id in keys]
         if not ids:
             return
         now_ms = timestamp_ms()
@@ -126,6 +132,23 @@ class Queue:
             if delay is None:
                 pipe.publish(WAKE_CHANNEL, b"")
             await pipe.execute()
+
+
+def parse_deliver_job(entries: list) -> tuple[list[DeliveryKey], list[uuid.UUID]]:
+    """A `deliver` job's argument: its (account, delivery) keys, and the bare delivery ids of a job
+    from the previous version (a list of id strings), at most IDS_PER_JOB_MAX in all. Raises
+    ValueError on anything else."""
+    keys: list[DeliveryKey] = []
+    bare: list[uuid.UUID] = []
+    for entry in entries[:IDS_PER_JOB_MAX]:
+        if isinstance(entry, str):
+            bare.append(parse_id(entry))
+        elif isinstance(entry, list) and len(entry) == 2:
+            account_id, delivery_id = entry
+            keys.append(DeliveryKey(parse_id(account_id), parse_id(delivery_id)))
+        else:
+            raise ValueError(f"not a delivery of a deliver job: {entry!r}")
+    return keys, bare
 
 
 def is_operator_job(job_id: str) -> bool:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import platformdirs
 
+from billing import shards
 from delivery import event_loop, gc_tuning
 from delivery.api import group_commit
 from delivery.engine.pipeline import EngineSettings
@@ -120,6 +121,9 @@ class ApiSettings:
     secret_rotation_overlap_seconds: int = 86_400
     log_level: str = "info"
     gc_gen0_threshold: int = 50_000  # delivery.gc_tuning, in `hookledger api`; 0 keeps Python's settings
+    # HOOKLEDGER_ACCOUNT_SHARDS, read for the worker's engine too: above 1, a group-commit
+    # transaction carries the accounts of one shard only (delivery.api.group_commit).
+    account_shards: int = 1
 
 
 @dataclass(frozen=True)
@@ -211,6 +215,7 @@ def _worker(environ: Mapping[str, str]) -> WorkerSettings:
         lease_ms=_integer(environ, "HOOKLEDGER_LEASE_MS", EngineSettings.lease_ms, 1000, 3_600_000),
         sweep_lanes=_integer(environ, "HOOKLEDGER_SWEEP_LANES", EngineSettings.sweep_lanes, 1, 64),
         retry=RetrySettings(schedule=_schedule(environ)),
+        account_shards=_account_shards(environ),
     )
     return WorkerSettings(
         jobs_max=_integer(environ, "HOOKLEDGER_WORKER_JOBS", WorkerSettings.jobs_max, 1, 1000),
@@ -228,6 +233,13 @@ def _worker(environ: Mapping[str, str]) -> WorkerSettings:
         engine=engine,
         sender=sender,
     )
+
+
+def _account_shards(environ: Mapping[str, str]) -> int:
+    """HOOKLEDGER_ACCOUNT_SHARDS: how many shards the account-scoped tables are split into (the
+    partition count, or the Citus shard count); the API's group commit and the worker's claims then
+    write one shard's accounts per statement. 1: one server, one statement as ever."""
+    return _integer(environ, "HOOKLEDGER_ACCOUNT_SHARDS", 1, 1, shards.PARTITIONS_MAX)
 
 
 def _gc_threshold(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -267,4 +279,5 @@ def _api(environ: Mapping[str, str]) -> ApiSettings:
                                                  ApiSettings.secret_rotation_overlap_seconds, 0, 604_800),
         log_level=log_level,
         gc_gen0_threshold=_gc_threshold(environ, "HOOKLEDGER_API_GC_GEN0", ApiSettings.gc_gen0_threshold),
+        account_shards=_account_shards(environ),
     )

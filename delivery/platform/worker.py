@@ -32,7 +32,6 @@ from arq.utils import timestamp_ms
 from redis.exceptions import ResponseError, WatchError
 
 from billing.audit import audit
-from billing.ids import parse_id
 from delivery import event_loop, gc_tuning, metrics, tracing
 from delivery.operations import deletion, retention
 from delivery.operations.operational_sender import OperationalSender
@@ -68,11 +67,12 @@ EXISTS_CHUNK = 64  # in-progress keys asked about per round trip while looking f
 SHUTDOWN_OVERRUN_SECONDS = 15
 
 
-async def deliver(ctx: dict, delivery_ids: list[str]) -> int:
-    """Claim and send these deliveries if they are due. Returns how many were claimed."""
-    ids = [parse_id(value) for value in delivery_ids[: job_queue.IDS_PER_JOB_MAX]]
+async def deliver(ctx: dict, delivery_ids: list) -> int:
+    """Claim and send these deliveries ([account_id, delivery_id] pairs, or bare ids from a job of
+    the previous version) if they are due. Returns how many were claimed."""
+    keys, bare_ids = job_queue.parse_deliver_job(delivery_ids)
     try:
-        report = await ctx["engine"].deliver_ids(ids)
+        report = await ctx["engine"].deliver_ids(keys, bare_ids)
     except Exception as error:
         if not database_lost(error):
             raise

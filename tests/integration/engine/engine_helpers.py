@@ -14,7 +14,7 @@ from aiohttp import web
 
 from billing import accounts, ids
 from delivery.platform import config
-from delivery.engine import queue as job_queue
+from delivery.engine import claims, queue as job_queue
 from delivery.store.signer_cache import endpoint_secret_context
 from delivery.platform.worker import build_worker
 from signing import encrypt_secret, generate_at_rest_key, generate_secret, Keyring, format_keyring, verify
@@ -190,6 +190,13 @@ async def states(pool, delivery_ids) -> dict:
 async def all_finished(pool, delivery_ids) -> bool:
     found = await states(pool, delivery_ids)
     return len(found) == len(list(delivery_ids)) and all(r["state"] in ("delivered", "dead") for r in found.values())
+
+
+async def keys_of(pool, delivery_ids) -> list:
+    """The deliveries' keys (account_id, id), as queue jobs and claims take them, in the order given."""
+    rows = await pool.fetch("SELECT account_id, id FROM deliveries WHERE id = ANY($1::uuid[])", list(delivery_ids))
+    account_of = {row["id"]: row["account_id"] for row in rows}
+    return [claims.DeliveryKey(account_of[delivery_id], delivery_id) for delivery_id in delivery_ids]
 
 
 async def ledger_of(pool, delivery_id) -> dict[str, int]:

@@ -20,7 +20,7 @@ from delivery.engine import claims
 LEASE_MS = 60_000
 
 
-async def _deliveries(pool, messages_count: int) -> list[uuid.UUID]:
+async def _deliveries(pool, messages_count: int) -> list[claims.DeliveryKey]:
     account = await accounts.create_account(pool, "claims", price_per_delivery=1)
     await accounts.top_up(pool, account.id, f"o-{account.id}", 10_000)
     for _ in range(2):
@@ -28,12 +28,13 @@ async def _deliveries(pool, messages_count: int) -> list[uuid.UUID]:
                            uuid.uuid4(), account.id)
     created = await create_messages(pool, [MessageRequest(account.id, "t", b"{}") for _ in range(messages_count)],
                                     attempts_max=3)
-    return [delivery.id for message in created for delivery in message.deliveries]
+    return [claims.DeliveryKey(account.id, delivery.id) for message in created for delivery in message.deliveries]
 
 
 @pytest.mark.parametrize("round_number", range(10))
 async def test_racing_claims_take_each_delivery_once(pool, round_number):
-    delivery_ids = await _deliveries(pool, 60)  # 120 deliveries
+    keys = await _deliveries(pool, 60)  # 120 deliveries
+    delivery_ids = [key.id for key in keys]
     rng = random.Random(round_number)
     start = asyncio.Event()
 
@@ -41,7 +42,7 @@ async def test_racing_claims_take_each_delivery_once(pool, round_number):
         await start.wait()
         taken = []
         for _ in range(4):
-            loaded = await claims.claim_ids_for_send(pool, rng.sample(delivery_ids, 30), lease_ms=LEASE_MS)
+            loaded = await claims.claim_ids_for_send(pool, rng.sample(keys, 30), lease_ms=LEASE_MS)
             taken += [claimed for claimed, _ in loaded]
             await asyncio.sleep(0)
         return taken
@@ -70,17 +71,18 @@ async def test_racing_claims_take_each_delivery_once(pool, round_number):
 
 
 async def test_a_claim_in_a_callers_transaction_goes_with_its_rollback(pool):
-    delivery_ids = await _deliveries(pool, 3)
+    keys = await _deliveries(pool, 3)
+    delivery_ids = [key.id for key in keys]
     async with pool.acquire() as connection:
         transaction = connection.transaction()
         await transaction.start()
-        taken = await claims.claim_ids(connection, delivery_ids, lease_ms=LEASE_MS)
+        taken = await claims.claim_ids(connection, keys, lease_ms=LEASE_MS)
         assert {claimed.id for claimed in taken} == set(delivery_ids)
         assert connection.is_in_transaction()
         await transaction.rollback()
     states = await pool.fetch("SELECT state, attempt FROM deliveries WHERE id = ANY($1)", delivery_ids)
     assert [(row["state"], row["attempt"]) for row in states] == [("pending", 0)] * len(delivery_ids)
-    again = await claims.claim_ids(pool, delivery_ids, lease_ms=LEASE_MS)  # on a pool: commits on its own
+    again = await claims.claim_ids(pool, keys, lease_ms=LEASE_MS)  # on a pool: commits on its own
     assert {claimed.id for claimed in again} == set(delivery_ids)
     assert await pool.fetchval("SELECT count(*) FROM deliveries WHERE id = ANY($1) AND state = 'sending'",
                                delivery_ids) == len(delivery_ids)

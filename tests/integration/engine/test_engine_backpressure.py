@@ -17,7 +17,7 @@ from billing.messages import MessageRequest, create_messages
 from delivery.engine import pipeline as engine_module
 from delivery.engine.sender import Sender, SenderSettings
 from delivery.store.signer_cache import SignerCache
-from engine_helpers import add_account, add_endpoint, states
+from engine_helpers import add_account, add_endpoint, states, keys_of
 
 CAPACITY = 500  # the sender's sends_pending_max: the least the engine accepts (one deliver job)
 ENDPOINTS = 8
@@ -53,7 +53,8 @@ async def test_batches_past_the_senders_bound_wait_their_turn_and_each_delivery_
 
     watcher = asyncio.create_task(watch())
     try:
-        reports = await asyncio.gather(*(engine.deliver_ids(batch) for batch in batches))
+        keyed = [await keys_of(pool, batch) for batch in batches]
+        reports = await asyncio.gather(*(engine.deliver_ids(keys) for keys in keyed))
     finally:
         watcher.cancel()
         await sender.close()

@@ -25,7 +25,7 @@ from delivery.engine.results import AttemptResult, expire_leases, record_results
 from delivery.engine.retry import RetrySchedule, RetrySettings
 from delivery.engine.sender import Sender, SenderSettings
 from delivery.store.signer_cache import SignerCache
-from engine_helpers import add_account, add_endpoint, ledger_of, states
+from engine_helpers import add_account, add_endpoint, ledger_of, states, keys_of
 
 DELIVERIES = 12
 LEASE_MS = 3000  # sends end 1 s before it; each send may take its whole 1 s timeout
@@ -52,7 +52,7 @@ async def test_sends_that_cannot_end_within_the_lease_are_given_back_and_sent_on
         batches = []
         while len(batches) < 2 * DELIVERIES:
             started = time.monotonic()
-            report = await engine.deliver_ids(delivery_ids)
+            report = await engine.deliver_ids(await keys_of(pool, delivery_ids))
             batches.append((time.monotonic() - started, report))
             if not report.summary.released:
                 break
@@ -83,10 +83,10 @@ async def test_a_released_claim_is_fenced_once_another_worker_claimed_it(pool, r
     await add_endpoint(pool, account_id, receiver, keyring)
     created = await create_message(pool, MessageRequest(account_id, "e", b"{}"), attempts_max=3)
     delivery_id = created.deliveries[0].id
-    (first,) = await claims.claim_ids(pool, [delivery_id], lease_ms=60_000)
+    (first,) = await claims.claim_ids(pool, await keys_of(pool, [delivery_id]), lease_ms=60_000)
     await pool.execute("UPDATE deliveries SET leased_until = now() - interval '1 second' WHERE id = $1", delivery_id)
     await expire_leases(pool, batch_size=10, delay_seconds=lambda attempt: 0.0)
-    (second,) = await claims.claim_ids(pool, [delivery_id], lease_ms=60_000)
+    (second,) = await claims.claim_ids(pool, await keys_of(pool, [delivery_id]), lease_ms=60_000)
     assert (first.attempt, second.attempt) == (1, 2)
     summary = await record_results(pool, [AttemptResult(delivery_id, first.attempt, account_id, False, 0, released=True)])
     assert summary.released == []
@@ -117,7 +117,7 @@ async def test_a_batch_cancelled_at_shutdown_records_the_sends_that_ended(pool, 
     sender_settings = SenderSettings(allow_loopback=True, timeout_ms_default=10_000, timeout_ms_max=10_000)
     async with Sender(sender_settings) as sender:
         engine = Engine(pool, sender, None, SignerCache(keyring), EngineSettings(lease_ms=20_000), random.Random(1))
-        job = asyncio.create_task(engine.deliver_ids(list(by_endpoint.values())))
+        job = asyncio.create_task(engine.deliver_ids(await keys_of(pool, list(by_endpoint.values()))))
         while not (fast.received and slow.received):
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.2)

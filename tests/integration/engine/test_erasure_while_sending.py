@@ -19,7 +19,7 @@ from billing import accounts
 from billing.audit import audit
 from billing.messages import MessageRequest, create_message
 from delivery.operations import retention
-from engine_helpers import add_account, add_endpoint, running_worker
+from engine_helpers import add_account, add_endpoint, running_worker, keys_of
 
 MESSAGES = 60
 CREATE_BATCHES = 4  # messages are created in this many waves, the later ones while erasure runs
@@ -61,7 +61,7 @@ async def test_erasure_racing_sends_never_sends_an_erased_body(pool, settings, k
                                            attempts_max=settings.ledger.attempts_max)
             message_ids.append(created.message_id)
             payloads.update({str(d.id): body for d in created.deliveries})
-            await arq_queue.wake([d.id for d in created.deliveries])
+            await arq_queue.wake(await keys_of(pool, [d.id for d in created.deliveries]))
 
     async def creator() -> None:
         try:

@@ -37,7 +37,7 @@ from billing.database import create_pool
 from billing.messages import MessageRequest, create_message
 from delivery.engine import claims
 from delivery.engine.results import LEASE_EXPIRED_ERROR, AttemptResult, expire_leases, record_results
-from engine_helpers import PRICE, add_account, add_endpoint, ledger_of
+from engine_helpers import PRICE, add_account, add_endpoint, ledger_of, keys_of
 
 ROUNDS = 40
 LEASE_MS = 60_000
@@ -133,11 +133,11 @@ async def _leased_past_its_end(pool, account_id) -> uuid.UUID:
     """A delivery `sending` on attempt K (attempt 1 sent and failed) whose lease has expired."""
     created = await create_message(pool, MessageRequest(account_id, "e", b"{}"), attempts_max=ATTEMPTS_MAX)
     delivery_id = created.deliveries[0].id
-    (first,) = await claims.claim_ids(pool, [delivery_id], lease_ms=LEASE_MS)
+    (first,) = await claims.claim_ids(pool, await keys_of(pool, [delivery_id]), lease_ms=LEASE_MS)
     failed = await record_results(pool, [AttemptResult(delivery_id, first.attempt, account_id, False, 12, 500,
                                                        "HTTP 500", retry_delay_seconds=0.0)])
     assert failed.retrying == [delivery_id]
-    (second,) = await claims.claim_ids(pool, [delivery_id], lease_ms=LEASE_MS)
+    (second,) = await claims.claim_ids(pool, await keys_of(pool, [delivery_id]), lease_ms=LEASE_MS)
     assert second.attempt == K
     await pool.execute("UPDATE deliveries SET leased_until = now() - interval '1 second' WHERE id = $1", delivery_id)
     return delivery_id
@@ -161,7 +161,7 @@ async def _sweep(pool) -> list[uuid.UUID]:
 
 
 async def _claim(pool, delivery_id) -> claims.Claimed | None:
-    loaded = await claims.claim_ids_for_send(pool, [delivery_id], lease_ms=LEASE_MS)
+    loaded = await claims.claim_ids_for_send(pool, await keys_of(pool, [delivery_id]), lease_ms=LEASE_MS)
     return loaded[0][0] if loaded else None
 
 

@@ -23,7 +23,7 @@ from delivery.engine.retry import RetrySchedule, RetrySettings
 from delivery.engine.sender import Sender, SenderSettings
 from delivery.store.signer_cache import SignerCache
 from database_switch import DatabaseSwitch
-from engine_helpers import PRICE, add_account, add_endpoint, ledger_of, states, wait_for
+from engine_helpers import PRICE, add_account, add_endpoint, ledger_of, states, wait_for, keys_of
 
 ROUNDS = 12
 MESSAGES = 30
@@ -64,7 +64,7 @@ async def test_no_2xx_is_lost_when_the_database_goes_away_while_results_are_reco
         delivery_ids = await _deliveries(pool, account_id, MESSAGES, attempts_max=1)
         async with Sender(SENDER) as sender:
             engine = _engine(worker_pool, sender, keyring)
-            job = asyncio.create_task(engine.deliver_ids(delivery_ids))
+            job = asyncio.create_task(engine.deliver_ids(await keys_of(pool, delivery_ids)))
             # Off once some results are in and others are still coming.
             await asyncio.sleep(rng.uniform(0.05, 0.35))
             await switch.off()
@@ -107,7 +107,7 @@ async def test_a_fast_failure_beside_a_slow_send_is_timed_from_the_wire(pool, re
     fast_delivery = next(d.id for d in created.deliveries if d.endpoint_id == fast_endpoint)
     async with Sender(SENDER) as sender:
         engine = _engine(pool, sender, keyring, delays=(0, 60, 60))
-        report = await engine.deliver_ids([d.id for d in created.deliveries])
+        report = await engine.deliver_ids(await keys_of(pool, [d.id for d in created.deliveries]))
     assert report.summary.retrying == [fast_delivery] and len(report.summary.delivered) == 1
     row = await pool.fetchrow(
         "SELECT extract(epoch FROM a.started_at)::float8 AS started, extract(epoch FROM a.finished_at)::float8 AS finished,"
@@ -137,7 +137,7 @@ async def test_a_stopping_engine_writes_the_results_it_holds(pool, database_url,
         delivery_ids = await _deliveries(pool, account_id, 10, attempts_max=1)
         async with Sender(SENDER) as sender:
             engine = _engine(worker_pool, sender, keyring, lease_ms=60_000)  # no lease ends in this test
-            job = asyncio.create_task(engine.deliver_ids(delivery_ids))
+            job = asyncio.create_task(engine.deliver_ids(await keys_of(pool, delivery_ids)))
             await wait_for(lambda: asyncio.sleep(0, len(receiver.received) == len(delivery_ids)))
             await switch.off()  # every request is in, no answer yet
             await wait_for(lambda: asyncio.sleep(0, engine.recorder.held == len(delivery_ids)))

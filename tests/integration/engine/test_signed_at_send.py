@@ -13,7 +13,7 @@ import time
 
 from billing.messages import MessageRequest, create_message
 from delivery.platform import config
-from engine_helpers import add_account, add_endpoint, all_finished, fast_environment, running_worker, wait_for
+from engine_helpers import add_account, add_endpoint, all_finished, fast_environment, running_worker, wait_for, keys_of
 
 SENDS = 6
 RECEIVER_SECONDS = 0.5
@@ -37,7 +37,7 @@ async def test_each_send_is_stamped_as_it_leaves(pool, database_url, redis_url, 
                                        attempts_max=settings.ledger.attempts_max)
         ids += [d.id for d in created.deliveries]
     async with running_worker(settings, pool):
-        await arq_queue.wake(ids)  # one job: the sends queue one at a time behind the first
+        await arq_queue.wake(await keys_of(pool, ids))  # one job: the sends queue one at a time behind the first
         await wait_for(lambda: all_finished(pool, ids), timeout_seconds=30)
     assert len(receiver.received) == SENDS and receiver.verified == SENDS
     # One send at a time: each leaves only after the receiver answered the one before, at least

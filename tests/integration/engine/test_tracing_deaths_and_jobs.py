@@ -22,7 +22,7 @@ from delivery.engine import claims
 from delivery.operations import deletion
 from delivery.platform import worker as worker_module
 from delivery.store import endpoints
-from engine_helpers import PRICE, add_account, add_endpoint, all_finished, running_worker, states, wait_for
+from engine_helpers import PRICE, add_account, add_endpoint, all_finished, running_worker, states, wait_for, keys_of
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ async def test_a_delivery_out_of_retries_is_settled_under_its_last_attempt_in_it
                                                             trace_context=traceparent),
                                        attempts_max=settings.ledger.attempts_max)
         (delivery_id,) = [d.id for d in created.deliveries]
-        await arq_queue.wake([delivery_id])
+        await arq_queue.wake(await keys_of(pool, [delivery_id]))
         await wait_for(lambda: all_finished(pool, [delivery_id]))
     assert (await states(pool, [delivery_id]))[delivery_id]["dead_reason"] == "out_of_retries"
     assert await pool.fetchval("SELECT trace_context FROM messages WHERE id = $1", created.message_id) == traceparent

@@ -22,7 +22,7 @@ from delivery.engine.pipeline import Engine, EngineSettings
 from delivery.engine.retry import RetrySchedule, RetrySettings
 from delivery.engine.sender import Sender, SenderSettings
 from delivery.store.signer_cache import SignerCache, endpoint_secret_context
-from engine_helpers import add_account, add_endpoint, ledger_of, states
+from engine_helpers import add_account, add_endpoint, ledger_of, states, keys_of
 from signing import Keyring, encrypt_secret, generate_at_rest_key
 
 
@@ -86,7 +86,7 @@ async def test_any_answer_is_recorded_for_its_delivery_and_the_batch_beside_it(p
     await add_endpoint(pool, odd_account, odd, keyring)
     good_delivery, odd_delivery = await _one_delivery(pool, good_account), await _one_delivery(pool, odd_account)
     async with server, Sender(SenderSettings(allow_loopback=True)) as sender:
-        report = await _engine(pool, sender, keyring).deliver_ids([good_delivery, odd_delivery])
+        report = await _engine(pool, sender, keyring).deliver_ids(await keys_of(pool, [good_delivery, odd_delivery]))
     assert report.sent == 2 and len(good.received) == 1 and len(hits) == 1
     assert set(report.summary.delivered) == ({good_delivery, odd_delivery} if success else {good_delivery})
     assert report.summary.retrying == ([] if success else [odd_delivery])
@@ -120,7 +120,7 @@ async def test_a_secret_that_cannot_be_decrypted_fails_its_delivery_alone(pool, 
     created = await create_message(pool, MessageRequest(account_id, "e", b"{}"), attempts_max=3)
     by_endpoint = {delivery.endpoint_id: delivery.id for delivery in created.deliveries}
     async with Sender(SenderSettings(allow_loopback=True)) as sender:
-        report = await _engine(pool, sender, keyring).deliver_ids(list(by_endpoint.values()))
+        report = await _engine(pool, sender, keyring).deliver_ids(await keys_of(pool, list(by_endpoint.values())))
     assert report.summary.delivered == [by_endpoint[good_endpoint]]
     assert report.summary.retrying == [by_endpoint[stranded_endpoint]]
     assert len(good.received) == 1 and good.verified == 1 and stranded.received == []
@@ -139,7 +139,7 @@ async def test_a_previous_secret_that_cannot_be_decrypted_leaves_the_current_one
                        encrypt_secret("whsec_" + "A" * 32, retired, context=endpoint_secret_context(endpoint_id)))
     delivery_id = await _one_delivery(pool, account_id)
     async with Sender(SenderSettings(allow_loopback=True)) as sender:
-        report = await _engine(pool, sender, keyring).deliver_ids([delivery_id])
+        report = await _engine(pool, sender, keyring).deliver_ids(await keys_of(pool, [delivery_id]))
     assert report.summary.delivered == [delivery_id]
     assert receiver.verified == 1
     assert receiver.received[0]["headers"]["webhook-signature"].count("v1,") == 1

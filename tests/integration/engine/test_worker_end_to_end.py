@@ -10,14 +10,14 @@ from aiohttp import web
 
 from billing.audit import audit
 from billing.messages import MessageRequest, create_message
-from engine_helpers import (PRICE, add_account, add_endpoint, all_finished, ledger_of, running_worker, states,
+from engine_helpers import (PRICE, add_account, add_endpoint, all_finished, keys_of, ledger_of, running_worker, states,
                              wait_for)
 
 
 async def _send(pool, settings, account_id, arq_queue, event_type="order.paid", payload=b'{"n": 1}'):
     created = await create_message(pool, MessageRequest(account_id, event_type, payload),
                                    attempts_max=settings.ledger.attempts_max)
-    await arq_queue.wake([d.id for d in created.deliveries])
+    await arq_queue.wake(await keys_of(pool, [d.id for d in created.deliveries]))
     return [d.id for d in created.deliveries]
 
 

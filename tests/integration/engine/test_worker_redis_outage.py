@@ -27,7 +27,7 @@ from delivery.platform.run import free_port  # nothing listens there once it is 
 from delivery.engine.sender import Sender
 from delivery.store.signer_cache import SignerCache
 from delivery.platform.worker import SWEEP_TASK_NAME
-from engine_helpers import add_account, add_endpoint, all_finished, fast_environment, running_worker, states, wait_for
+from engine_helpers import add_account, add_endpoint, all_finished, fast_environment, running_worker, states, wait_for, keys_of
 
 
 async def _create(pool, account_id, count: int) -> list:
@@ -73,14 +73,14 @@ async def test_a_redis_failure_while_starting_a_job_gives_its_slot_back(pool, da
         redis = await job_queue.connect(private_redis.url)
         try:
             first = await _create(pool, account_id, 1)
-            await job_queue.Queue(redis).wake(first)
+            await job_queue.Queue(redis).wake(await keys_of(pool, first))
             await wait_for(lambda: asyncio.sleep(0, bool(failures)))
             assert worker.job_counter == 0 and worker.sem._value == worker.max_jobs + 1
             await wait_for(lambda: all_finished(pool, first))  # swept while Redis is down
             private_redis.start()
             await wait_for(lambda: asyncio.sleep(0, not worker._redis_outage.down))
             second = await _create(pool, account_id, 3)
-            await job_queue.Queue(redis).wake(second)
+            await job_queue.Queue(redis).wake(await keys_of(pool, second))
             await wait_for(lambda: all_finished(pool, second), timeout_seconds=10)
         finally:
             await redis.aclose()
@@ -138,7 +138,7 @@ async def test_while_redis_is_down_and_nothing_is_due_the_worker_sweeps_once_per
         assert (len(polls.failed), sweeps.started) == (failed_calls, sweeps_run)
         assert SWEEP_TASK_NAME not in worker.tasks or worker.tasks[SWEEP_TASK_NAME].done()
         later = await _create(pool, account_id, 2)
-        await job_queue.Queue(worker.pool).wake(later)
+        await job_queue.Queue(worker.pool).wake(await keys_of(pool, later))
         await wait_for(lambda: all_finished(pool, later))
     found = await states(pool, created + later)
     assert all(row["state"] == "delivered" for row in found.values())

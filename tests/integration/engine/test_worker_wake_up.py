@@ -9,7 +9,7 @@ import time
 
 from billing.messages import MessageRequest, create_message
 from delivery.platform import config
-from engine_helpers import add_account, add_endpoint, fast_environment, running_worker, wait_for
+from engine_helpers import add_account, add_endpoint, fast_environment, running_worker, wait_for, keys_of
 
 POLL_MS = 1000  # a timed read every second (the most the setting allows): what a woken delivery must not wait for
 
@@ -46,7 +46,7 @@ async def test_a_woken_delivery_is_sent_without_waiting_for_the_next_read_and_an
         for number in range(5):
             created = await create_message(pool, MessageRequest(account_id, "e", b"{}"), attempts_max=3)
             woken = time.monotonic()
-            await arq_queue.wake([created.deliveries[0].id])
+            await arq_queue.wake(await keys_of(pool, [created.deliveries[0].id]))
             await wait_for(lambda: asyncio.sleep(0, len(arrived) > number), timeout_seconds=10)
             assert arrived[number] - woken < 0.3, arrived[number] - woken
     # Three intervals idle: about three reads (one more for a job of the sweep's), never hundreds.
