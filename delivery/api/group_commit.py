@@ -24,6 +24,12 @@ the second at once makes batches half the size and ingest up to 7 points slower;
 fan-out 1 a threshold of 80 gained 3 to 6 points over 48, while fan-out 4, whose messages weigh
 4 each, starts its second batch at 20 waiting requests (README, Performance).
 
+With more than one shard (HOOKLEDGER_ACCOUNT_SHARDS: the partition count, or the Citus shard
+count), a transaction carries the accounts of one shard only (billing.shards.partition_of), so that
+a distributed engine runs it on that shard alone rather than as a transaction across nodes: the
+waiting requests queue per shard, and each batch takes the requests of the shard whose oldest
+request has waited longest. The concurrency bounds the transactions in flight as before.
+
 A batch whose connection broke while its write or COMMIT was in flight may have been written. The batch
 then asks the database (`billing.messages.resolve_outcome`): written, its requests get their
 results as usual; not written, `BatchFailed`; no answer within `outcome_wait_seconds`,
@@ -48,6 +54,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 from billing.errors import BillingError
+from billing.shards import partition_of
 from billing.messages import (
     OUTCOME_WAIT_SECONDS,
     CreateOutcomeUnknown,
@@ -102,9 +109,39 @@ class ShuttingDown(Exception):
     """The server is shutting down and takes no new creates."""
 
 
-Waker = Callable[[list[uuid.UUID]], Awaitable[None]]
+Waker = Callable[[list[tuple[uuid.UUID, uuid.UUID]]], Awaitable[None]]  # (account_id, delivery_id) each
 _Key = tuple[uuid.UUID, str]
 _Item = tuple[MessageRequest, asyncio.Future, _Key | None]
+
+
+class _Waiting:
+    """The requests waiting for a batch, in arrival order; with more than one shard, one queue per
+    shard, and a batch takes from the shard whose oldest request arrived first."""
+
+    def __init__(self, shards: int) -> None:
+        self._shards = shards
+        self._queues: dict[int, collections.deque[tuple[int, _Item]]] = {}
+        self._count = 0
+        self._arrivals = 0  # arrival order, across the shards
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, item: _Item) -> None:
+        shard = 0 if self._shards == 1 else partition_of(item[0].account_id, self._shards)
+        self._queues.setdefault(shard, collections.deque()).append((self._arrivals, item))
+        self._arrivals += 1
+        self._count += 1
+
+    def take(self, count_max: int) -> list[_Item]:
+        """Up to count_max requests of one shard, oldest first."""
+        shard = min(self._queues, key=lambda key: self._queues[key][0][0])
+        queue = self._queues[shard]
+        batch = [queue.popleft()[1] for _ in range(min(count_max, len(queue)))]
+        if not queue:
+            del self._queues[shard]
+        self._count -= len(batch)
+        return batch
 
 
 class Coalescer:
@@ -120,9 +157,10 @@ class Coalescer:
         outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS,
         parallel_waiting_min: int = PARALLEL_WAITING_MIN,
         stall_seconds: float = STALL_SECONDS,
+        account_shards: int = 1,
     ) -> None:
         assert 1 <= batch_max <= BATCH_MAX_LIMIT and 1 <= concurrency <= CONCURRENCY_LIMIT and queue_max >= 1
-        assert parallel_waiting_min >= 1 and stall_seconds >= 0
+        assert parallel_waiting_min >= 1 and stall_seconds >= 0 and account_shards >= 1
         self._pool = pool
         self._attempts_max = attempts_max
         self._batch_max = batch_max
@@ -138,14 +176,14 @@ class Coalescer:
         self._fan_out = 1.0
         self._started: dict[asyncio.Task, float] = {}  # running batch -> when it started (loop time)
         self._stall_timer: asyncio.TimerHandle | None = None
-        self._waiting: collections.deque[_Item] = collections.deque()
+        self._waiting = _Waiting(account_shards)
         self._keys_in_flight: set[_Key] = set()
         self._batches: set[asyncio.Task] = set()
         # Each running batch keeps its connection for the next batch: acquiring from the pool
         # costs a reset round trip per release, which at thousands of batches a second shows.
         self._connections: list[asyncpg.Connection] = []
         # Wake-ups are group-committed too: one Redis call in flight, later ids wait and go together.
-        self._wake_ids: list[uuid.UUID] = []
+        self._wake_ids: list[tuple[uuid.UUID, uuid.UUID]] = []
         self._wake_task: asyncio.Task | None = None
         self._wake_down_since: float | None = None  # since when wake-ups fail or are backed up
         self._wake_left = 0  # deliveries left to the sweeper since then
@@ -189,8 +227,7 @@ class Coalescer:
                     if self._stall_timer is None:
                         self._stall_timer = loop.call_at(youngest + self._stall_seconds, self._stall_check)
                     return
-            count = min(len(self._waiting), self._batch_max)
-            batch = [self._waiting.popleft() for _ in range(count)]
+            batch = self._waiting.take(self._batch_max)
             task = loop.create_task(self._run(batch))
             self._batches.add(task)
             self._started[task] = loop.time()
@@ -247,13 +284,13 @@ class Coalescer:
         if connection is not None:
             self._connections.append(connection)
         self._send_next_early()
-        created: list[uuid.UUID] = []
+        created: list[tuple[uuid.UUID, uuid.UUID]] = []
         fresh = charged = 0
-        for (_, future, _), result in zip(batch, results, strict=True):
+        for (request, future, _), result in zip(batch, results, strict=True):
             if isinstance(result, MessageCreated) and not result.replayed:
                 fresh += 1
                 charged += result.total_charged
-                created.extend(delivery.id for delivery in result.deliveries)
+                created.extend((request.account_id, delivery.id) for delivery in result.deliveries)
             if not future.done():
                 future.set_result(result)
         self._release_keys(batch)
@@ -337,7 +374,7 @@ class Coalescer:
         except Exception as error:
             logger.warning("releasing a group-commit connection failed: %r", error)
 
-    def _wake_later(self, delivery_ids: list[uuid.UUID]) -> None:
+    def _wake_later(self, delivery_ids: list[tuple[uuid.UUID, uuid.UUID]]) -> None:
         """Wake workers after commit, off the hot path. Lost wake-ups cost a sweep interval, never a delivery."""
         if len(self._wake_ids) + len(delivery_ids) > WAKE_IDS_PENDING_MAX:
             self._wake_left += len(delivery_ids)

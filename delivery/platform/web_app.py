@@ -72,6 +72,7 @@ def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> w
         queue_max=api.group_commit_queue_max,
         wake=queue.wake if queue is not None else None,
         outcome_wait_seconds=api.commit_outcome_wait_seconds,
+        account_shards=api.account_shards,
     )
     app = web.Application(
         middlewares=[middleware.observe, middleware.errors_as_problems],
