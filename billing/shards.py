@@ -39,23 +39,23 @@ def _rot(value: int, bits: int) -> int:
 
 
 def _mix(a: int, b: int, c: int) -> tuple[int, int, int]:
-    a = (a - c) & _M32; a ^= _rot(c, 4); c = (c + b) & _M32  # noqa: E702 - lookup3's own layout
-    b = (b - a) & _M32; b ^= _rot(a, 6); a = (a + c) & _M32  # noqa: E702
-    c = (c - b) & _M32; c ^= _rot(b, 8); b = (b + a) & _M32  # noqa: E702
-    a = (a - c) & _M32; a ^= _rot(c, 16); c = (c + b) & _M32  # noqa: E702
-    b = (b - a) & _M32; b ^= _rot(a, 19); a = (a + c) & _M32  # noqa: E702
-    c = (c - b) & _M32; c ^= _rot(b, 4); b = (b + a) & _M32  # noqa: E702
+    a = (a - c) & _M32; a ^= _rot(c, 4); c = (c + b) & _M32  # lookup3's own layout, a line per step
+    b = (b - a) & _M32; b ^= _rot(a, 6); a = (a + c) & _M32
+    c = (c - b) & _M32; c ^= _rot(b, 8); b = (b + a) & _M32
+    a = (a - c) & _M32; a ^= _rot(c, 16); c = (c + b) & _M32
+    b = (b - a) & _M32; b ^= _rot(a, 19); a = (a + c) & _M32
+    c = (c - b) & _M32; c ^= _rot(b, 4); b = (b + a) & _M32
     return a, b, c
 
 
 def _final(a: int, b: int, c: int) -> tuple[int, int, int]:
-    c ^= b; c = (c - _rot(b, 14)) & _M32  # noqa: E702
-    a ^= c; a = (a - _rot(c, 11)) & _M32  # noqa: E702
-    b ^= a; b = (b - _rot(a, 25)) & _M32  # noqa: E702
-    c ^= b; c = (c - _rot(b, 16)) & _M32  # noqa: E702
-    a ^= c; a = (a - _rot(c, 4)) & _M32  # noqa: E702
-    b ^= a; b = (b - _rot(a, 14)) & _M32  # noqa: E702
-    c ^= b; c = (c - _rot(b, 24)) & _M32  # noqa: E702
+    c ^= b; c = (c - _rot(b, 14)) & _M32
+    a ^= c; a = (a - _rot(c, 11)) & _M32
+    b ^= a; b = (b - _rot(a, 25)) & _M32
+    c ^= b; c = (c - _rot(b, 16)) & _M32
+    a ^= c; a = (a - _rot(c, 4)) & _M32
+    b ^= a; b = (b - _rot(a, 14)) & _M32
+    c ^= b; c = (c - _rot(b, 24)) & _M32
     return a, b, c
 
 

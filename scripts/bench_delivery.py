@@ -160,10 +160,11 @@ async def serve_receiver(port: int) -> None:
 # ---------------------------------------------------------------------------------------------
 # The naive worker (its own process): one job per delivery, one transaction per step.
 
-async def naive_deliver(ctx: dict, delivery_id: str) -> int:
+async def naive_deliver(ctx: dict, account_id: str, delivery_id: str) -> int:
     settings: config.Settings = ctx["settings"]
     pool = ctx["pool"]
-    claimed = await claims.claim_ids(pool, [uuid.UUID(delivery_id)], lease_ms=settings.worker.engine.lease_ms)
+    key = claims.DeliveryKey(uuid.UUID(account_id), uuid.UUID(delivery_id))
+    claimed = await claims.claim_ids(pool, [key], lease_ms=settings.worker.engine.lease_ms)
     outgoing, _ = await presend.load_for_send(pool, claimed)
     for item in outgoing:
         signer = ctx["signers"].signer(item.claimed.endpoint_id, item.secret, item.previous_secret)
@@ -251,6 +252,10 @@ class Bench:
         await self.redis.aclose()
         await self.pool.close()
 
+    def keys(self, delivery_ids: list[uuid.UUID]) -> list[tuple[uuid.UUID, uuid.UUID]]:
+        """The deliveries' (account, id) keys, as queue jobs carry them: every delivery here is the one account's."""
+        return [(self.account_id, delivery_id) for delivery_id in delivery_ids]
+
     async def create(self, count: int, traced_share: float = 0.0) -> list[uuid.UUID]:
         """Create count deliveries (fan-out 1, endpoints in turn); ids in creation order. That share
         of the messages carries a sampled W3C trace context, as the API stores for a sampled request."""
@@ -332,7 +337,7 @@ class Bench:
         await self.reset_receiver(VERIFIED_PER_PHASE)
         delivery_ids = await self.create(count, traced_share)
         await self.steady_state()
-        await self.queue.wake(delivery_ids)  # what the API does right after the commit
+        await self.queue.wake(self.keys(delivery_ids))  # what the API does right after the commit
         started = time.time()
         processes = [self.start(command="worker", environment=tracing) for _ in range(workers)]
         try:
@@ -362,8 +367,8 @@ class Bench:
                               for d in created.deliveries]
         delivery_ids = await self.create(count)
         await self.steady_state()
-        await self.queue.wake(throttled_ids)
-        await self.queue.wake(delivery_ids)
+        await self.queue.wake(self.keys(throttled_ids))
+        await self.queue.wake(self.keys(delivery_ids))
         started = time.time()
         processes = [self.start(command="worker") for _ in range(workers)]
         deadline = time.monotonic() + PHASE_TIMEOUT_SECONDS
@@ -397,7 +402,7 @@ class Bench:
         try:
             await self.reset_receiver(VERIFIED_PER_PHASE)
             warm = await self.create(50)
-            await self.queue.wake(warm)
+            await self.queue.wake(self.keys(warm))
             await self.wait_for_arrivals(len(warm), 60)
             await self.reset_receiver(VERIFIED_PER_PHASE)
             committed: dict[str, float] = {}
@@ -409,7 +414,7 @@ class Bench:
                     made = await self.create(due)
                     now = time.time()
                     committed.update((str(delivery_id), now) for delivery_id in made)
-                    wakes.append(asyncio.create_task(self.queue.wake(made)))
+                    wakes.append(asyncio.create_task(self.queue.wake(self.keys(made))))
                 await asyncio.sleep(0.01)
             offered = len(committed) / (time.monotonic() - started)
             await asyncio.gather(*wakes)
@@ -472,7 +477,7 @@ class Bench:
         delivery_ids = await self.create(count)
         await self.steady_state()
         for delivery_id in delivery_ids:  # one job per delivery
-            await self.redis.enqueue_job("naive_deliver", str(delivery_id), _queue_name=NAIVE_QUEUE,
+            await self.redis.enqueue_job("naive_deliver", str(self.account_id), str(delivery_id), _queue_name=NAIVE_QUEUE,
                                          _job_id=uuid.uuid4().hex)
         started = time.time()
         process = self.start("--naive-worker")

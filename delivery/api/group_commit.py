@@ -54,7 +54,6 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 from billing.errors import BillingError
-from billing.shards import partition_of
 from billing.messages import (
     OUTCOME_WAIT_SECONDS,
     CreateOutcomeUnknown,
@@ -63,6 +62,7 @@ from billing.messages import (
     create_messages,
     resolve_outcome,
 )
+from billing.shards import partition_of
 from delivery import event_loop, metrics, tracing
 
 logger = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ import uuid
 
 import asyncpg
 import pytest
+from engine_helpers import add_account, add_endpoint, wait_for
 
 from billing import accounts, shards
 from billing.messages import MessageRequest, create_messages
@@ -24,7 +25,6 @@ from delivery.engine.retry import RetrySchedule, RetrySettings
 from delivery.engine.sender import Sender, SenderSettings
 from delivery.platform import worker as worker_module
 from delivery.store.signer_cache import SignerCache
-from engine_helpers import add_account, add_endpoint, wait_for
 
 LEASE_MS = 60_000
 ACCOUNTS = 20
@@ -75,7 +75,7 @@ async def test_concurrent_claimers_take_each_delivery_once_per_attempt(pool, dat
         for round_number in range(ROUNDS):
             start = asyncio.Event()
 
-            async def by_keys(sample: list[list[claims.DeliveryKey]]) -> list[claims.Claimed]:
+            async def by_keys(start: asyncio.Event, sample: list[list[claims.DeliveryKey]]) -> list[claims.Claimed]:
                 await start.wait()
                 taken = []
                 for chosen in sample:
@@ -84,7 +84,7 @@ async def test_concurrent_claimers_take_each_delivery_once_per_attempt(pool, dat
                     await asyncio.sleep(0)
                 return taken
 
-            async def due() -> list[claims.Claimed]:
+            async def due(start: asyncio.Event) -> list[claims.Claimed]:
                 await start.wait()
                 taken = []
                 for _ in range(4):
@@ -92,8 +92,8 @@ async def test_concurrent_claimers_take_each_delivery_once_per_attempt(pool, dat
                     await asyncio.sleep(0)
                 return taken
 
-            tasks = ([asyncio.create_task(by_keys([rng.sample(keys, 30) for _ in range(4)])) for _ in range(5)]
-                     + [asyncio.create_task(due()) for _ in range(3)])
+            tasks = ([asyncio.create_task(by_keys(start, [rng.sample(keys, 30) for _ in range(4)])) for _ in range(5)]
+                     + [asyncio.create_task(due(start)) for _ in range(3)])
             start.set()
             taken = [claimed for claimer in await asyncio.gather(*tasks) for claimed in claimer]
             while rest := await claims.claim_due(logged, batch_size=200, lease_ms=LEASE_MS, shards=shard_count):
