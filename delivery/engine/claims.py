@@ -248,8 +248,6 @@ async def settle_exhausted(pool: asyncpg.Pool, *, batch_size: int) -> int:
             with tracing.message_span("delivery.settle", row["trace_context"], delivery_id=row["id"],
                                       account_id=row["account_id"], attempt=row["attempt"],
                                       dead_reason=DeadReason.ATTEMPTS_EXHAUSTED.value) as span:
-                # The account is at hand (row["account_id"]): settle should take it, to name it in
-                # its statements (helper `stmts` changes settle's signature; pass it once merged).
                 result = await settle(pool, row["id"], DeadReason.ATTEMPTS_EXHAUSTED, attempt=row["attempt"])
                 tracing.set_outcome(span, result.outcome)
         except LedgerMismatch:
