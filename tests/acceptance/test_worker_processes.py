@@ -148,7 +148,7 @@ async def test_redis_losing_every_key_loses_no_delivery(pool, database_url, redi
     from delivery.engine import queue as job_queue
 
     arq_redis = await job_queue.connect(redis_url)
-    await job_queue.Queue(arq_redis).wake(delivery_ids)
+    await job_queue.Queue(arq_redis).wake([(account_id, delivery_id) for delivery_id in delivery_ids])
     await client.flushdb()  # the wake-up jobs are gone before any worker saw them
     worker = start_worker(environment)
     try:

@@ -53,7 +53,8 @@ async def test_usage_sums_the_ledger_entries_of_the_applications_deliveries(api)
     await _send(api, headers, "/v1/messages", 2)
     middle = await api.pool.fetchval("SELECT clock_timestamp()")
     # The first is claimed and dies while its send is out, which then answers 2xx: the reclaim.
-    (claimed,) = await claims.claim_ids(api.pool, [a_deliveries[0]], lease_ms=3_600_000)
+    (claimed,) = await claims.claim_ids(api.pool, [claims.DeliveryKey(account_id, a_deliveries[0])],
+                                          lease_ms=3_600_000)
     await settle(api.pool, claimed.id, DeadReason.ENDPOINT_DISABLED, attempt=claimed.attempt)
     for delivery_id in a_deliveries[1:3]:
         await settle(api.pool, delivery_id, DeadReason.ENDPOINT_DELETED, attempt=0)

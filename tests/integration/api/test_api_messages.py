@@ -25,7 +25,7 @@ async def test_a_message_fans_out_charges_and_stores_the_exact_payload(api, pool
     (The wake is observed by recording what the real queue was asked, not by reading Redis: other test suites on the
     same Redis server flush it at any time.)
     """
-    woken: list[list[uuid.UUID]] = []
+    woken: list[list[tuple[uuid.UUID, uuid.UUID]]] = []
 
     class RecordingQueue(job_queue.Queue):
         async def wake(self, delivery_ids):
@@ -34,7 +34,7 @@ async def test_a_message_fans_out_charges_and_stores_the_exact_payload(api, pool
             woken.append(delivery_ids)
 
     async with TestClient(TestServer(create_app(api.settings, pool, RecordingQueue(queue.redis)), host="127.0.0.1")) as client:
-        _, headers = await api.account(balance=10, price=2)
+        account_id, headers = await api.account(balance=10, price=2)
         first = await api.endpoint(headers)
         second = await api.endpoint(headers, event_types=["invoice.paid"])
         await api.endpoint(headers, event_types=["user.created"])
@@ -51,7 +51,8 @@ async def test_a_message_fans_out_charges_and_stores_the_exact_payload(api, pool
             if woken:
                 break
             await asyncio.sleep(0.01)
-        assert [sorted(ids) for ids in woken] == [sorted(uuid.UUID(d["id"]) for d in accepted["deliveries"])]
+        # Each delivery is woken with its account: (account_id, delivery_id), as the claims take them.
+        assert [sorted(keys) for keys in woken] == [sorted((account_id, uuid.UUID(d["id"])) for d in accepted["deliveries"])]
 
 
 @pytest.mark.parametrize("payload", ["null", "3", '"text"', "[]", "true"])

@@ -72,7 +72,8 @@ async def one_delivery(pool: asyncpg.Pool, account_id: uuid.UUID, *, attempts_ma
 
 
 async def claim(pool: asyncpg.Pool, delivery_id: uuid.UUID) -> claims.Claimed:
-    (claimed,) = await claims.claim_ids(pool, [delivery_id], lease_ms=LEASE_MS_LONG)
+    account_id = await pool.fetchval("SELECT account_id FROM deliveries WHERE id = $1", delivery_id)
+    (claimed,) = await claims.claim_ids(pool, [claims.DeliveryKey(account_id, delivery_id)], lease_ms=LEASE_MS_LONG)
     return claimed
 
 

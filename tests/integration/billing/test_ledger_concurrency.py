@@ -50,7 +50,8 @@ async def test_settle_storm_and_a_success_refund_at_most_once(pool):
         pool, [messages.MessageRequest(account_id, "storm", str(n).encode()) for n in range(REPETITIONS)],
         attempts_max=3,
     )
-    claimed = await claims.claim_ids(pool, [c.deliveries[0].id for c in created], lease_ms=LEASE_MS_LONG)
+    claimed = await claims.claim_ids(pool, [claims.DeliveryKey(account_id, c.deliveries[0].id) for c in created],
+                                     lease_ms=LEASE_MS_LONG)
     assert len(claimed) == REPETITIONS and {c.attempt for c in claimed} == {1}
     paths = Counter()
     started = time.perf_counter()
@@ -125,7 +126,9 @@ async def _run_account_race(pool, rng: random.Random) -> Counter:
     async def worker() -> None:
         for _ in range(8):
             live = await live_ids()
-            taken = await claims.claim_ids(pool, live[:4], lease_ms=LEASE_MS_LONG) if live else []
+            taken = await claims.claim_ids(
+                pool, [claims.DeliveryKey(account_id, delivery_id) for delivery_id in live[:4]], lease_ms=LEASE_MS_LONG
+            ) if live else []
             if taken:
                 summary = await results.record_results(pool, [
                     results.AttemptResult(c.id, c.attempt, account_id, ok, 1, 200 if ok else 500,

@@ -116,7 +116,7 @@ async def test_attempts_exhausted_refunds_once(pool):
     row = await pool.fetchrow("SELECT state, attempt FROM deliveries WHERE id = $1", delivery_id)
     assert tuple(row) == ("pending", 1)
     # A claim does not take a delivery that used its last attempt.
-    assert await claims.claim_ids(pool, [delivery_id], lease_ms=60_000) == []
+    assert await claims.claim_ids(pool, [claims.DeliveryKey(account_id, delivery_id)], lease_ms=60_000) == []
 
     assert await claims.settle_exhausted(pool, batch_size=10) == 1
     await assert_settled_once(pool, delivery_id, "attempts_exhausted")

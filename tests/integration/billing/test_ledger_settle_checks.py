@@ -198,7 +198,8 @@ async def test_one_broken_delivery_does_not_stop_the_presend_check_of_its_batch(
     endpoint_id = await add_endpoint(pool, account_id)
     broken_id = await insert_raw_delivery(pool, account_id, endpoint_id, price=1, charge_amount=-5)
     healthy_id = await one_delivery(pool, account_id)
-    claimed = await claims.claim_ids(pool, [broken_id, healthy_id], lease_ms=60_000)
+    claimed = await claims.claim_ids(pool, [claims.DeliveryKey(account_id, broken_id),
+                                               claims.DeliveryKey(account_id, healthy_id)], lease_ms=60_000)
     assert len(claimed) == 2
     await closeout.begin_closing(pool, account_id)
 
@@ -219,7 +220,7 @@ async def test_one_broken_delivery_does_not_stop_the_rest_of_a_result_batch(pool
     refunded_id = await one_delivery(pool, account_id)
     late = await claim(pool, refunded_id)
     await settle(pool, refunded_id, DeadReason.ENDPOINT_DISABLED, attempt=late.attempt)
-    (broken,) = await claims.claim_ids(pool, [broken_id], lease_ms=60_000)
+    (broken,) = await claims.claim_ids(pool, [claims.DeliveryKey(account_id, broken_id)], lease_ms=60_000)
 
     summary = await results.record_results(pool, [
         results.AttemptResult(broken_id, broken.attempt, account_id, False, 1, 500, "HTTP 500"),

@@ -271,7 +271,8 @@ class LedgerMachine(RuleBasedStateMachine):
             self._expire_lease(*picked)
 
     def _claim(self, delivery_id: uuid.UUID, model: ModelDelivery) -> bool:
-        taken = self.run(claims.claim_ids(self.pool, [delivery_id], lease_ms=LEASE_MS_LONG))
+        taken = self.run(claims.claim_ids(self.pool, [claims.DeliveryKey(self.account_id, delivery_id)],
+                                         lease_ms=LEASE_MS_LONG))
         if not _claimable(model):
             assert taken == []
             return False

@@ -127,7 +127,7 @@ async def test_another_applications_or_accounts_ids_answer_404_on_every_new_page
 async def test_a_delivery_page_shows_attempts_payload_and_headers_and_says_when_it_was_erased(dash, pool):
     account_id, key, made, link = await _world(dash)
     delivery_id = uuid.UUID(made["a"][1])
-    [claimed] = await claims.claim_ids(pool, [delivery_id], lease_ms=30_000)
+    [claimed] = await claims.claim_ids(pool, [claims.DeliveryKey(account_id, delivery_id)], lease_ms=30_000)
     await record_results(pool, [AttemptResult(delivery_id, claimed.attempt, account_id, False, 12, status_code=503,
                                               response_excerpt="upstream <b>down</b>", retry_delay_seconds=3600)])
     browser = await _signed_in(dash, link)

@@ -45,7 +45,8 @@ async def create_many(pool, account_id, endpoint_id, count: int, *, attempts_max
 
 async def claim(pool, delivery_ids) -> None:
     """Put deliveries into `sending` with a long lease (a worker that holds them)."""
-    claimed = await claims.claim_ids(pool, list(delivery_ids), lease_ms=LEASE_MS_LONG)
+    rows = await pool.fetch("SELECT account_id, id FROM deliveries WHERE id = ANY($1::uuid[])", list(delivery_ids))
+    claimed = await claims.claim_ids(pool, [claims.DeliveryKey(*row) for row in rows], lease_ms=LEASE_MS_LONG)
     assert len(claimed) == len(delivery_ids)
 
 

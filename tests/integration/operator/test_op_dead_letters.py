@@ -222,7 +222,7 @@ async def test_a_delivered_delivery_is_replayed_as_the_api_replays_it(pool, rece
     endpoint_id = await add_endpoint(pool, account_id, receiver, keyring)
     (created,) = await create_messages(pool, [MessageRequest(account_id, "order.created", b"{}")], attempts_max=3)
     (delivered,) = [delivery.id for delivery in created.deliveries]
-    (claimed,) = await claims.claim_ids(pool, [delivered], lease_ms=60_000)
+    (claimed,) = await claims.claim_ids(pool, [claims.DeliveryKey(account_id, delivered)], lease_ms=60_000)
     await results.record_results(pool, [results.AttemptResult(delivered, claimed.attempt, account_id, True, 5, 200)])
     assert await pool.fetchval("SELECT state FROM deliveries WHERE id = $1", delivered) == "delivered"
     replayed = await dead_letters.replay(pool, delivered, attempts_max=3)
