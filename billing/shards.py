@@ -2,7 +2,9 @@
 
 Every account-scoped table can be distributed by `account_id`. A statement that names the
 accounts of one shard only is routed to that shard; so the claims and the group commit group
-their work by `partition_of(account_id, shards)` (HOOKLEDGER_ACCOUNT_SHARDS) before they write.
+their work by `shard_of(account_id, shards, shard_hash)` (HOOKLEDGER_ACCOUNT_SHARDS and
+HOOKLEDGER_ACCOUNT_SHARD_HASH) before they write: PostgreSQL's hash partitions by default, Citus's
+shards with `citus`.
 
 Two hashes, both pure Python copies of PostgreSQL's C code, each tested against PostgreSQL itself:
 - `partition_of` is the remainder of the partition PostgreSQL puts a row in for a table
@@ -117,6 +119,20 @@ def citus_hash(account_id: uuid.UUID) -> int:
     """
     _, c = _lookup3(account_id, 0)
     return c - (1 << 32) if c >= 1 << 31 else c
+
+
+SHARD_HASHES = ("postgres", "citus")  # HOOKLEDGER_ACCOUNT_SHARD_HASH
+
+
+def shard_of(account_id: uuid.UUID, shards: int, shard_hash: str = "postgres") -> int:
+    """The shard of `shards` that holds this account's rows: PostgreSQL's hash partition
+    (`postgres`, partition_of) or Citus's shard (`citus`, citus_shard_index). The two differ: a
+    statement grouped by one hash spans several shards of the other."""
+    if shard_hash == "postgres":
+        return partition_of(account_id, shards)
+    if shard_hash == "citus":
+        return citus_shard_index(account_id, shards)
+    raise ValueError(f"shard_hash must be one of {', '.join(SHARD_HASHES)}, got {shard_hash!r}")
 
 
 def citus_shard_index(account_id: uuid.UUID, shard_count: int) -> int:

@@ -25,7 +25,7 @@ fan-out 1 a threshold of 80 gained 3 to 6 points over 48, while fan-out 4, whose
 4 each, starts its second batch at 20 waiting requests (README, Performance).
 
 With more than one shard (HOOKLEDGER_ACCOUNT_SHARDS: the partition count, or the Citus shard
-count), a transaction carries the accounts of one shard only (billing.shards.partition_of), so that
+count), a transaction carries the accounts of one shard only (billing.shards.shard_of), so that
 a distributed engine runs it on that shard alone rather than as a transaction across nodes: the
 waiting requests queue per shard, and each batch takes the requests of the shard whose oldest
 request has waited longest. The concurrency bounds the transactions in flight as before.
@@ -62,7 +62,7 @@ from billing.messages import (
     create_messages,
     resolve_outcome,
 )
-from billing.shards import partition_of
+from billing.shards import shard_of
 from delivery import event_loop, metrics, tracing
 
 logger = logging.getLogger(__name__)
@@ -118,8 +118,9 @@ class _Waiting:
     """The requests waiting for a batch, in arrival order; with more than one shard, one queue per
     shard, and a batch takes from the shard whose oldest request arrived first."""
 
-    def __init__(self, shards: int) -> None:
+    def __init__(self, shards: int, shard_hash: str) -> None:
         self._shards = shards
+        self._shard_hash = shard_hash
         self._queues: dict[int, collections.deque[tuple[int, _Item]]] = {}
         self._count = 0
         self._arrivals = 0  # arrival order, across the shards
@@ -128,7 +129,7 @@ class _Waiting:
         return self._count
 
     def append(self, item: _Item) -> None:
-        shard = 0 if self._shards == 1 else partition_of(item[0].account_id, self._shards)
+        shard = 0 if self._shards == 1 else shard_of(item[0].account_id, self._shards, self._shard_hash)
         self._queues.setdefault(shard, collections.deque()).append((self._arrivals, item))
         self._arrivals += 1
         self._count += 1
@@ -158,6 +159,7 @@ class Coalescer:
         parallel_waiting_min: int = PARALLEL_WAITING_MIN,
         stall_seconds: float = STALL_SECONDS,
         account_shards: int = 1,
+        account_shard_hash: str = "postgres",
     ) -> None:
         assert 1 <= batch_max <= BATCH_MAX_LIMIT and 1 <= concurrency <= CONCURRENCY_LIMIT and queue_max >= 1
         assert parallel_waiting_min >= 1 and stall_seconds >= 0 and account_shards >= 1
@@ -176,7 +178,7 @@ class Coalescer:
         self._fan_out = 1.0
         self._started: dict[asyncio.Task, float] = {}  # running batch -> when it started (loop time)
         self._stall_timer: asyncio.TimerHandle | None = None
-        self._waiting = _Waiting(account_shards)
+        self._waiting = _Waiting(account_shards, account_shard_hash)
         self._keys_in_flight: set[_Key] = set()
         self._batches: set[asyncio.Task] = set()
         # Each running batch keeps its connection for the next batch: acquiring from the pool

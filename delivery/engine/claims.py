@@ -8,7 +8,8 @@ delivery that has already used its last attempt (e.g. its final lease expired) i
 Claims name their accounts, so that a distributed engine (Citus; or PostgreSQL's own hash
 partitions, migration option HOOKLEDGER_ACCOUNT_PARTITIONS) can route each to one shard: with
 `shards` (HOOKLEDGER_ACCOUNT_SHARDS) above 1, the deliveries to claim are grouped by the shard of
-their account (billing.shards.partition_of) and each group is one statement. On one server every
+their account (billing.shards.shard_of: PostgreSQL's hash partition, or with `shard_hash` "citus"
+the Citus shard) and each group is one statement. On one server every
 worker claims for every shard: no worker owns a range, so none needs assigning.
 """
 
@@ -24,7 +25,7 @@ import asyncpg
 from billing.database import Executor, runs_alone, transaction
 from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, settle
-from billing.shards import partition_of
+from billing.shards import shard_of
 from delivery import tracing
 
 logger = logging.getLogger(__name__)
@@ -153,41 +154,43 @@ def _check(batch_size: int, lease_ms: int) -> None:
         raise ValueError(f"lease_ms must be {LEASE_MS_MIN}..{LEASE_MS_MAX}")
 
 
-def by_shard(keys: Iterable[DeliveryKey], shards: int) -> list[list[DeliveryKey]]:
-    """The keys grouped by the shard that holds their account (billing.shards.partition_of), in
-    shard order; one group of them all when there is one shard."""
+def by_shard(keys: Iterable[DeliveryKey], shards: int, shard_hash: str = "postgres") -> list[list[DeliveryKey]]:
+    """The keys grouped by the shard that holds their account (billing.shards.shard_of), in shard
+    order; one group of them all when there is one shard."""
     keys = list(keys)
     if shards == 1:
         return [keys] if keys else []
     groups: dict[int, list[DeliveryKey]] = {}
     for key in keys:
-        groups.setdefault(partition_of(key.account_id, shards), []).append(key)
+        groups.setdefault(shard_of(key.account_id, shards, shard_hash), []).append(key)
     return [groups[shard] for shard in sorted(groups)]
 
 
-async def claim_due(executor: Executor, *, batch_size: int, lease_ms: int, shards: int = 1) -> list[Claimed]:
+async def claim_due(executor: Executor, *, batch_size: int, lease_ms: int, shards: int = 1,
+                    shard_hash: str = "postgres") -> list[Claimed]:
     """Claim up to batch_size due deliveries, oldest due first."""
-    return [claimed for claimed, _ in await _claim_due(executor, False, batch_size, lease_ms, shards)]
+    return [claimed for claimed, _ in await _claim_due(executor, False, batch_size, lease_ms, shards, shard_hash)]
 
 
 async def claim_due_for_send(
-    executor: Executor, *, batch_size: int, lease_ms: int, shards: int = 1
+    executor: Executor, *, batch_size: int, lease_ms: int, shards: int = 1, shard_hash: str = "postgres"
 ) -> list[tuple[Claimed, asyncpg.Record]]:
     """claim_due, each claimed delivery with its SEND_COLUMNS row (for delivery.engine.presend)."""
-    return await _claim_due(executor, True, batch_size, lease_ms, shards)
+    return await _claim_due(executor, True, batch_size, lease_ms, shards, shard_hash)
 
 
-async def claim_ids(executor: Executor, keys: Sequence[DeliveryKey], *, lease_ms: int, shards: int = 1) -> list[Claimed]:
+async def claim_ids(executor: Executor, keys: Sequence[DeliveryKey], *, lease_ms: int, shards: int = 1,
+                    shard_hash: str = "postgres") -> list[Claimed]:
     """Claim these deliveries (account, id) if they are due and nobody holds them (the fast path
     after a create): one statement per shard of their accounts."""
-    return [claimed for claimed, _ in await _claim_keys(executor, _CLAIM_KEYS, keys, lease_ms, shards)]
+    return [claimed for claimed, _ in await _claim_keys(executor, _CLAIM_KEYS, keys, lease_ms, shards, shard_hash)]
 
 
 async def claim_ids_for_send(
-    executor: Executor, keys: Sequence[DeliveryKey], *, lease_ms: int, shards: int = 1
+    executor: Executor, keys: Sequence[DeliveryKey], *, lease_ms: int, shards: int = 1, shard_hash: str = "postgres"
 ) -> list[tuple[Claimed, asyncpg.Record]]:
     """claim_ids, each claimed delivery with its SEND_COLUMNS row (for delivery.engine.presend)."""
-    return await _claim_keys(executor, _CLAIM_KEYS_FOR_SEND, keys, lease_ms, shards)
+    return await _claim_keys(executor, _CLAIM_KEYS_FOR_SEND, keys, lease_ms, shards, shard_hash)
 
 
 async def claim_bare_ids_for_send(
@@ -203,22 +206,23 @@ async def claim_bare_ids_for_send(
 
 
 async def _claim_due(
-    executor: Executor, for_send: bool, batch_size: int, lease_ms: int, shards: int
+    executor: Executor, for_send: bool, batch_size: int, lease_ms: int, shards: int, shard_hash: str
 ) -> list[tuple[Claimed, asyncpg.Record]]:
     _check(batch_size, lease_ms)
     if shards == 1:  # one statement, locking as it reads
         statement = _CLAIM_DUE_FOR_SEND if for_send else _CLAIM_DUE
         return [(_claimed(row), row) for row in await _fetch_alone(executor, statement, batch_size, lease_ms)]
     found = [DeliveryKey(row[0], row[1]) for row in await executor.fetch(_FIND_DUE, batch_size)]
-    return await _claim_keys(executor, _CLAIM_KEYS_FOR_SEND if for_send else _CLAIM_KEYS, found, lease_ms, shards)
+    statement = _CLAIM_KEYS_FOR_SEND if for_send else _CLAIM_KEYS
+    return await _claim_keys(executor, statement, found, lease_ms, shards, shard_hash)
 
 
 async def _claim_keys(
-    executor: Executor, statement: str, keys: Sequence[DeliveryKey], lease_ms: int, shards: int
+    executor: Executor, statement: str, keys: Sequence[DeliveryKey], lease_ms: int, shards: int, shard_hash: str
 ) -> list[tuple[Claimed, asyncpg.Record]]:
     _check(max(1, len(keys)), lease_ms)
     claimed: list[tuple[Claimed, asyncpg.Record]] = []
-    for group in by_shard(keys, shards):  # each statement names the accounts of one shard
+    for group in by_shard(keys, shards, shard_hash):  # each statement names the accounts of one shard
         account_ids = [key.account_id for key in group]
         delivery_ids = [key.id for key in group]
         rows = await _fetch_alone(executor, statement, account_ids, lease_ms, delivery_ids)

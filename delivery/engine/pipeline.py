@@ -78,6 +78,7 @@ class EngineSettings:
     # HOOKLEDGER_ACCOUNT_SHARDS: above 1, each claim statement names the accounts of one shard
     # (delivery.engine.claims); set it to the partition count or the Citus shard count.
     account_shards: int = 1
+    account_shard_hash: str = "postgres"  # HOOKLEDGER_ACCOUNT_SHARD_HASH: postgres or citus (billing.shards.shard_of)
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_size <= claims.CLAIM_BATCH_MAX:
@@ -88,6 +89,8 @@ class EngineSettings:
             raise ValueError(f"lease_ms must be {claims.LEASE_MS_MIN}..{claims.LEASE_MS_MAX}")
         if not 1 <= self.account_shards <= shards.PARTITIONS_MAX:
             raise ValueError(f"account_shards must be 1..{shards.PARTITIONS_MAX}")
+        if self.account_shard_hash not in shards.SHARD_HASHES:
+            raise ValueError(f"account_shard_hash must be one of {', '.join(shards.SHARD_HASHES)}")
 
 
 @dataclass
@@ -148,7 +151,8 @@ class Engine:
     async def _claim_ids(self, keys: list[claims.DeliveryKey],
                          bare_ids: Sequence[uuid.UUID]) -> list[tuple[claims.Claimed, asyncpg.Record]]:
         loaded = await claims.claim_ids_for_send(self.pool, keys, lease_ms=self.settings.lease_ms,
-                                                 shards=self.settings.account_shards) if keys else []
+                                                 shards=self.settings.account_shards,
+                                                 shard_hash=self.settings.account_shard_hash) if keys else []
         if bare_ids:
             loaded += await claims.claim_bare_ids_for_send(self.pool, bare_ids, lease_ms=self.settings.lease_ms)
         return loaded
@@ -211,7 +215,8 @@ class Engine:
         # worker's lanes take turns to read and claim (the sends still overlap).
         async with self._sweep_claim_lock:
             return await claims.claim_due_for_send(self.pool, batch_size=self.settings.batch_size,
-                                                   lease_ms=self.settings.lease_ms, shards=self.settings.account_shards)
+                                                   lease_ms=self.settings.lease_ms, shards=self.settings.account_shards,
+                                                   shard_hash=self.settings.account_shard_hash)
 
     async def process_loaded(self, loaded: list[tuple[claims.Claimed, asyncpg.Record]], claimed_at: float) -> BatchReport:
         """Check, send and record deliveries claimed (at time.monotonic() `claimed_at`, or just

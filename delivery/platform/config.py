@@ -124,6 +124,7 @@ class ApiSettings:
     # HOOKLEDGER_ACCOUNT_SHARDS, read for the worker's engine too: above 1, a group-commit
     # transaction carries the accounts of one shard only (delivery.api.group_commit).
     account_shards: int = 1
+    account_shard_hash: str = "postgres"  # HOOKLEDGER_ACCOUNT_SHARD_HASH: postgres or citus
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,7 @@ def _worker(environ: Mapping[str, str]) -> WorkerSettings:
         sweep_lanes=_integer(environ, "HOOKLEDGER_SWEEP_LANES", EngineSettings.sweep_lanes, 1, 64),
         retry=RetrySettings(schedule=_schedule(environ)),
         account_shards=_account_shards(environ),
+        account_shard_hash=_account_shard_hash(environ),
     )
     return WorkerSettings(
         jobs_max=_integer(environ, "HOOKLEDGER_WORKER_JOBS", WorkerSettings.jobs_max, 1, 1000),
@@ -240,6 +242,16 @@ def _account_shards(environ: Mapping[str, str]) -> int:
     partition count, or the Citus shard count); the API's group commit and the worker's claims then
     write one shard's accounts per statement. 1: one server, one statement as ever."""
     return _integer(environ, "HOOKLEDGER_ACCOUNT_SHARDS", 1, 1, shards.PARTITIONS_MAX)
+
+
+def _account_shard_hash(environ: Mapping[str, str]) -> str:
+    """HOOKLEDGER_ACCOUNT_SHARD_HASH: which hash places an account in a shard: `postgres` (the
+    tables hash-partitioned by PostgreSQL, HOOKLEDGER_ACCOUNT_PARTITIONS) or `citus` (distributed
+    tables; HOOKLEDGER_ACCOUNT_SHARDS is then the Citus shard count)."""
+    choice = (environ.get("HOOKLEDGER_ACCOUNT_SHARD_HASH") or "postgres").strip().lower()
+    if choice not in shards.SHARD_HASHES:
+        raise ConfigError(f"HOOKLEDGER_ACCOUNT_SHARD_HASH must be {' or '.join(shards.SHARD_HASHES)}, got {choice!r}")
+    return choice
 
 
 def _gc_threshold(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -280,4 +292,5 @@ def _api(environ: Mapping[str, str]) -> ApiSettings:
         log_level=log_level,
         gc_gen0_threshold=_gc_threshold(environ, "HOOKLEDGER_API_GC_GEN0", ApiSettings.gc_gen0_threshold),
         account_shards=_account_shards(environ),
+        account_shard_hash=_account_shard_hash(environ),
     )

@@ -47,6 +47,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HOOKLEDGER_SWEEP_SECONDS", "5", "how often a worker sweeps PostgreSQL for due deliveries"),
     Setting("HOOKLEDGER_ACCOUNT_SHARDS", "1", "shards of the account tables (partitions or Citus shards): "
             "claims and group commits write one shard's accounts per statement"),
+    Setting("HOOKLEDGER_ACCOUNT_SHARD_HASH", "postgres", "the shards' hash: postgres (hash partitions) or citus"),
     Setting("HOOKLEDGER_SWEEP_LANES", "4", "claimed batches a worker has in flight"),
     Setting("HOOKLEDGER_WORKER_JOBS", "20", "a worker's delivery jobs at once (2 more kept for operator jobs)"),
     Setting("HOOKLEDGER_WORKER_POLL_MS", "250", "how often a worker reads the queue without a wake-up"),

@@ -73,6 +73,7 @@ def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> w
         wake=queue.wake if queue is not None else None,
         outcome_wait_seconds=api.commit_outcome_wait_seconds,
         account_shards=api.account_shards,
+        account_shard_hash=api.account_shard_hash,
     )
     app = web.Application(
         middlewares=[middleware.observe, middleware.errors_as_problems],

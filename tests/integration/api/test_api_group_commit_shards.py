@@ -1,5 +1,6 @@
 """Group commit split by shard: with HOOKLEDGER_ACCOUNT_SHARDS at 8, each transaction carries the
-accounts of one shard only (billing.shards.partition_of), every request still gets its own answer,
+accounts of one shard only (billing.shards.shard_of: PostgreSQL's partitions, or Citus's shards),
+every request still gets its own answer,
 the wake-ups name each delivery's account, and the ledger balances. At 1, transactions mix shards
 as before: the same check then fails, which shows that it can."""
 
@@ -28,15 +29,16 @@ async def _account_with_endpoint(pool) -> uuid.UUID:
     return account.id
 
 
-@pytest.mark.parametrize("shard_count", [1, 8])
-async def test_each_transaction_holds_one_shards_accounts(pool, shard_count):
+@pytest.mark.parametrize("shard_count, shard_hash", [(1, "postgres"), (8, "postgres"), (8, "citus")])
+async def test_each_transaction_holds_one_shards_accounts(pool, shard_count, shard_hash):
     account_ids = [await _account_with_endpoint(pool) for _ in range(ACCOUNTS)]
     woken: list[tuple[uuid.UUID, uuid.UUID]] = []
 
     async def wake(keys: list[tuple[uuid.UUID, uuid.UUID]]) -> None:
         woken.extend(keys)
 
-    coalescer = Coalescer(pool, attempts_max=3, batch_max=100, concurrency=2, account_shards=shard_count, wake=wake)
+    coalescer = Coalescer(pool, attempts_max=3, batch_max=100, concurrency=2, account_shards=shard_count,
+                          account_shard_hash=shard_hash, wake=wake)
     plan = [account_id for _ in range(REQUESTS_PER_ACCOUNT) for account_id in account_ids]
     try:
         results = await asyncio.gather(*(coalescer.submit(messages.MessageRequest(account_id, "t", b"{}"))
@@ -52,7 +54,7 @@ async def test_each_transaction_holds_one_shards_accounts(pool, shard_count):
     by_transaction: dict[str, set[uuid.UUID]] = defaultdict(set)
     for row in rows:
         by_transaction[row["transaction"]].add(row["account_id"])
-    shards_per_transaction = [{shards.partition_of(account_id, 8) for account_id in accounts_written}
+    shards_per_transaction = [{shards.shard_of(account_id, 8, shard_hash) for account_id in accounts_written}
                               for accounts_written in by_transaction.values()]
     assert len(by_transaction) < len(plan)  # still coalesced
     if shard_count == 8:

@@ -93,3 +93,15 @@ def test_partition_of_is_fast_enough() -> None:
         shards.partition_hash(value)
     per_call = (time.perf_counter() - started) / len(values)
     assert per_call < 50e-6, per_call
+
+
+def test_shard_of_names_the_hash_it_groups_by() -> None:
+    """shard_of is partition_of for `postgres` and citus_shard_index for `citus`, and the two place
+    some accounts differently (so grouping by the wrong one would mix shards)."""
+    values = _random_uuids(17, 500)
+    assert [shards.shard_of(value, 8) for value in values] == [shards.partition_of(value, 8) for value in values]
+    by_citus = [shards.shard_of(value, 8, "citus") for value in values]
+    assert by_citus == [shards.citus_shard_index(value, 8) for value in values]
+    assert by_citus != [shards.partition_of(value, 8) for value in values]
+    with pytest.raises(ValueError):
+        shards.shard_of(values[0], 8, "md5")

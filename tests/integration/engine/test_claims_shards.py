@@ -60,11 +60,14 @@ async def _logged_pool(database_url: str, statements: list[tuple[str, tuple]]) -
     return await asyncpg.create_pool(database_url, min_size=1, max_size=10, init=init)
 
 
-@pytest.mark.parametrize("shard_count", [1, 8])
-async def test_concurrent_claimers_take_each_delivery_once_per_attempt(pool, database_url, shard_count):
+@pytest.mark.parametrize("shard_count, shard_hash, rounds", [(1, "postgres", ROUNDS), (8, "postgres", ROUNDS),
+                                                           (8, "citus", 10)])
+async def test_concurrent_claimers_take_each_delivery_once_per_attempt(pool, database_url, shard_count, shard_hash,
+                                                                       rounds):
     """8 claimers (5 by keys, 3 sweeping) race over 300 deliveries of 20 accounts, 50 rounds: each
     round claims every delivery exactly once, on its next attempt; with 8 shards, every claim
-    statement names the accounts of one shard only, and the claims reach several shards."""
+    statement names the accounts of one shard only (PostgreSQL's partition, or Citus's shard with
+    shard_hash "citus"), and the claims reach several shards."""
     keys = await _world(pool)
     every = {key.id for key in keys}
     account_of = {key.id: key.account_id for key in keys}
@@ -72,14 +75,15 @@ async def test_concurrent_claimers_take_each_delivery_once_per_attempt(pool, dat
     logged = await _logged_pool(database_url, statements)
     rng = random.Random(shard_count)
     try:
-        for round_number in range(ROUNDS):
+        for round_number in range(rounds):
             start = asyncio.Event()
 
             async def by_keys(start: asyncio.Event, sample: list[list[claims.DeliveryKey]]) -> list[claims.Claimed]:
                 await start.wait()
                 taken = []
                 for chosen in sample:
-                    loaded = await claims.claim_ids_for_send(logged, chosen, lease_ms=LEASE_MS, shards=shard_count)
+                    loaded = await claims.claim_ids_for_send(logged, chosen, lease_ms=LEASE_MS, shards=shard_count,
+                                                              shard_hash=shard_hash)
                     taken += [claimed for claimed, _ in loaded]
                     await asyncio.sleep(0)
                 return taken
@@ -88,7 +92,8 @@ async def test_concurrent_claimers_take_each_delivery_once_per_attempt(pool, dat
                 await start.wait()
                 taken = []
                 for _ in range(4):
-                    taken += await claims.claim_due(logged, batch_size=25, lease_ms=LEASE_MS, shards=shard_count)
+                    taken += await claims.claim_due(logged, batch_size=25, lease_ms=LEASE_MS, shards=shard_count,
+                                                    shard_hash=shard_hash)
                     await asyncio.sleep(0)
                 return taken
 
@@ -96,7 +101,8 @@ async def test_concurrent_claimers_take_each_delivery_once_per_attempt(pool, dat
                      + [asyncio.create_task(due(start)) for _ in range(3)])
             start.set()
             taken = [claimed for claimer in await asyncio.gather(*tasks) for claimed in claimer]
-            while rest := await claims.claim_due(logged, batch_size=200, lease_ms=LEASE_MS, shards=shard_count):
+            while rest := await claims.claim_due(logged, batch_size=200, lease_ms=LEASE_MS, shards=shard_count,
+                                                 shard_hash=shard_hash):
                 taken += rest  # what the racing claimers left: claimed now, alone
 
             assert len(taken) == len({claimed.id for claimed in taken}), f"round {round_number}: claimed twice"
@@ -121,7 +127,7 @@ async def test_concurrent_claimers_take_each_delivery_once_per_attempt(pool, dat
         account_ids, delivery_ids = args[0], args[2]
         assert len(account_ids) == len(delivery_ids) and account_ids
         assert all(account_of[delivery_id] == account_id for account_id, delivery_id in zip(account_ids, delivery_ids))
-        claim_shards = {shards.partition_of(account_id, shard_count) for account_id in account_ids}
+        claim_shards = {shards.shard_of(account_id, shard_count, shard_hash) for account_id in account_ids}
         assert len(claim_shards) == 1, f"one statement named accounts of shards {claim_shards}"
         shards_seen |= claim_shards
     assert len(shards_seen) > 1, "every account fell in one shard: the check proved nothing"
