@@ -14,6 +14,7 @@ written, it would be a reference table on Citus (a copy on every node) and is ne
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 # The column each distributed table is sharded by: its account.
@@ -61,6 +62,19 @@ def distribution_column(table: str) -> str:
 # partitions each distributed table has. Unset, 0 or 1: plain tables.
 PARTITIONS_VARIABLE = "HOOKLEDGER_ACCOUNT_PARTITIONS"
 PARTITIONS_MAX = 64  # a bound on the tables a migration makes: 13 tables times this
+
+
+def partition_name(table: str, remainder: int) -> str:
+    """The name of a distributed table's partition holding the hashes of `remainder` (MODULUS N)."""
+    return f"{table}_p{remainder}"
+
+
+_PARTITION_NAME = re.compile("(" + "|".join(DISTRIBUTED) + r")_p[0-9]+")
+
+
+def is_partition_name(name: str) -> bool:
+    """Whether `name` is a partition of a distributed table (what comparisons with billing.tables skip)."""
+    return _PARTITION_NAME.fullmatch(name) is not None
 
 
 class PartitionsSettingError(ValueError):
