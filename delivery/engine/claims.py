@@ -89,11 +89,16 @@ _DUE_BARE_IDS = (
     "     WHERE id = k.id AND " + _DUE_FILTER +
     "     OFFSET 0 FOR UPDATE SKIP LOCKED) p)"
 )
-# The rows `due` locked, each by its whole key: one probe of the primary key per row.
+# The rows `due` locked, found by index probes of their accounts and ids (arrays computed once, as
+# before the keys named accounts), and checked pairwise against `due`. Not a join with `due`: on
+# hash-partitioned tables PostgreSQL then hashed every partition's rows (32 ms at 100,000
+# deliveries, growing with the table) rather than probing each key, as it estimates a probe per
+# partition per key; the arrays keep it to index probes (3 ms).
 _TAKE_DUE = (
     " UPDATE deliveries d SET state = 'sending', attempt = d.attempt + 1,"
     "   leased_until = now() + $2 * interval '1 millisecond'"
-    " FROM due WHERE d.account_id = due.account_id AND d.id = due.id"
+    " WHERE d.account_id = ANY(ARRAY(SELECT account_id FROM due)) AND d.id = ANY(ARRAY(SELECT id FROM due))"
+    "   AND (d.account_id, d.id) IN (SELECT account_id, id FROM due)"
     " RETURNING d.id, d.account_id, d.message_id, d.endpoint_id, d.attempt, d.attempts_max, d.webhook_id"
 )
 # What the pre-send check and the sender need, joined to a delivery `d` (delivery.engine.presend reads

@@ -48,6 +48,25 @@ async def _world(pool) -> list[claims.DeliveryKey]:
     return keys
 
 
+async def _check_partitions(pool, keys: list[claims.DeliveryKey]) -> None:
+    """Where the schema is hash-partitioned (HOOKLEDGER_ACCOUNT_PARTITIONS), every delivery lies in
+    the partition whose remainder partition_of names for its account."""
+    bounds = await pool.fetch(
+        "SELECT c.oid::regclass::text AS partition, pg_get_expr(c.relpartbound, c.oid) AS bound FROM pg_inherits i"
+        " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'deliveries'::regclass")
+    if not bounds:
+        return  # plain tables: nothing to place
+    remainder_of = {}
+    for row in bounds:  # FOR VALUES WITH (modulus 8, remainder 3)
+        modulus, remainder = (int(part.split()[-1]) for part in row["bound"].split("(")[1].rstrip(")").split(","))
+        remainder_of[row["partition"]] = (modulus, remainder)
+    placed = await pool.fetch("SELECT tableoid::regclass::text AS partition, account_id FROM deliveries")
+    assert len(placed) == len(keys)
+    for row in placed:
+        modulus, remainder = remainder_of[row["partition"]]
+        assert shards.partition_of(row["account_id"], modulus) == remainder
+
+
 async def _logged_pool(database_url: str, statements: list[tuple[str, tuple]]) -> asyncpg.Pool:
     """A pool whose every statement is recorded, with its arguments, as the server receives it."""
 
@@ -69,6 +88,7 @@ async def test_concurrent_claimers_take_each_delivery_once_per_attempt(pool, dat
     statement names the accounts of one shard only (PostgreSQL's partition, or Citus's shard with
     shard_hash "citus"), and the claims reach several shards."""
     keys = await _world(pool)
+    await _check_partitions(pool, keys)
     every = {key.id for key in keys}
     account_of = {key.id: key.account_id for key in keys}
     statements: list[tuple[str, tuple]] = []
