@@ -72,12 +72,14 @@ _DUE = (
 # statistics (a burst of creates since the last ANALYZE, when few deliveries were pending) made
 # PostgreSQL scan the whole due index instead: 40 ms for 500 ids rather than 23 ms. SKIP LOCKED
 # never waits, so the order rows are locked in cannot deadlock. $1 the accounts, $3 the delivery ids
-# (pairwise), $2 the lease as in every claim.
+# (pairwise), $2 the lease as in every claim. `account_id = ANY($1)` repeats what the probe says, in
+# the one form a distributed engine prunes shards by (a parameter, not a join with unnest's rows):
+# with the accounts of one shard in $1, the statement runs on that shard alone.
 _DUE_KEYS = (
     "WITH due AS ("
     "   SELECT p.account_id, p.id FROM unnest($1::uuid[], $3::uuid[]) AS k(account_id, id) CROSS JOIN LATERAL ("
     "     SELECT account_id, id FROM deliveries"
-    "     WHERE account_id = k.account_id AND id = k.id AND " + _DUE_FILTER +
+    "     WHERE account_id = k.account_id AND id = k.id AND account_id = ANY($1::uuid[]) AND " + _DUE_FILTER +
     "     OFFSET 0 FOR UPDATE SKIP LOCKED) p)"
 )
 # A job of the previous version carries bare delivery ids: claimed by id alone, as that version did.
@@ -94,13 +96,18 @@ _DUE_BARE_IDS = (
 # hash-partitioned tables PostgreSQL then hashed every partition's rows (32 ms at 100,000
 # deliveries, growing with the table) rather than probing each key, as it estimates a probe per
 # partition per key; the arrays keep it to index probes (3 ms).
-_TAKE_DUE = (
-    " UPDATE deliveries d SET state = 'sending', attempt = d.attempt + 1,"
-    "   leased_until = now() + $2 * interval '1 millisecond'"
-    " WHERE d.account_id = ANY(ARRAY(SELECT account_id FROM due)) AND d.id = ANY(ARRAY(SELECT id FROM due))"
-    "   AND (d.account_id, d.id) IN (SELECT account_id, id FROM due)"
-    " RETURNING d.id, d.account_id, d.message_id, d.endpoint_id, d.attempt, d.attempts_max, d.webhook_id"
-)
+def _take_due(accounts: str) -> str:
+    return (
+        " UPDATE deliveries d SET state = 'sending', attempt = d.attempt + 1,"
+        "   leased_until = now() + $2 * interval '1 millisecond'"
+        f" WHERE d.account_id = ANY({accounts}) AND d.id = ANY(ARRAY(SELECT id FROM due))"
+        "   AND (d.account_id, d.id) IN (SELECT account_id, id FROM due)"
+        " RETURNING d.id, d.account_id, d.message_id, d.endpoint_id, d.attempt, d.attempts_max, d.webhook_id"
+    )
+
+
+_TAKE_DUE = _take_due("ARRAY(SELECT account_id FROM due)")
+_TAKE_KEYS = _take_due("$1::uuid[]")  # the accounts the caller named: one shard's, prunable as above
 # What the pre-send check and the sender need, joined to a delivery `d` (delivery.engine.presend reads
 # these columns by name). Here, so that a claim can return them in the same round trip. The
 # delivery's own webhook_id (a replay's: NULL for every other delivery) comes with `d` itself.
@@ -123,17 +130,17 @@ SEND_JOINS = (
 )
 
 
-def _for_send(due: str) -> str:
+def _for_send(due: str, take: str) -> str:
     """The claim and the pre-send load in one statement: the joins read the rows as of the claim."""
-    return due + ", claimed AS (" + _TAKE_DUE + ") SELECT d.*, " + SEND_COLUMNS + " FROM claimed d" + SEND_JOINS
+    return due + ", claimed AS (" + take + ") SELECT d.*, " + SEND_COLUMNS + " FROM claimed d" + SEND_JOINS
 
 
 _CLAIM_DUE = _DUE + _TAKE_DUE
-_CLAIM_KEYS = _DUE_KEYS + _TAKE_DUE
+_CLAIM_KEYS = _DUE_KEYS + _TAKE_KEYS
 _CLAIM_BARE_IDS = _DUE_BARE_IDS + _TAKE_DUE
-_CLAIM_DUE_FOR_SEND = _for_send(_DUE)
-_CLAIM_KEYS_FOR_SEND = _for_send(_DUE_KEYS)
-_CLAIM_BARE_IDS_FOR_SEND = _for_send(_DUE_BARE_IDS)
+_CLAIM_DUE_FOR_SEND = _for_send(_DUE, _TAKE_DUE)
+_CLAIM_KEYS_FOR_SEND = _for_send(_DUE_KEYS, _TAKE_KEYS)
+_CLAIM_BARE_IDS_FOR_SEND = _for_send(_DUE_BARE_IDS, _TAKE_DUE)
 # The sweep with more than one shard: the due deliveries of every account, read without a lock (a
 # read across shards is fine on a distributed engine; a lock across them is one statement that no
 # shard can run alone), then claimed shard by shard with _CLAIM_KEYS, which checks each again.

@@ -13,7 +13,7 @@ import time
 from billing.messages import MessageRequest, create_messages
 from delivery.engine import claims
 from delivery.platform import config
-from engine_helpers import add_account, add_endpoint, fast_environment, running_worker, wait_for
+from engine_helpers import keys_of, add_account, add_endpoint, fast_environment, running_worker, wait_for
 
 APPLICATION_PER_SECOND = 4
 LEASE_MS = 30_000
@@ -37,7 +37,7 @@ async def test_the_claim_gives_each_endpoint_its_own_limit_else_its_applications
     for account_id in (limited, unlimited):
         created = await create_messages(pool, [MessageRequest(account_id, "order.paid", b"{}")], attempts_max=3)
         delivery_ids += [delivery.id for message in created for delivery in message.deliveries]
-    loaded = await claims.claim_ids_for_send(pool, delivery_ids, lease_ms=LEASE_MS)
+    loaded = await claims.claim_ids_for_send(pool, await keys_of(pool, delivery_ids), lease_ms=LEASE_MS)
     limits = {claimed.endpoint_id: row["rate_limit_per_second"] for claimed, row in loaded}
     assert limits == {own: 30, inherits: 7, free: None}
     # The claim by due time reads the same columns.
@@ -63,7 +63,7 @@ async def test_an_endpoint_without_a_limit_is_sent_at_most_its_applications_limi
         for _ in range(2):
             await stack.enter_async_context(running_worker(settings, pool))
         delivery_ids = await _deliveries(pool, settings, account_id, count)
-        await arq_queue.wake(delivery_ids)
+        await arq_queue.wake(await keys_of(pool, delivery_ids))
         await wait_for(lambda: _delivered(pool, delivery_ids), timeout_seconds=120)
     assert len(times) == count
     times.sort()

@@ -23,7 +23,7 @@ from delivery.platform import config
 from delivery.engine import metrics_share, queue as job_queue
 from delivery.platform.web_app import create_app
 from delivery.api.routes_ops import READY_TIMEOUT_SECONDS
-from engine_helpers import add_account, add_endpoint, all_finished, fast_environment, running_worker, wait_for
+from engine_helpers import keys_of, add_account, add_endpoint, all_finished, fast_environment, running_worker, wait_for
 
 OPERATOR_KEY = "op_test_" + "m" * 40
 SHARE_SECONDS = 1
@@ -99,7 +99,7 @@ async def _deliver_some(pool, settings, keyring, receiver_factory, queue: job_qu
         delivery_ids += [delivery.id for delivery in created.deliveries]
     assert len(delivery_ids) == 6
     await pool.execute("UPDATE endpoints SET enabled = false WHERE id = $1", disabled)
-    await queue.wake(delivery_ids)
+    await queue.wake(await keys_of(pool, delivery_ids))
     return delivery_ids
 
 

@@ -20,7 +20,7 @@ from delivery.engine.sender import Sender, SenderSettings
 from delivery.platform import config
 from delivery.store import endpoints as endpoint_store
 from delivery.store.signer_cache import SignerCache
-from engine_helpers import PRICE, add_account, add_endpoint, all_finished, fast_environment, running_worker, wait_for
+from engine_helpers import keys_of, PRICE, add_account, add_endpoint, all_finished, fast_environment, running_worker, wait_for
 from operational_helpers import (add_operational_endpoint, all_received, check_each_received_once, events_of,
                                  send_due, start_operational_receiver)
 
@@ -50,9 +50,9 @@ async def test_a_receiver_answering_410_disables_its_endpoint_and_the_dead_come_
     await add_operational_endpoint(pool, account_id, operations, keyring)
     async with running_worker(settings, pool):
         delivery_ids = await _create(pool, account_id, 5)
-        await arq_queue.wake(delivery_ids[:1])
+        await arq_queue.wake(await keys_of(pool, delivery_ids[:1]))
         await wait_for(lambda: pool.fetchval("SELECT NOT enabled FROM endpoints WHERE id = $1", endpoint_id))
-        await arq_queue.wake(delivery_ids[1:])
+        await arq_queue.wake(await keys_of(pool, delivery_ids[1:]))
         await wait_for(lambda: all_finished(pool, delivery_ids))
         await wait_for(lambda: all_received(pool, account_id, operations), timeout_seconds=30)
     await check_each_received_once(pool, account_id, operations)
@@ -79,7 +79,7 @@ async def test_retries_running_out_and_a_failing_streak(pool, settings, keyring,
     await add_operational_endpoint(pool, account_id, operations, keyring)
     async with running_worker(settings, pool):
         delivery_ids = await _create(pool, account_id, 2)
-        await arq_queue.wake(delivery_ids)
+        await arq_queue.wake(await keys_of(pool, delivery_ids))
         await wait_for(lambda: all_finished(pool, delivery_ids))
         # Six failures: half of a policy of twelve (a warning), then all of a policy of six.
         policy = AutoDisablePolicy(failing_seconds_min=0, failures_min=12, failure_spread_seconds_min=0)
@@ -124,7 +124,7 @@ async def test_a_late_2xx_after_the_refund_is_delivery_recovered(
     paused = engine_module.Engine(
         pool, Sender(SenderSettings(allow_loopback=True, timeout_ms_default=10_000, timeout_ms_max=10_000)), None,
         SignerCache(keyring), engine_module.EngineSettings(lease_ms=60_000), random.Random(1))
-    send = asyncio.create_task(paused.deliver_ids([delivery_id]))
+    send = asyncio.create_task(paused.deliver_ids(await keys_of(pool, [delivery_id])))
     await wait_for(lambda: asyncio.sleep(0, result=len(receiver.received) == 1))
     await pool.execute("UPDATE deliveries SET leased_until = now() - interval '1 second' WHERE id = $1", delivery_id)
     async with running_worker(settings, pool):

@@ -13,7 +13,7 @@ from billing.messages import MessageRequest, create_messages
 from delivery.engine import queue as job_queue
 from delivery.operations import deletion
 from delivery.platform import config
-from engine_helpers import add_account, add_endpoint, fast_environment, ledger_of, running_worker, wait_for
+from engine_helpers import keys_of, add_account, add_endpoint, fast_environment, ledger_of, running_worker, wait_for
 
 BUSY_DELIVERIES = 300  # one deliver job each, 0.8 s per send: 12 s of work for 20 slots
 
@@ -47,7 +47,7 @@ async def test_a_deletion_starts_within_a_second_behind_a_full_delivery_queue(
         busy_deliveries = await _create(pool, busy, BUSY_DELIVERIES)
         doomed_deliveries = await _create(pool, doomed, 5)  # never woken: pending when the deletion comes
         for delivery_id in busy_deliveries:
-            await arq_queue.wake([delivery_id])
+            await arq_queue.wake(await keys_of(pool, [delivery_id]))
         await wait_for(lambda: asyncio.sleep(0, len(receiver.received) >= settings.worker.jobs_max))
         waiting = await redis.zcard(job_queue.QUEUE_NAME)
         assert waiting > BUSY_DELIVERIES - 3 * settings.worker.jobs_max

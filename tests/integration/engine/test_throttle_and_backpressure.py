@@ -18,7 +18,7 @@ from aiohttp import web
 from billing.audit import audit
 from billing.messages import MessageRequest, create_messages
 from delivery.platform import config
-from engine_helpers import add_account, add_endpoint, fast_environment, running_worker, wait_for
+from engine_helpers import keys_of, add_account, add_endpoint, fast_environment, running_worker, wait_for
 
 THROTTLED_PER_SECOND = 50
 WORKERS = 4
@@ -33,7 +33,7 @@ async def _create(pool, settings, arq_queue, account_id, count: int) -> list:
             attempts_max=settings.ledger.attempts_max)
         batch = [delivery.id for message in created for delivery in message.deliveries]
         delivery_ids += batch
-        await arq_queue.wake(batch)
+        await arq_queue.wake(await keys_of(pool, batch))
     return delivery_ids
 
 

@@ -15,7 +15,7 @@ from billing.database import create_pool
 from billing.messages import MessageRequest, create_messages
 from delivery.platform import config
 from database_switch import DatabaseSwitch
-from engine_helpers import add_account, add_endpoint, all_finished, fast_environment, running_worker, states, wait_for
+from engine_helpers import keys_of, add_account, add_endpoint, all_finished, fast_environment, running_worker, states, wait_for
 
 OUTAGE_SECONDS = 2.5  # more than two sweeps (HOOKLEDGER_SWEEP_SECONDS=1) and many polls
 
@@ -47,12 +47,12 @@ async def test_a_database_outage_under_a_running_worker_logs_one_line_per_job_an
     try:
         async with running_worker(settings, worker_pool) as worker:
             before = await _create(pool, account_id, 20)
-            await arq_queue.wake(before)
+            await arq_queue.wake(await keys_of(pool, before))
             await wait_for(lambda: asyncio.sleep(0, len(receiver.received) >= 5))
             await switch.off()
             during = await _create(pool, account_id, 10)
             for delivery_id in during:  # one job each
-                await arq_queue.wake([delivery_id])
+                await arq_queue.wake(await keys_of(pool, [delivery_id]))
             await asyncio.sleep(OUTAGE_SECONDS)
             await switch.on()
             await wait_for(lambda: all_finished(pool, before + during), timeout_seconds=30)

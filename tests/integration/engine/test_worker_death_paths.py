@@ -12,7 +12,7 @@ from delivery.engine import pipeline as engine_module
 from delivery.engine.results import AttemptResult, record_results
 from delivery.engine.sender import Sender, SenderSettings
 from delivery.store.signer_cache import SignerCache
-from engine_helpers import (PRICE, add_account, add_endpoint, all_finished, fast_environment, ledger_of,
+from engine_helpers import (keys_of, PRICE, add_account, add_endpoint, all_finished, fast_environment, ledger_of,
                             running_worker, states, wait_for)
 
 
@@ -33,7 +33,7 @@ async def _fail_once_then_change(pool, database_url, redis_url, keyring, receive
     endpoint_id = await add_endpoint(pool, account_id, receiver, keyring)
     async with running_worker(settings, pool):
         delivery_id = await _create(pool, account_id, settings.ledger.attempts_max)
-        await arq_queue.wake([delivery_id])
+        await arq_queue.wake(await keys_of(pool, [delivery_id]))
         await wait_for(lambda: pool.fetchval(
             "SELECT state = 'pending' AND attempt = 1 FROM deliveries WHERE id = $1", delivery_id))
         await change(account_id, endpoint_id)
@@ -101,7 +101,7 @@ async def test_stale_success_after_lease_expiry_is_reclaimed_once(
     paused = engine_module.Engine(
         pool, Sender(SenderSettings(allow_loopback=True, timeout_ms_default=10_000, timeout_ms_max=10_000)), None, SignerCache(keyring),
         engine_module.EngineSettings(lease_ms=60_000), random.Random(1))
-    send = asyncio.create_task(paused.deliver_ids([delivery_id]))
+    send = asyncio.create_task(paused.deliver_ids(await keys_of(pool, [delivery_id])))
     await wait_for(lambda: asyncio.sleep(0, result=len(receiver.received) == 1))
     await pool.execute("UPDATE deliveries SET leased_until = now() - interval '1 second' WHERE id = $1", delivery_id)
     async with running_worker(settings, pool):
