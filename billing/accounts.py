@@ -185,6 +185,10 @@ async def update_settings(executor: Executor, account_id: uuid.UUID, *, payload_
     return Account(**dict(row))
 
 
+# An entry of the account by its derived id: ledger ids are unique together with the account.
+_ENTRY_OF_ACCOUNT = "SELECT account_id, amount FROM ledger_entries WHERE account_id = $1 AND id = $2"
+
+
 async def top_up(executor: Executor, account_id: uuid.UUID, order_id: str, amount: int) -> TopupResult:
     """Add credits for a paid order. The same order twice adds once; another amount is an error."""
     _check_text(order_id, "order_id", ORDER_ID_LENGTH_MAX)
@@ -192,9 +196,7 @@ async def top_up(executor: Executor, account_id: uuid.UUID, order_id: str, amoun
     entry_id = ids.topup_id(order_id)
     async with transaction(executor) as connection:
         account = await _lock_account(connection, account_id)
-        existing = await connection.fetchrow(
-            "SELECT account_id, amount FROM ledger_entries WHERE id = $1", entry_id
-        )
+        existing = await connection.fetchrow(_ENTRY_OF_ACCOUNT, account_id, entry_id)
         if existing is not None:
             return _applied_before(order_id, entry_id, account_id, amount, account["balance"], existing)
         if account["status"] != "active":
@@ -206,8 +208,10 @@ async def top_up(executor: Executor, account_id: uuid.UUID, order_id: str, amoun
                 f"a top-up of {amount} would take the balance ({account['balance']}, plus {in_flight} in flight"
                 f" that may be refunded) past the maximum of {BALANCE_MAX}; at most {max(room, 0)} can be added"
             )
-        # ON CONFLICT: the account lock does not cover the same order raced onto another
-        # account; the loser sees the winner's entry and reports a conflict, not a driver error.
+        # ON CONFLICT: while ledger ids are unique on their own (before the keys include the
+        # account), the same order raced onto another account conflicts; the loser finds no entry
+        # of its own and reports a conflict, not a driver error. Once ids are unique together
+        # with the account, an order id is the account's own and this cannot happen.
         balance = await connection.fetchval(
             "WITH entry AS (INSERT INTO ledger_entries (id, account_id, kind, amount)"
             " VALUES ($1, $2, 'topup', $3) ON CONFLICT (id) DO NOTHING RETURNING amount)"
@@ -217,9 +221,9 @@ async def top_up(executor: Executor, account_id: uuid.UUID, order_id: str, amoun
             amount,
         )
         if balance is None:
-            existing = await connection.fetchrow(
-                "SELECT account_id, amount FROM ledger_entries WHERE id = $1", entry_id
-            )
+            existing = await connection.fetchrow(_ENTRY_OF_ACCOUNT, account_id, entry_id)
+            if existing is None:
+                raise TopupConflict(f"order {order_id!r} was already applied to another account")
             return _applied_before(order_id, entry_id, account_id, amount, account["balance"], existing)
     return TopupResult(entry_id, amount, balance, applied=True)
 
@@ -241,8 +245,8 @@ async def reverse_top_up(executor: Executor, account_id: uuid.UUID, order_id: st
     async with transaction(executor) as connection:
         account = await _lock_account(connection, account_id)
         rows = await connection.fetch(
-            "SELECT id, account_id, amount FROM ledger_entries WHERE id = ANY($1::text[])",
-            [ids.topup_id(order_id), entry_id],
+            "SELECT id, account_id, amount FROM ledger_entries WHERE account_id = $2 AND id = ANY($1::text[])",
+            [ids.topup_id(order_id), entry_id], account_id,
         )
         entries = {row["id"]: row for row in rows}
         topup = entries.get(ids.topup_id(order_id))

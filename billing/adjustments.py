@@ -71,17 +71,20 @@ def adjustment_id(delivery_id: uuid.UUID, reason: str) -> str:
     return f"adjustment:{delivery_id}:{reason}"
 
 
-# The live deliveries of one account with everything the ledger says about them. $2: lock them.
+# The live deliveries of one account with everything its ledger says about them. $2: lock them.
+# Every read names the account: ledger ids are unique together with the account, so another
+# account's charge:<id> is no charge of this delivery (a missing charge here; that account's own
+# audit reports the entry).
 _LIVE_WITH_ENTRIES = (
-    "SELECT d.id, d.account_id, d.price, c.account_id AS charge_account_id, c.amount AS charge_amount,"
-    "   r.amount AS refund_amount,"
-    "   EXISTS (SELECT 1 FROM ledger_entries a WHERE a.id IN ('adjustment:' || d.id || ':missing_charge',"
+    "SELECT d.id, d.account_id, d.price, c.amount AS charge_amount, r.amount AS refund_amount,"
+    "   EXISTS (SELECT 1 FROM ledger_entries a WHERE a.account_id = $1"
+    "     AND a.id IN ('adjustment:' || d.id || ':missing_charge',"
     "       'adjustment:' || d.id || ':charge_difference', 'adjustment:' || d.id || ':refund_on_live')) AS adjusted"
     " FROM deliveries d"
-    " LEFT JOIN ledger_entries c ON c.id = 'charge:' || d.id"
-    " LEFT JOIN ledger_entries r ON r.id = 'refund:' || d.id"
+    " LEFT JOIN ledger_entries c ON c.account_id = $1 AND c.id = 'charge:' || d.id"
+    " LEFT JOIN ledger_entries r ON r.account_id = $1 AND r.id = 'refund:' || d.id"
     " WHERE d.account_id = $1 AND d.state IN ('pending', 'sending')"
-    "   AND (c.id IS NULL OR c.account_id <> d.account_id OR c.amount <> -d.price OR r.id IS NOT NULL)"
+    "   AND (c.id IS NULL OR c.amount <> -d.price OR r.id IS NOT NULL)"
     " ORDER BY d.id"
 )
 # Adjustments, then dead marks and the missing refunds, then the balance: one statement.
@@ -94,7 +97,7 @@ _APPLY = (
     " dead AS ("
     "   UPDATE deliveries d SET state = 'dead', dead_reason = 'account_deleted', leased_until = NULL,"
     "       finished_at = now()"
-    "   WHERE d.id = ANY($5::uuid[]) AND d.account_id = $1 AND d.state IN ('pending', 'sending')"
+    "   WHERE d.account_id = $1 AND d.id = ANY($5::uuid[]) AND d.state IN ('pending', 'sending')"
     "   RETURNING d.id, d.price),"
     " refunds AS ("
     "   INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
@@ -121,8 +124,6 @@ def _plan(row) -> Repair:
 
     if row["adjusted"]:
         return repair("already has an adjustment entry; needs a person", None)
-    if charge is not None and row["charge_account_id"] != row["account_id"]:
-        return repair(f"charge belongs to account {row['charge_account_id']}; needs a person", None)
     if refund is not None and refund != price:
         return repair(f"refunded {refund} while live, expected {price}; needs a person", None)
     if charge is None:
