@@ -210,7 +210,7 @@ async def replay(request: web.Request) -> web.Response:
                                   error=f"The price is now {account.price_per_delivery} credits; confirm again.")
     try:
         if delivery["state"] == "dead":
-            new_id = await _replay_dead(ctx, delivery["id"])
+            new_id = await _replay_dead(ctx, account_id, delivery["id"])
         else:
             nonce = form.get("nonce")
             if not isinstance(nonce, str) or not _NONCE.fullmatch(nonce):
@@ -224,9 +224,10 @@ async def replay(request: web.Request) -> web.Response:
     raise pages.redirect(f"/dashboard/deliveries/{new_id}?replayed_from={delivery['id']}")
 
 
-async def _replay_dead(ctx, delivery_id: uuid.UUID) -> uuid.UUID:
+async def _replay_dead(ctx, account_id: uuid.UUID, delivery_id: uuid.UUID) -> uuid.UUID:
     result = await dead_letters.replay(ctx.pool, delivery_id, attempts_max=ctx.settings.ledger.attempts_max,
-                                       outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds)
+                                       outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds,
+                                       account_id=account_id)
     if delivery_id in result.created:
         new_id = result.created[delivery_id]
         if ctx.queue is not None:
