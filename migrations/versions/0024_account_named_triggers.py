@@ -11,7 +11,7 @@ replaced in place (their triggers, and ENABLE ALWAYS, stay); the reference check
 index probes again, which replacing a function resets.
 
 Revision ID: 0024
-Revises: 0021 (for now: it follows the keys of 0022 and the partitions of 0023 once merged)
+Revises: 0023
 Create Date: 2026-12-06
 """
 from alembic import op
@@ -19,7 +19,7 @@ from alembic import op
 from billing import operational_outbox, references
 
 revision = '0024'
-down_revision = '0021'
+down_revision = '0023'
 branch_labels = None
 depends_on = None
 
