@@ -185,6 +185,10 @@ async def update_settings(executor: Executor, account_id: uuid.UUID, *, payload_
     return Account(**dict(row))
 
 
+# An entry of the account by its derived id: ledger ids are unique together with the account.
+_ENTRY_OF_ACCOUNT = "SELECT account_id, amount FROM ledger_entries WHERE account_id = $1 AND id = $2"
+
+
 async def top_up(executor: Executor, account_id: uuid.UUID, order_id: str, amount: int) -> TopupResult:
     """Add credits for a paid order. The same order twice adds once; another amount is an error."""
     _check_text(order_id, "order_id", ORDER_ID_LENGTH_MAX)
@@ -196,6 +200,8 @@ async def top_up(executor: Executor, account_id: uuid.UUID, order_id: str, amoun
         # index refuses the same order on another account: top-ups of one order take turns on a
         # lock named by it, taken after the account's, and the later one finds the earlier's entry.
         await connection.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", entry_id)
+        # A read by the bare derived id across accounts, allowed to span them: it is what keeps an
+        # order to one account (on a distributed engine, a read of every shard).
         existing = await connection.fetchrow(
             "SELECT account_id, amount FROM ledger_entries WHERE id = $1", entry_id
         )
@@ -220,9 +226,7 @@ async def top_up(executor: Executor, account_id: uuid.UUID, order_id: str, amoun
             amount,
         )
         if balance is None:
-            existing = await connection.fetchrow(
-                "SELECT account_id, amount FROM ledger_entries WHERE id = $1", entry_id
-            )
+            existing = await connection.fetchrow(_ENTRY_OF_ACCOUNT, account_id, entry_id)
             return _applied_before(order_id, entry_id, account_id, amount, account["balance"], existing)
     return TopupResult(entry_id, amount, balance, applied=True)
 
@@ -244,8 +248,8 @@ async def reverse_top_up(executor: Executor, account_id: uuid.UUID, order_id: st
     async with transaction(executor) as connection:
         account = await _lock_account(connection, account_id)
         rows = await connection.fetch(
-            "SELECT id, account_id, amount FROM ledger_entries WHERE id = ANY($1::text[])",
-            [ids.topup_id(order_id), entry_id],
+            "SELECT id, account_id, amount FROM ledger_entries WHERE account_id = $2 AND id = ANY($1::text[])",
+            [ids.topup_id(order_id), entry_id], account_id,
         )
         entries = {row["id"]: row for row in rows}
         topup = entries.get(ids.topup_id(order_id))

@@ -71,18 +71,26 @@ def adjustment_id(delivery_id: uuid.UUID, reason: str) -> str:
     return f"adjustment:{delivery_id}:{reason}"
 
 
-# The live deliveries of one account with everything the ledger says about them. $2: lock them.
+# The live deliveries of one account with everything its ledger says about them. $2: lock them.
+# Every read names the account: ledger ids are unique together with the account, so another
+# account's charge:<id> is no charge of this delivery; _FOREIGN_CHARGES looks for those apart.
 _LIVE_WITH_ENTRIES = (
-    "SELECT d.id, d.account_id, d.price, c.account_id AS charge_account_id, c.amount AS charge_amount,"
-    "   r.amount AS refund_amount,"
-    "   EXISTS (SELECT 1 FROM ledger_entries a WHERE a.id IN ('adjustment:' || d.id || ':missing_charge',"
+    "SELECT d.id, d.account_id, d.price, c.amount AS charge_amount, r.amount AS refund_amount,"
+    "   EXISTS (SELECT 1 FROM ledger_entries a WHERE a.account_id = $1"
+    "     AND a.id IN ('adjustment:' || d.id || ':missing_charge',"
     "       'adjustment:' || d.id || ':charge_difference', 'adjustment:' || d.id || ':refund_on_live')) AS adjusted"
     " FROM deliveries d"
-    " LEFT JOIN ledger_entries c ON c.id = 'charge:' || d.id"
-    " LEFT JOIN ledger_entries r ON r.id = 'refund:' || d.id"
+    " LEFT JOIN ledger_entries c ON c.account_id = $1 AND c.id = 'charge:' || d.id"
+    " LEFT JOIN ledger_entries r ON r.account_id = $1 AND r.id = 'refund:' || d.id"
     " WHERE d.account_id = $1 AND d.state IN ('pending', 'sending')"
-    "   AND (c.id IS NULL OR c.account_id <> d.account_id OR c.amount <> -d.price OR r.id IS NOT NULL)"
+    "   AND (c.id IS NULL OR c.amount <> -d.price OR r.id IS NOT NULL)"
     " ORDER BY d.id"
+)
+# The charges of these deliveries written on another account than $2. An operator's read that
+# spans accounts by nature (a repair runs by hand), made only for the deliveries that have no
+# charge of their own: a delivery charged elsewhere needs a person, not an adjustment here.
+_FOREIGN_CHARGES = (
+    "SELECT delivery_id, account_id FROM ledger_entries WHERE id = ANY($1::text[]) AND account_id <> $2"
 )
 # Adjustments, then dead marks and the missing refunds, then the balance: one statement.
 _APPLY = (
@@ -94,7 +102,7 @@ _APPLY = (
     " dead AS ("
     "   UPDATE deliveries d SET state = 'dead', dead_reason = 'account_deleted', leased_until = NULL,"
     "       finished_at = now()"
-    "   WHERE d.id = ANY($5::uuid[]) AND d.account_id = $1 AND d.state IN ('pending', 'sending')"
+    "   WHERE d.account_id = $1 AND d.id = ANY($5::uuid[]) AND d.state IN ('pending', 'sending')"
     "   RETURNING d.id, d.price),"
     " refunds AS ("
     "   INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
@@ -109,8 +117,9 @@ _APPLY = (
 )
 
 
-def _plan(row) -> Repair:
-    """The correction for one live delivery that disagrees with the ledger (pure)."""
+def _plan(row, charged_elsewhere: uuid.UUID | None = None) -> Repair:
+    """The correction for one live delivery that disagrees with the ledger (pure); `charged_elsewhere`:
+    the other account its charge was written on, if any."""
     price, charge, refund = row["price"], row["charge_amount"], row["refund_amount"]
 
     def repair(problem: str, reason: str | None, amount: int = 0) -> Repair:
@@ -121,8 +130,8 @@ def _plan(row) -> Repair:
 
     if row["adjusted"]:
         return repair("already has an adjustment entry; needs a person", None)
-    if charge is not None and row["charge_account_id"] != row["account_id"]:
-        return repair(f"charge belongs to account {row['charge_account_id']}; needs a person", None)
+    if charge is None and charged_elsewhere is not None:
+        return repair(f"charge belongs to account {charged_elsewhere}; needs a person", None)
     if refund is not None and refund != price:
         return repair(f"refunded {refund} while live, expected {price}; needs a person", None)
     if charge is None:
@@ -136,7 +145,17 @@ async def propose(executor: Executor, account_id: uuid.UUID) -> list[Repair]:
     """The corrections the account's live deliveries need. Reads only; one scan."""
     async with transaction(executor) as connection:
         rows = await connection.fetch(_LIVE_WITH_ENTRIES + " LIMIT $2", account_id, REPAIRS_PER_CALL_MAX)
-    return [_plan(row) for row in rows]
+        return await _plans(connection, account_id, rows)
+
+
+async def _plans(connection, account_id: uuid.UUID, rows) -> list[Repair]:
+    """Each row's correction, after looking for the charges missing here on other accounts."""
+    missing = [f"charge:{row['id']}" for row in rows if row["charge_amount"] is None]
+    elsewhere = {}
+    if missing:
+        elsewhere = {r["delivery_id"]: r["account_id"]
+                     for r in await connection.fetch(_FOREIGN_CHARGES, missing, account_id)}
+    return [_plan(row, elsewhere.get(row["id"])) for row in rows]
 
 
 @dataclass(frozen=True)
@@ -162,7 +181,7 @@ async def apply(executor: Executor, account_id: uuid.UUID, shown: list[Repair]) 
             raise AccountNotClosable(f"account {account_id} is {status}; repairs apply to a closing account")
         rows = await connection.fetch(_LIVE_WITH_ENTRIES + " LIMIT $2 FOR UPDATE OF d", account_id,
                                       REPAIRS_PER_CALL_MAX)
-        current = [_plan(row) for row in rows]
+        current = await _plans(connection, account_id, rows)
         if current != list(shown):
             raise RepairChanged(f"{len(current)} repairs are needed now, {len(shown)} were shown; nothing was written")
         chosen = [repair for repair in current if repair.repairable]

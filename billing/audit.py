@@ -371,7 +371,7 @@ class _ExpectedTrigger:
     cost: str = ""
 
 
-_CREATE_FUNCTION = re.compile(r"\s*CREATE FUNCTION (\w+)\(\) RETURNS trigger LANGUAGE (\w+) AS \$\$(.*)\$\$\s*", re.S)
+_CREATE_FUNCTION = re.compile(r"\s*CREATE (?:OR REPLACE )?FUNCTION (\w+)\(\) RETURNS trigger LANGUAGE (\w+) AS \$\$(.*)\$\$\s*", re.S)
 # pg_get_triggerdef's shape, which is also the shape of our own CREATE TRIGGER statements.
 _TRIGGER_DEFINITION = re.compile(
     r"CREATE (?P<constraint>CONSTRAINT )?TRIGGER (?P<name>\w+) (?P<timing>BEFORE|AFTER|INSTEAD OF) (?P<events>.+?)"
@@ -439,9 +439,10 @@ def _triggers_created_by(statements, wanted: list[tuple[str, str, str]], cost: s
 def _expected_triggers() -> list[_ExpectedTrigger]:
     """Every trigger I5 and I8 check, from the very statements the migrations run: the append-only
     triggers of billing.tables (0001) and the reference triggers of billing.references (0005, and
-    the messages and deliveries ones as 0016 makes them again)."""
+    the messages and deliveries ones as 0016 makes them again, and the functions 0024 replaces)."""
     statements = (tables.APPEND_ONLY_FUNCTION, *tables.APPEND_ONLY_TRIGGERS, *tables.APPEND_ONLY_ENABLE_ALWAYS,
-                  *references.upgrade_statements(), *references.application_check_statements())
+                  *references.upgrade_statements(), *references.application_check_statements(),
+                  *references.account_named_check_statements())
     append_only = [_TRIGGER_DEFINITION.fullmatch(statement) for statement in tables.APPEND_ONLY_TRIGGERS]
     wanted = [("I5", match["table"], match["name"]) for match in append_only]
     wanted += [("I8", table, name) for table, name in references.trigger_names()]

@@ -49,12 +49,13 @@ class ClosedOut:
 _BEGIN_CLOSING = (
     "UPDATE accounts SET status = 'closing' WHERE id = $1 AND status IN ('active', 'closing') RETURNING status"
 )
+# Every statement names the account ($1): ledger ids are unique together with the account, so
+# another account's charge:<id> is no charge of this account's delivery.
 _PRECHECK = (
-    "SELECT d.id, d.price, d.account_id, c.account_id AS charge_account_id, c.amount AS charge_amount,"
-    "   r.id IS NOT NULL AS refunded"
+    "SELECT d.id, d.price, d.account_id, c.amount AS charge_amount, r.id IS NOT NULL AS refunded"
     " FROM deliveries d"
-    " LEFT JOIN ledger_entries c ON c.id = 'charge:' || d.id"
-    " LEFT JOIN ledger_entries r ON r.id = 'refund:' || d.id"
+    " LEFT JOIN ledger_entries c ON c.account_id = $1 AND c.id = 'charge:' || d.id"
+    " LEFT JOIN ledger_entries r ON r.account_id = $1 AND r.id = 'refund:' || d.id"
     " WHERE d.account_id = $1 AND d.state IN ('pending', 'sending')"
     " ORDER BY d.id FOR UPDATE OF d"
 )
@@ -69,7 +70,7 @@ _BULK_SETTLE = (
     " dead AS ("
     "   UPDATE deliveries d SET state = 'dead', dead_reason = 'account_deleted', leased_until = NULL,"
     "       finished_at = now()"
-    "   FROM live WHERE d.id = live.id RETURNING d.id),"
+    "   FROM live WHERE d.account_id = $1 AND d.id = live.id RETURNING d.id),"
     " credit AS ("
     "   UPDATE accounts SET balance = balance + (SELECT coalesce(sum(amount), 0) FROM refunds)"
     "   WHERE id = $1 RETURNING balance)"
@@ -104,8 +105,6 @@ async def precheck(connection, account_id: uuid.UUID) -> list[Mismatch]:
 def _problem(row) -> str | None:
     if row["charge_amount"] is None:
         return "no charge entry"
-    if row["charge_account_id"] != row["account_id"]:
-        return f"charge belongs to account {row['charge_account_id']}"
     if row["charge_amount"] != -row["price"]:
         return f"charge is {row['charge_amount']}, expected {-row['price']}"
     if row["refunded"]:
@@ -150,7 +149,8 @@ async def close_out(executor: Executor, account_id: uuid.UUID) -> ClosedOut:
         if account is None:
             raise AccountNotFound(f"no account {account_id}")
         if account["status"] == "deleted":
-            amount = await connection.fetchval("SELECT amount FROM ledger_entries WHERE id = $1", entry_id)
+            amount = await connection.fetchval(
+                "SELECT amount FROM ledger_entries WHERE account_id = $1 AND id = $2", account_id, entry_id)
             return ClosedOut(entry_id, amount or 0, -(amount or 0), 0, 0, already_deleted=True)
         if account["status"] != "closing":
             raise AccountNotClosable(f"account {account_id} is {account['status']}; begin closing first")

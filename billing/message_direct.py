@@ -140,8 +140,8 @@ DIRECT_WRITE = (
     "     row_number() OVER (PARTITION BY r.message_id ORDER BY e.id) AS number"
     "   FROM request r CROSS JOIN LATERAL ("
     "     SELECT e.id FROM endpoints e"
-    "     WHERE e.application_id = r.application_id AND e.account_id = r.account_id AND e.enabled"
-    "       AND e.deleted_at IS NULL"
+    "     WHERE e.application_id = r.application_id AND e.account_id = r.account_id"
+    "       AND e.account_id = ANY ($2::uuid[]) AND e.enabled AND e.deleted_at IS NULL"
     "       AND (e.event_types IS NULL OR r.event_type = ANY (e.event_types) OR (e.event_type_prefixes IS NOT NULL"
     "         AND EXISTS (SELECT FROM unnest(e.event_type_prefixes) AS p WHERE starts_with(r.event_type, p))))"
     "       AND (e.channels IS NULL OR e.channels && r.channels) OFFSET 0) e),"
@@ -156,14 +156,16 @@ DIRECT_WRITE = (
     "   SELECT (SELECT count(*) FROM locked) = (SELECT count(DISTINCT account_id) FROM request)"
     "     AND NOT EXISTS (SELECT FROM request r WHERE r.application_id <> r.account_id"
     "       AND (SELECT ap.deleted_at IS NULL FROM applications ap"
-    "            WHERE ap.id = r.application_id AND ap.account_id = r.account_id) IS NOT TRUE)"
+    "            WHERE ap.id = r.application_id AND ap.account_id = r.account_id"
+    "              AND ap.account_id = ANY ($2::uuid[])) IS NOT TRUE)"
     "     AND NOT EXISTS (SELECT FROM request r WHERE r.idempotency_key IS NOT NULL"
     "       AND (SELECT true FROM messages m"
-    "            WHERE m.account_id = r.account_id AND m.idempotency_key = r.idempotency_key LIMIT 1))"
+    "            WHERE m.account_id = r.account_id AND m.account_id = ANY ($2::uuid[])"
+    "              AND m.idempotency_key = r.idempotency_key LIMIT 1))"
     f"     AND coalesce((SELECT max(number) FROM fan_out), 0) <= {DELIVERIES_PER_MESSAGE_MAX} AS ok),"
     " gate AS ("
     "   UPDATE accounts a SET balance = a.balance - l.total, balance_exhausted_armed = true FROM locked l"
-    "   WHERE (SELECT ok FROM ok) AND a.id = l.id AND (l.total <> 0 OR NOT a.balance_exhausted_armed)),"
+    "   WHERE (SELECT ok FROM ok) AND a.id = ANY ($2::uuid[]) AND a.id = l.id AND (l.total <> 0 OR NOT a.balance_exhausted_armed)),"
     " message_rows AS ("
     "   INSERT INTO messages (id, account_id, event_type, payload, idempotency_key, request_hash, trace_context,"
     "     application_id, channels)"
@@ -185,6 +187,6 @@ DIRECT_WRITE = (
 )
 
 # What a direct write made, in its answer's shape, read back when that answer was lost ($1 the
-# batch's message ids, in the batch's order; through the deliveries' message_id index).
+# batch's message ids, in the batch's order, $2 its accounts; through the deliveries' message_id index).
 DIRECT_READ_BACK = ("SELECT true AS ok," + _deliveries_made("array_position($1::uuid[], d.message_id)")
-                    + " FROM deliveries d WHERE d.message_id = ANY ($1::uuid[])")
+                    + " FROM deliveries d WHERE d.account_id = ANY ($2::uuid[]) AND d.message_id = ANY ($1::uuid[])")

@@ -103,6 +103,7 @@ class _UnlockedWrite:
     backend_pid: int  # the backend that ran it...
     alive_at: datetime  # ...and a moment it was alive (PostgreSQL's clock), to tell it from a later one
     message_id: uuid.UUID  # one of its new messages: it exists if the write took effect
+    account_id: uuid.UUID  # that message's account, which the lookup names
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,7 @@ async def _create_direct(executor: Executor, requests: list[MessageRequest], val
         try:
             row = await connection.fetchrow(DIRECT_WRITE, *batch.arguments())
         except _ANSWER_LOST as error:
-            unlocked = _UnlockedWrite(backend_pid, alive_at, batch.message_ids[0])
+            unlocked = _UnlockedWrite(backend_pid, alive_at, batch.message_ids[0], batch.requests[0].account_id)
             raise CreateOutcomeUnknown(results, batch.message_ids, 0, unlocked=unlocked,
                                        direct=_DirectWrite(batch, valid)) from error
         except asyncpg.PostgresError as error:
@@ -261,7 +262,7 @@ async def _create_unlocked(executor: Executor, requests: list[MessageRequest], v
         try:
             written = await plan.write_gated(connection)
         except _ANSWER_LOST as error:
-            unlocked = _UnlockedWrite(backend_pid, plan.read_at, plan.messages[0][0])
+            unlocked = _UnlockedWrite(backend_pid, plan.read_at, plan.messages[0][0], plan.messages[0][1])
             raise CreateOutcomeUnknown(results, [row[0] for row in plan.messages], 0, unlocked=unlocked) from error
         except asyncpg.PostgresError as error:
             REFUSED[type(error).__name__] += 1
@@ -310,6 +311,7 @@ async def resolve_outcome(pool: asyncpg.Pool, unknown: CreateOutcomeUnknown, *,
         committed = await transaction_status(pool, unknown.transaction_id, wait_seconds=wait_seconds)
     else:
         committed = await outcome_after_backend_ends(pool, unlocked.backend_pid, unlocked.alive_at, _MESSAGE_EXISTS,
+                                                     unlocked.account_id,
                                                      unlocked.message_id, wait_seconds=wait_seconds)
     if committed is None:
         raise unknown
@@ -321,7 +323,9 @@ async def resolve_outcome(pool: asyncpg.Pool, unknown: CreateOutcomeUnknown, *,
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
                 raise asyncio.TimeoutError()
-            row = await ask_within(pool.fetchrow(DIRECT_READ_BACK, unknown.message_ids), remaining)
+            row = await ask_within(pool.fetchrow(
+                DIRECT_READ_BACK, unknown.message_ids,
+                sorted({request.account_id for request in unknown.direct.batch.requests})), remaining)
         except _ANSWER_LOST + (asyncpg.PostgresError,):
             raise unknown from None  # written, but what it made cannot be read back now
         for index, result in zip(unknown.direct.valid, unknown.direct.batch.results(row), strict=True):
@@ -332,4 +336,4 @@ async def resolve_outcome(pool: asyncpg.Pool, unknown: CreateOutcomeUnknown, *,
     return unknown.results
 
 
-_MESSAGE_EXISTS = "SELECT EXISTS (SELECT FROM messages WHERE id = $1)"
+_MESSAGE_EXISTS = "SELECT EXISTS (SELECT FROM messages WHERE account_id = $1 AND id = $2)"

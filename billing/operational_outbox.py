@@ -254,7 +254,8 @@ DROP_STATEMENTS = (
 _BALANCE_EXHAUSTED = (
     "WITH armed AS (SELECT id FROM accounts WHERE id = ANY($1::uuid[]) AND balance_exhausted_armed"
     "   AND status = 'active' ORDER BY id FOR UPDATE),"
-    " disarmed AS (UPDATE accounts a SET balance_exhausted_armed = false FROM armed WHERE a.id = armed.id"
+    " disarmed AS (UPDATE accounts a SET balance_exhausted_armed = false FROM armed"
+    "   WHERE a.id = ANY($1::uuid[]) AND a.id = armed.id"
     "   AND a.balance_exhausted_armed RETURNING a.id, a.balance, a.price_per_delivery)"
     " INSERT INTO operational_events (id, account_id, type, data)"
     " SELECT operational_event_id(), id, 'balance.exhausted',"
@@ -278,3 +279,36 @@ async def record_event(executor: Executor, account_id: uuid.UUID, event_type: st
     """Write one event (in the caller's transaction when it has one); None when its dedupe key was seen."""
     assert event_type in OPERATIONAL_EVENT_TYPES, event_type
     return await executor.fetchval(_RECORD_EVENT, account_id, event_type, json.dumps(data), dedupe_key)
+
+
+def _replaced(function: str, *changes: tuple[str, str]) -> str:
+    """`function` as CREATE OR REPLACE, with each (old, new) text changed exactly once."""
+    for old, new in changes:
+        assert function.count(old) == 1, (old, function)
+        function = function.replace(old, new)
+    return function.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+
+
+# Migration 0024: the trigger functions that looked rows up by a bare id (or locked another table's
+# rows by a key of their own) name the account of the row that fired them, so that on tables
+# distributed (or hash-partitioned) by account_id each statement goes to that account's shard.
+# The events they write are the same.
+ACCOUNT_NAMED_FUNCTIONS = (
+    _replaced(ENDPOINT_FUNCTION, (
+        "WHERE endpoint_id = NEW.id AND", "WHERE account_id = NEW.account_id AND endpoint_id = NEW.id AND")),
+    _replaced(
+        DELIVERY_DEAD_FUNCTION,
+        ("FROM delivery_attempts WHERE delivery_id = NEW.id",
+         "FROM delivery_attempts WHERE account_id = NEW.account_id AND delivery_id = NEW.id"),
+        ("WHERE batch_key = key AND", "WHERE account_id = NEW.account_id AND batch_key = key AND"),
+        ("WHERE id = open_id;", "WHERE account_id = NEW.account_id AND id = open_id;"),
+    ),
+    _replaced(LEDGER_FUNCTION, (
+        "FROM deliveries WHERE id = NEW.delivery_id;",
+        "FROM deliveries WHERE account_id = NEW.account_id AND id = NEW.delivery_id;")),
+)
+# Its downgrade: the functions as 0015 made them.
+ACCOUNT_NAMED_RESET = tuple(
+    function.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+    for function in (ENDPOINT_FUNCTION, DELIVERY_DEAD_FUNCTION, LEDGER_FUNCTION)
+)

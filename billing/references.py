@@ -233,3 +233,56 @@ def application_check_statements() -> list[str]:
 def application_check_reset_statements() -> list[str]:
     """The checks as they were before 0016 (its downgrade)."""
     return _replace_checks(_CHECKS)
+
+
+# Migration 0024: the checks that probed a parent by its bare id name the child's account too, so
+# that on tables distributed (or hash-partitioned) by account_id each probe goes to the one shard
+# of that account, and every key probed leads with account_id. Their meaning is unchanged: a row
+# of (account_id, id) exists exactly when the parent exists and belongs to that account. The
+# deliveries check already names the account in both of its probes.
+ACCOUNT_NAMED_CHECKS = {
+    "messages": (
+        "(SELECT true FROM applications ap WHERE ap.account_id = n.account_id AND ap.id = n.application_id) IS NULL",
+        APPLICATION_CHECKS["messages"][1],
+        APPLICATION_CHECKS["messages"][2],
+    ),
+    "ledger_entries": (
+        "CASE WHEN n.delivery_id IS NULL"
+        " THEN (SELECT a.id FROM accounts a WHERE a.id = n.account_id) IS NULL"
+        " ELSE (SELECT true FROM deliveries d WHERE d.account_id = n.account_id AND d.id = n.delivery_id) IS NULL END",
+        _CHECKS["ledger_entries"][1],
+        _CHECKS["ledger_entries"][2],
+    ),
+    "delivery_attempts": (
+        "(SELECT true FROM deliveries d WHERE d.account_id = n.account_id AND d.id = n.delivery_id) IS NULL",
+        _CHECKS["delivery_attempts"][1],
+        _CHECKS["delivery_attempts"][2],
+    ),
+}
+# What 0024 replaces, as 0005 and 0016 left them (its downgrade).
+_CHECKS_BEFORE_ACCOUNT_NAMED = {
+    "messages": APPLICATION_CHECKS["messages"],
+    "ledger_entries": _CHECKS["ledger_entries"],
+    "delivery_attempts": _CHECKS["delivery_attempts"],
+}
+
+
+def _replace_functions(checks: dict) -> list[str]:
+    """CREATE OR REPLACE each check function (its trigger and ENABLE ALWAYS stay as they are), then
+    pin it to index probes again: replacing a function resets its SET clauses."""
+    name, value = PROBE_SETTING
+    statements = []
+    for table in checks:
+        statements.append(_check_function(table, checks).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
+        statements.append(f"ALTER FUNCTION {table}_check_references() SET {name} = {value}")
+    return statements
+
+
+def account_named_check_statements() -> list[str]:
+    """The checks that name the account in every probe (migration 0024)."""
+    return _replace_functions(ACCOUNT_NAMED_CHECKS)
+
+
+def account_named_check_reset_statements() -> list[str]:
+    """The checks as they were before 0024 (its downgrade)."""
+    return _replace_functions(_CHECKS_BEFORE_ACCOUNT_NAMED)

@@ -59,62 +59,65 @@ class Settled:
     reason: DeadReason | None = None  # the reason a refund was made for (outcome REFUNDED)
 
 
-_LOCK_ACCOUNT_OF_DELIVERY = (
-    "SELECT a.id, a.status FROM accounts a"
-    " WHERE a.id = (SELECT account_id FROM deliveries WHERE id = $1) FOR UPDATE OF a"
-)
+# Every statement names the account ($1) beside the delivery ($2), so that on a table distributed
+# (or hash-partitioned) by account_id each one goes to the one shard that holds the account.
+_LOCK_ACCOUNT = "SELECT id, status FROM accounts WHERE id = $1 FOR UPDATE"
 _LOCK_DELIVERY_WITH_ENTRIES = (
     "SELECT d.account_id, d.price, d.state, d.attempt,"
-    "   c.account_id AS charge_account_id, c.amount AS charge_amount,"
-    "   EXISTS (SELECT 1 FROM ledger_entries WHERE id = 'refund:' || d.id) AS refunded,"
-    "   EXISTS (SELECT 1 FROM ledger_entries WHERE id = 'reclaim:' || d.id) AS reclaimed"
-    " FROM deliveries d LEFT JOIN ledger_entries c ON c.id = 'charge:' || d.id"
-    " WHERE d.id = $1 FOR UPDATE OF d"
+    "   c.amount AS charge_amount,"
+    "   EXISTS (SELECT 1 FROM ledger_entries WHERE account_id = $1 AND id = 'refund:' || d.id) AS refunded,"
+    "   EXISTS (SELECT 1 FROM ledger_entries WHERE account_id = $1 AND id = 'reclaim:' || d.id) AS reclaimed"
+    " FROM deliveries d LEFT JOIN ledger_entries c ON c.account_id = d.account_id AND c.id = 'charge:' || d.id"
+    " WHERE d.account_id = $1 AND d.id = $2 FOR UPDATE OF d"
 )
 # Mark dead, then refund, then credit only if the refund row was inserted: one statement.
 _MARK_DEAD_AND_REFUND = (
     "WITH dead AS ("
-    "   UPDATE deliveries SET state = 'dead', dead_reason = coalesce(dead_reason, $2),"
+    "   UPDATE deliveries SET state = 'dead', dead_reason = coalesce(dead_reason, $3),"
     "       leased_until = NULL, finished_at = coalesce(finished_at, now())"
-    "   WHERE id = $1 RETURNING id, account_id, price),"
+    "   WHERE account_id = $1 AND id = $2 RETURNING id, account_id, price),"
     " refund AS ("
     "   INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
     "   SELECT 'refund:' || id, account_id, id, 'refund', price FROM dead"
     "   ON CONFLICT (account_id, id) DO NOTHING RETURNING account_id, amount),"
     " credit AS ("
     "   UPDATE accounts SET balance = balance + refund.amount FROM refund"
-    "   WHERE accounts.id = refund.account_id RETURNING refund.amount)"
+    "   WHERE accounts.id = $1 AND refund.account_id = $1 RETURNING refund.amount)"
     " SELECT amount FROM credit"
 )
 _RECLAIM = (
     "WITH reclaim AS ("
     "   INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
-    "   VALUES ('reclaim:' || $1::uuid, $2, $1, 'reclaim', -$3::bigint)"
+    "   VALUES ('reclaim:' || $2::uuid, $1, $2, 'reclaim', -$3::bigint)"
     "   ON CONFLICT (account_id, id) DO NOTHING RETURNING amount),"
     " delivered AS ("
     "   UPDATE deliveries SET state = 'delivered', leased_until = NULL, finished_at = now()"
-    "   WHERE id = $1 AND EXISTS (SELECT 1 FROM reclaim) RETURNING id),"
+    "   WHERE account_id = $1 AND id = $2 AND EXISTS (SELECT 1 FROM reclaim) RETURNING id),"
     " debit AS ("
     "   UPDATE accounts SET balance = balance + reclaim.amount FROM reclaim"
-    "   WHERE accounts.id = $2 RETURNING reclaim.amount)"
+    "   WHERE accounts.id = $1 RETURNING reclaim.amount)"
     " SELECT amount FROM debit"
 )
 
 
 async def settle(
-    executor: Executor, delivery_id: uuid.UUID, reason: DeadReason | str, *, attempt: int | None = None
+    executor: Executor,
+    delivery_id: uuid.UUID,
+    reason: DeadReason | str,
+    *,
+    account_id: uuid.UUID,
+    attempt: int | None = None,
 ) -> Settled:
     """Give up on a delivery: mark it dead and refund its charge exactly once.
 
-    `attempt`, when given, is the attempt the caller acted on; if the delivery has moved on,
+    `account_id` is the delivery's account, which every caller holds (the claimed row, the
+    endpoint's account, the API's caller): each statement names it. A delivery of another
+    account is not found. `attempt`, when given, is the attempt the caller acted on; if the delivery has moved on,
     nothing changes (fencing). Idempotent: a second call finds the refund and adds nothing.
     """
     reason = _reason(reason)
     async with transaction(executor) as connection:
-        account = await connection.fetchrow(_LOCK_ACCOUNT_OF_DELIVERY, delivery_id)
-        if account is None:
-            raise DeliveryNotFound(f"no delivery {delivery_id}")
-        delivery = await connection.fetchrow(_LOCK_DELIVERY_WITH_ENTRIES, delivery_id)
+        account, delivery = await _lock(connection, account_id, delivery_id)
         if attempt is not None and delivery["attempt"] != attempt:
             return Settled(delivery_id, Outcome.STALE, 0)
         if delivery["state"] == "delivered":
@@ -122,14 +125,14 @@ async def settle(
         _check_charge(delivery_id, delivery)
         if delivery["state"] == "dead" and delivery["refunded"]:
             return Settled(delivery_id, Outcome.ALREADY_SETTLED, 0)
-        refunded = await connection.fetchval(_MARK_DEAD_AND_REFUND, delivery_id, str(reason))
+        refunded = await connection.fetchval(_MARK_DEAD_AND_REFUND, account_id, delivery_id, str(reason))
     if refunded is None:
         return Settled(delivery_id, Outcome.ALREADY_SETTLED, 0)
     CREDITS_MOVED["refunded"] += refunded
     return Settled(delivery_id, Outcome.REFUNDED, refunded, reason)
 
 
-async def reclaim(executor: Executor, delivery_id: uuid.UUID) -> Settled:
+async def reclaim(executor: Executor, delivery_id: uuid.UUID, *, account_id: uuid.UUID) -> Settled:
     """A stale attempt succeeded after the delivery was refunded: take the refund back, once.
 
     The delivery did arrive, so it is paid for once: append reclaim:<id> (only after a refund,
@@ -137,10 +140,7 @@ async def reclaim(executor: Executor, delivery_id: uuid.UUID) -> Settled:
     balance below zero. Never on an account that is not active: the audit lists those.
     """
     async with transaction(executor) as connection:
-        account = await connection.fetchrow(_LOCK_ACCOUNT_OF_DELIVERY, delivery_id)
-        if account is None:
-            raise DeliveryNotFound(f"no delivery {delivery_id}")
-        delivery = await connection.fetchrow(_LOCK_DELIVERY_WITH_ENTRIES, delivery_id)
+        account, delivery = await _lock(connection, account_id, delivery_id)
         if (
             account["status"] != "active"
             or delivery["state"] != "dead"
@@ -149,11 +149,20 @@ async def reclaim(executor: Executor, delivery_id: uuid.UUID) -> Settled:
         ):
             return Settled(delivery_id, Outcome.NOT_RECLAIMED, 0)
         _check_charge(delivery_id, delivery)
-        amount = await connection.fetchval(_RECLAIM, delivery_id, delivery["account_id"], delivery["price"])
+        amount = await connection.fetchval(_RECLAIM, account_id, delivery_id, delivery["price"])
     if amount is None:
         return Settled(delivery_id, Outcome.NOT_RECLAIMED, 0)
     CREDITS_MOVED["reclaimed"] += -amount
     return Settled(delivery_id, Outcome.RECLAIMED, amount)
+
+
+async def _lock(connection, account_id: uuid.UUID, delivery_id: uuid.UUID):
+    """Lock the account row, then the delivery row (the one lock order); a delivery of another account is not found."""
+    account = await connection.fetchrow(_LOCK_ACCOUNT, account_id)
+    delivery = None if account is None else await connection.fetchrow(_LOCK_DELIVERY_WITH_ENTRIES, account_id, delivery_id)
+    if delivery is None:
+        raise DeliveryNotFound(f"no delivery {delivery_id} of account {account_id}")
+    return account, delivery
 
 
 def _reason(reason: DeadReason | str) -> DeadReason:
@@ -164,10 +173,10 @@ def _reason(reason: DeadReason | str) -> DeadReason:
 
 
 def _check_charge(delivery_id: uuid.UUID, delivery) -> None:
+    # The charge is read in the delivery's own account (ledger ids are unique together with the
+    # account): another account's charge:<id> is no charge of this delivery.
     if delivery["charge_amount"] is None:
         raise LedgerMismatch(f"delivery {delivery_id} has no charge entry", delivery_id=delivery_id)
-    if delivery["charge_account_id"] != delivery["account_id"]:
-        raise LedgerMismatch(f"the charge of delivery {delivery_id} belongs to another account", delivery_id=delivery_id)
     if delivery["charge_amount"] != -delivery["price"]:
         raise LedgerMismatch(
             f"the charge of delivery {delivery_id} is {delivery['charge_amount']}, expected {-delivery['price']}",

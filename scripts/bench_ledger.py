@@ -85,7 +85,8 @@ async def bare_create(pool, account_ids, endpoint_of, count, concurrency):
 
 async def real_settle(pool, delivery_ids, concurrency):
     async def work(delivery_id):
-        await settle(pool, delivery_id, DeadReason.OUT_OF_RETRIES)
+        owner = await pool.fetchval("SELECT account_id FROM deliveries WHERE id = $1", delivery_id)
+        await settle(pool, delivery_id, DeadReason.OUT_OF_RETRIES, account_id=owner)
 
     return await _run(concurrency, delivery_ids, work)
 

@@ -27,13 +27,15 @@ _DELIVERY_COLUMNS = (
 # account. The state is written in as a literal, so that PostgreSQL may use the partial index of
 # that state's rows in a generic plan too (ix_deliveries_account_dead, _account_live); it is one
 # of DELIVERY_STATES, checked here as well as in the route.
-_DELIVERIES_PAGE = f"SELECT {_DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.account_id = $1"
+_DELIVERIES_PAGE = (f"SELECT {_DELIVERY_COLUMNS} FROM deliveries d"
+                   " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id WHERE d.account_id = $1")
 _DELIVERIES_CONDITIONS = (
     "d.endpoint_id = ${}::uuid", "d.message_id = ${}::uuid", "d.created_at > ${}::timestamptz",
     "d.created_at < ${}::timestamptz", "d.id < ${}::uuid",
 )
 # One delivery of an account.
-_DELIVERY = f"SELECT {_DELIVERY_COLUMNS}, m.payload_erased_at FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1 AND d.account_id = $2"
+_DELIVERY = (f"SELECT {_DELIVERY_COLUMNS}, m.payload_erased_at FROM deliveries d"
+             " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id WHERE d.id = $1 AND d.account_id = $2")
 # Every recorded attempt of a delivery, in order (bounded by attempts_max <= 50).
 _ATTEMPTS = (
     "SELECT attempt, started_at, finished_at, status_code, latency_ms, error, response_excerpt, stale, sent_headers"
@@ -47,12 +49,13 @@ _LEDGER_PAGE = (
     f"SELECT {_LEDGER_COLUMNS} FROM ledger_entries WHERE account_id = $1"
     " AND ($2::uuid IS NULL OR delivery_id = $2) AND seq > $3 ORDER BY seq LIMIT $4"
 )
-# One page of dead deliveries across every account, newest first (the operator's view), through
+# One page of dead deliveries across every account, newest first (the operator's view: a read that
+# spans accounts by nature), through
 # ix_deliveries_dead from the cursor on. No cursor is the greatest uuid (ids are UUIDv7s, never
 # all ones), not an "IS NULL OR": so the cursor is an index condition in a generic plan too,
 # where "IS NULL OR" was a filter and a deep page read every row newer than its cursor.
 _DEAD_PAGE = (
-    f"SELECT {_DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.message_id"
+    f"SELECT {_DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id"
     " WHERE d.state = 'dead' AND d.id < coalesce($1::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')"
     " ORDER BY d.id DESC LIMIT $2"
 )
@@ -61,7 +64,7 @@ _ENDPOINT_HEADERS = "SELECT headers FROM endpoints WHERE id = $1 AND account_id 
 # The message a delivery carries, for a replay.
 _MESSAGE_OF_DELIVERY = (
     "SELECT d.state, d.endpoint_id, m.event_type, m.payload, m.payload_erased_at FROM deliveries d"
-    " JOIN messages m ON m.id = d.message_id"
+    " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id"
     " WHERE d.id = $1 AND d.account_id = $2"
 )
 # Pending deliveries due now: the queue depth gauge.

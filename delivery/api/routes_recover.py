@@ -153,7 +153,8 @@ async def recover_plan(request: web.Request) -> web.Response:
         if endpoint is None or endpoint["deleted_at"] is not None:
             raise not_found("endpoint")
         until = _check_range(since, until, endpoint["now"])
-        plan = await dead_letters.plan_bulk_replay(connection, endpoint_id, since, until, limit=REPLAYS_PER_CALL_MAX)
+        plan = await dead_letters.plan_bulk_replay(connection, endpoint_id, since, until, limit=REPLAYS_PER_CALL_MAX,
+                                                   account_id=account_id)
     return responses.json(RecoverPlan(endpoint_id, endpoint["enabled"], since, until, len(plan.delivery_ids),
                                       plan.total_charge, plan.more, list(plan.delivery_ids)))
 
@@ -189,7 +190,7 @@ async def _recover(ctx: ApiContext, executor: Executor, account_id: uuid.UUID, e
                               "endpoint-disabled")
             until = _check_range(since, until, endpoint["now"])
             plan = await dead_letters.plan_bulk_replay(connection, endpoint_id, since, until,
-                                                       limit=REPLAYS_PER_CALL_MAX)
+                                                       limit=REPLAYS_PER_CALL_MAX, account_id=account_id)
             _check_total(plan, confirm_total)
             if balance < plan.total_charge:
                 # All or nothing: replaying what the balance covers would leave the client a

@@ -21,9 +21,9 @@ from billing.database import Executor
 _DELIVERIES_PAGE = (
     "SELECT d.id, d.endpoint_id, e.url AS endpoint_url, m.event_type, d.state, d.attempt, d.attempts_max, d.price,"
     "   d.next_attempt_at, d.dead_reason, d.created_at, d.finished_at, d.replay_of,"
-    "   EXISTS (SELECT FROM ledger_entries r WHERE r.id = 'refund:' || d.id::text) AS refunded,"
-    "   EXISTS (SELECT FROM ledger_entries r WHERE r.id = 'reclaim:' || d.id::text) AS reclaimed"
-    " FROM deliveries d JOIN messages m ON m.id = d.message_id JOIN endpoints e ON e.id = d.endpoint_id"
+    "   EXISTS (SELECT FROM ledger_entries r WHERE r.account_id = d.account_id AND r.id = 'refund:' || d.id::text) AS refunded,"
+    "   EXISTS (SELECT FROM ledger_entries r WHERE r.account_id = d.account_id AND r.id = 'reclaim:' || d.id::text) AS reclaimed"
+    " FROM deliveries d JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id JOIN endpoints e ON e.account_id = d.account_id AND e.id = d.endpoint_id"
     " WHERE d.account_id = $1"
     "   AND ($2::text IS NULL OR d.state = $2) AND ($3::uuid IS NULL OR d.endpoint_id = $3)"
     "   AND ($4::text IS NULL OR m.event_type = $4)"
@@ -41,7 +41,7 @@ _HOURLY_OUTCOMES = (
 _ENDPOINT_ATTEMPTS = (
     "SELECT d.endpoint_id, count(*)::int AS attempts,"
     "   count(*) FILTER (WHERE a.status_code BETWEEN 200 AND 299)::int AS succeeded, max(a.finished_at) AS last_at"
-    " FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id"
+    " FROM delivery_attempts a JOIN deliveries d ON d.account_id = a.account_id AND d.id = a.delivery_id"
     " WHERE a.account_id = $1 AND a.finished_at > now() - interval '24 hours' AND NOT a.stale"
     " GROUP BY d.endpoint_id"
 )
@@ -67,7 +67,7 @@ _LEDGER_PAGE = (
 # The first $3 bytes of a delivery's payload as it was sent, and its whole size (NULL: erased).
 _PAYLOAD_HEAD = (
     "SELECT substring(m.payload FROM 1 FOR $3) AS head, octet_length(m.payload) AS bytes"
-    " FROM deliveries d JOIN messages m ON m.id = d.message_id WHERE d.id = $1 AND d.account_id = $2"
+    " FROM deliveries d JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id WHERE d.id = $1 AND d.account_id = $2"
 )
 # The deliveries that replay one delivery, oldest first (ix_deliveries_replay_of), at most $3.
 _REPLAYS_OF = (

@@ -226,7 +226,8 @@ async def replay(request: web.Request) -> web.Response:
 
 async def _replay_dead(ctx, account_id: uuid.UUID, delivery_id: uuid.UUID) -> uuid.UUID:
     result = await dead_letters.replay(ctx.pool, delivery_id, attempts_max=ctx.settings.ledger.attempts_max,
-                                       outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds)
+                                       outcome_wait_seconds=ctx.settings.api.commit_outcome_wait_seconds,
+                                       account_id=account_id)
     if delivery_id in result.created:
         new_id = result.created[delivery_id]
         if ctx.queue is not None:

@@ -264,7 +264,8 @@ async def settle_exhausted(pool: asyncpg.Pool, *, batch_size: int) -> int:
             with tracing.message_span("delivery.settle", row["trace_context"], delivery_id=row["id"],
                                       account_id=row["account_id"], attempt=row["attempt"],
                                       dead_reason=DeadReason.ATTEMPTS_EXHAUSTED.value) as span:
-                result = await settle(pool, row["id"], DeadReason.ATTEMPTS_EXHAUSTED, attempt=row["attempt"])
+                result = await settle(pool, row["id"], DeadReason.ATTEMPTS_EXHAUSTED, account_id=row["account_id"],
+                                      attempt=row["attempt"])
                 tracing.set_outcome(span, result.outcome)
         except LedgerMismatch:
             # A stuck delivery beats a made-up refund, but one stuck delivery must not stop the

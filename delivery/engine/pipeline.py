@@ -317,13 +317,13 @@ class Engine:
         retry's time."""
         results = [pending.result for pending in group]
         metrics.count_results([result for result in results if not result.released], summary)
-        gone = {pending.endpoint_id for pending in group if pending.gone}
-        for endpoint_id in gone:
-            await self.health.disable(endpoint_id, "the endpoint answered 410 Gone", connection)
-        failing = {pending.endpoint_id for pending in group
+        gone = {(pending.result.account_id, pending.endpoint_id) for pending in group if pending.gone}
+        for account_id, endpoint_id in gone:
+            await self.health.disable(account_id, endpoint_id, "the endpoint answered 410 Gone", connection)
+        failing = {(pending.result.account_id, pending.endpoint_id) for pending in group
                    if not pending.result.success and not pending.result.released} - gone
-        for endpoint_id in failing:
-            await self.health.check_failing(endpoint_id, connection)
+        for account_id, endpoint_id in failing:
+            await self.health.check_failing(account_id, endpoint_id, connection)
         await self._wake(results, set(summary.retrying), summary.released)
 
     async def _wake(self, results: list[AttemptResult], retrying: set[uuid.UUID], released: list[uuid.UUID]) -> None:

@@ -39,8 +39,11 @@ class Outgoing(NamedTuple):
     rate_limit_per_second: int | None = None  # delivery.engine.throttle; None: no limit
 
 
-_LOAD = ("SELECT d.id, d.webhook_id, " + claims.SEND_COLUMNS + " FROM deliveries d" + claims.SEND_JOINS
-         + " WHERE d.id = ANY($1::uuid[])")
+# Claimed deliveries by (account_id, id) pairs: the accounts name the shards to read.
+_LOAD = ("SELECT d.id, d.webhook_id, " + claims.SEND_COLUMNS
+         + " FROM unnest($2::uuid[], $1::uuid[]) AS r(account_id, id)"
+         + " JOIN deliveries d ON d.account_id = r.account_id AND d.id = r.id" + claims.SEND_JOINS
+         + " WHERE d.account_id = ANY($2::uuid[])")
 
 
 def reason_not_to_send(row) -> DeadReason | None:
@@ -57,7 +60,7 @@ async def load_for_send(pool: asyncpg.Pool, claimed: list[Claimed]) -> tuple[lis
     """Split claimed deliveries into those to send and those settled by the check."""
     if not claimed:
         return [], []
-    rows = {row["id"]: row for row in await pool.fetch(_LOAD, [c.id for c in claimed])}
+    rows = {row["id"]: row for row in await pool.fetch(_LOAD, [c.id for c in claimed], [c.account_id for c in claimed])}
     return await check_loaded(pool, [(item, rows[item.id]) for item in claimed])
 
 
@@ -72,7 +75,7 @@ async def check_loaded(
         if reason is not None:
             try:
                 with tracing.attempt_span("delivery.settle", item.id, item.attempt, dead_reason=reason.value) as span:
-                    settled.append(await settle(pool, item.id, reason, attempt=item.attempt))
+                    settled.append(await settle(pool, item.id, reason, account_id=item.account_id, attempt=item.attempt))
                     tracing.set_outcome(span, settled[-1].outcome)
             except LedgerMismatch:
                 # Neither sent nor settled: it stays stuck for the audit, and the rest of the

@@ -79,17 +79,26 @@ class RecordSummary:
     released: list[uuid.UUID] = field(default_factory=list)  # claims given back unsent, due again
 
 
-_LOCK_IN_ORDER = "SELECT id, state, attempt, attempts_max FROM deliveries WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE"
+# Every statement names the accounts of the rows it writes: rows are matched on (account_id, id)
+# pairs, and `account_id = ANY(...)` lets a table distributed (or hash-partitioned) by account
+# prune to the shards of those accounts.
+_LOCK_IN_ORDER = (
+    "SELECT d.id, d.state, d.attempt, d.attempts_max FROM deliveries d"
+    " JOIN unnest($2::uuid[], $1::uuid[]) AS r(account_id, id) ON d.account_id = r.account_id AND d.id = r.id"
+    " WHERE d.account_id = ANY($2::uuid[]) ORDER BY d.id FOR UPDATE OF d"
+)
 _MARK_DELIVERED = (
     "UPDATE deliveries d SET state = 'delivered', leased_until = NULL, finished_at = now()"
-    " FROM unnest($1::uuid[], $2::int[]) AS r(id, attempt)"
-    " WHERE d.id = r.id AND d.attempt >= r.attempt AND d.state IN ('sending', 'pending') RETURNING d.id"
+    " FROM unnest($1::uuid[], $2::int[], $3::uuid[]) AS r(id, attempt, account_id)"
+    " WHERE d.account_id = ANY($3::uuid[]) AND d.account_id = r.account_id AND d.id = r.id"
+    "   AND d.attempt >= r.attempt AND d.state IN ('sending', 'pending') RETURNING d.id"
 )
 _SCHEDULE_RETRY = (
     "UPDATE deliveries d SET state = 'pending', leased_until = NULL,"
     "   next_attempt_at = now() - r.answered_age_ms * interval '1 millisecond' + r.delay * interval '1 second'"
-    " FROM unnest($1::uuid[], $2::int[], $3::float8[], $4::float8[]) AS r(id, attempt, delay, answered_age_ms)"
-    " WHERE d.id = r.id AND d.attempt = r.attempt AND d.state = 'sending' AND d.attempt < d.attempts_max"
+    " FROM unnest($1::uuid[], $2::int[], $3::float8[], $4::float8[], $5::uuid[])"
+    "   AS r(id, attempt, delay, answered_age_ms, account_id)"
+    " WHERE d.account_id = ANY($5::uuid[]) AND d.account_id = r.account_id AND d.id = r.id AND d.attempt = r.attempt AND d.state = 'sending' AND d.attempt < d.attempts_max"
     " RETURNING d.id"
 )
 # A claim given back unused: the attempt it took is handed back too, so a send that never left
@@ -101,8 +110,9 @@ _SCHEDULE_RETRY = (
 _RELEASE = (
     "UPDATE deliveries d SET state = 'pending', attempt = d.attempt - 1, leased_until = NULL,"
     "   next_attempt_at = now() + r.delay * interval '1 second'"
-    " FROM unnest($1::uuid[], $2::int[], $3::float8[]) AS r(id, attempt, delay)"
-    " WHERE d.id = r.id AND d.attempt = r.attempt AND d.state = 'sending' RETURNING d.id"
+    " FROM unnest($1::uuid[], $2::int[], $3::float8[], $4::uuid[]) AS r(id, attempt, delay, account_id)"
+    " WHERE d.account_id = ANY($4::uuid[]) AND d.account_id = r.account_id AND d.id = r.id"
+    "   AND d.attempt = r.attempt AND d.state = 'sending' RETURNING d.id"
 )
 # A failure on record (a lease expiry's placeholder, or any other) is replaced by a 2xx of the
 # same attempt when it reports in; a lease expiry's placeholder by whatever the send did. Ages are
@@ -126,11 +136,14 @@ _INSERT_ATTEMPTS = (
 # its own transaction, one round trip instead of five. Locked in id order as in the transaction
 # below: the update touches only rows the materialized locking subselect already holds.
 _RECORD_SUCCESSES = (
-    "WITH locked AS MATERIALIZED (SELECT id FROM deliveries WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE),"
+    "WITH locked AS MATERIALIZED (SELECT d.id FROM deliveries d"
+    "   JOIN unnest($3::uuid[], $1::uuid[]) AS r(account_id, id) ON d.account_id = r.account_id AND d.id = r.id"
+    "   WHERE d.account_id = ANY($3::uuid[]) ORDER BY d.id FOR UPDATE OF d),"
     " delivered AS ("
     "   UPDATE deliveries d SET state = 'delivered', leased_until = NULL, finished_at = now()"
-    "   FROM unnest($1::uuid[], $2::int[]) AS r(id, attempt)"
-    "   WHERE d.id = r.id AND d.id IN (SELECT id FROM locked) AND d.attempt >= r.attempt"
+    "   FROM unnest($1::uuid[], $2::int[], $3::uuid[]) AS r(id, attempt, account_id)"
+    "   WHERE d.account_id = ANY($3::uuid[]) AND d.account_id = r.account_id AND d.id = r.id"
+    "     AND d.id IN (SELECT id FROM locked) AND d.attempt >= r.attempt"
     "     AND d.state IN ('sending', 'pending') RETURNING d.id),"
     " recorded AS ("
     "   INSERT INTO delivery_attempts AS a (delivery_id, attempt, account_id, started_at, finished_at,"
@@ -189,22 +202,25 @@ async def _apply(connection, reference: float, results: list[AttemptResult], rel
     successes = [r for r in results if r.success]
     failures = [r for r in results if not r.success]
     summary = RecordSummary()
-    rows = await connection.fetch(_LOCK_IN_ORDER, [r.delivery_id for r in (*results, *released)])
+    rows = await connection.fetch(_LOCK_IN_ORDER, [r.delivery_id for r in (*results, *released)],
+                                  [r.account_id for r in (*results, *released)])
     current = {row["id"]: row for row in rows}
     if released:
         summary.released = [row["id"] for row in await connection.fetch(
             _RELEASE, [r.delivery_id for r in released], [r.attempt for r in released],
-            [r.retry_delay_seconds for r in released])]
+            [r.retry_delay_seconds for r in released], [r.account_id for r in released])]
     if successes:
         summary.delivered = [row["id"] for row in await connection.fetch(
-            _MARK_DELIVERED, [r.delivery_id for r in successes], [r.attempt for r in successes])]
+            _MARK_DELIVERED, [r.delivery_id for r in successes], [r.attempt for r in successes],
+            [r.account_id for r in successes])]
     if failures:
         summary.retrying = [row["id"] for row in await connection.fetch(
             _SCHEDULE_RETRY,
             [r.delivery_id for r in failures],
             [r.attempt for r in failures],
             [r.retry_delay_seconds for r in failures],
-            [_answered_age_ms(r, reference) for r in failures])]
+            [_answered_age_ms(r, reference) for r in failures],
+            [r.account_id for r in failures])]
     applied = set(summary.delivered) | set(summary.retrying)
     last_attempt_failures = [
         r for r in failures
@@ -225,7 +241,8 @@ async def _settle_and_reclaim(connection: asyncpg.Connection, results: list[Atte
         try:
             with tracing.attempt_span("delivery.settle", result.delivery_id, result.attempt,
                                       dead_reason=DeadReason.OUT_OF_RETRIES.value) as span:
-                settled = await settle(connection, result.delivery_id, DeadReason.OUT_OF_RETRIES, attempt=result.attempt)
+                settled = await settle(connection, result.delivery_id, DeadReason.OUT_OF_RETRIES,
+                                       account_id=result.account_id, attempt=result.attempt)
                 tracing.set_outcome(span, settled.outcome)
         except LedgerMismatch:
             # It stays stuck for the audit; the rest of the batch (its reclaims too) still applies.
@@ -239,7 +256,7 @@ async def _settle_and_reclaim(connection: asyncpg.Connection, results: list[Atte
         if not result.success:
             continue
         with tracing.attempt_span("delivery.reclaim", result.delivery_id, result.attempt) as span:
-            outcome = (await reclaim(connection, result.delivery_id)).outcome
+            outcome = (await reclaim(connection, result.delivery_id, account_id=result.account_id)).outcome
             tracing.set_outcome(span, outcome)
         if outcome == Outcome.RECLAIMED:
             summary.reclaimed.append(result.delivery_id)
@@ -291,11 +308,14 @@ def _bounded(text: str | None, length_max: int) -> str | None:
 
 # Late 2xx answers whose reclaim may have been lost: on a delivery still dead, of an active
 # account (reclaim never runs on another), within the window (through the partial index of 0007).
+# A read-only sweep that finds work across accounts (allowed to span them); each reclaim it
+# leads to names its account.
 LATE_SUCCESS_WINDOW_SECONDS = 86_400
 _LATE_SUCCESSES = (
-    "SELECT DISTINCT t.delivery_id,"
-    "   (SELECT m.trace_context FROM messages m WHERE m.id = d.message_id) AS trace_context FROM delivery_attempts t"
-    " JOIN deliveries d ON d.id = t.delivery_id JOIN accounts a ON a.id = d.account_id"
+    "SELECT DISTINCT t.delivery_id, t.account_id,"
+    "   (SELECT m.trace_context FROM messages m WHERE m.account_id = d.account_id AND m.id = d.message_id)"
+    "   AS trace_context FROM delivery_attempts t"
+    " JOIN deliveries d ON d.account_id = t.account_id AND d.id = t.delivery_id JOIN accounts a ON a.id = d.account_id"
     " WHERE t.stale AND t.status_code BETWEEN 200 AND 299 AND t.finished_at > now() - $2 * interval '1 second'"
     "   AND d.state = 'dead' AND a.status = 'active'"
     " LIMIT $1"
@@ -313,7 +333,7 @@ async def reclaim_late_successes(pool: asyncpg.Pool, *, batch_size: int) -> list
     for row in await pool.fetch(_LATE_SUCCESSES, batch_size, float(LATE_SUCCESS_WINDOW_SECONDS)):
         try:
             with tracing.message_span("delivery.reclaim", row["trace_context"], delivery_id=row["delivery_id"]) as span:
-                outcome = (await reclaim(pool, row["delivery_id"])).outcome
+                outcome = (await reclaim(pool, row["delivery_id"], account_id=row["account_id"])).outcome
                 tracing.set_outcome(span, outcome)
         except LedgerMismatch:
             logger.error("delivery %s not reclaimed: its ledger disagrees", row["delivery_id"], exc_info=True)
@@ -323,6 +343,8 @@ async def reclaim_late_successes(pool: asyncpg.Pool, *, batch_size: int) -> list
     return reclaimed
 
 
+# The lease sweep locks expired leases across accounts, as the claims do (delivery.engine.claims):
+# allowed to span accounts until it takes a group of accounts like a claim. Its writes name them.
 _EXPIRED_LEASES = (
     "SELECT id, account_id, attempt FROM deliveries"
     " WHERE state = 'sending' AND leased_until < now()"
@@ -334,7 +356,8 @@ _EXPIRED_LEASES = (
 _RETURN_TO_PENDING = (
     "UPDATE deliveries d SET state = 'pending', leased_until = NULL,"
     "   next_attempt_at = now() + CASE WHEN d.attempt >= d.attempts_max THEN 0 ELSE r.delay END * interval '1 second'"
-    " FROM unnest($1::uuid[], $2::float8[]) AS r(id, delay) WHERE d.id = r.id"
+    " FROM unnest($1::uuid[], $2::float8[], $3::uuid[]) AS r(id, delay, account_id)"
+    " WHERE d.account_id = ANY($3::uuid[]) AND d.account_id = r.account_id AND d.id = r.id"
 )
 
 
@@ -352,7 +375,8 @@ async def expire_leases(
         if not rows:
             return []
         ids = [row["id"] for row in rows]
-        await connection.execute(_RETURN_TO_PENDING, ids, [float(delay_seconds(row["attempt"])) for row in rows])
+        await connection.execute(_RETURN_TO_PENDING, ids, [float(delay_seconds(row["attempt"])) for row in rows],
+                                 [row["account_id"] for row in rows])
         await connection.execute(
             _INSERT_ATTEMPTS,
             ids,

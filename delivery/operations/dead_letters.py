@@ -32,6 +32,12 @@ one stopped.
 A batch whose COMMIT answer was lost is resolved by asking the database (create_messages); when
 it cannot tell in time, `ReplayOutcomeUnknown` says which replays were written before that batch
 and which are in doubt. Keyed replays can then simply be run again: each is written at most once.
+
+Accounts. The operator's reads (the listing, `inspect`, a replay or bulk replay asked by a delivery
+or endpoint id alone) span accounts by nature: the operator names no account. Given the caller's
+account (the account's dashboard, the API's recovery), the reads name it too. Joins between
+account-scoped tables join on the account, and the replays are written by create_messages, whose
+statements name their accounts.
 """
 
 from __future__ import annotations
@@ -97,7 +103,8 @@ class DeadPage:
 _DEAD_COLUMNS = (
     "SELECT d.id, d.account_id, d.endpoint_id, d.message_id, d.price, d.dead_reason, d.attempt, d.created_at,"
     "   d.finished_at, e.url, m.event_type"
-    " FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id JOIN messages m ON m.id = d.message_id"
+    " FROM deliveries d JOIN endpoints e ON e.account_id = d.account_id AND e.id = d.endpoint_id"
+    " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id"
     " WHERE d.state = 'dead'"
 )
 _DEAD_CONDITIONS = (
@@ -124,18 +131,19 @@ _DELIVERY = (
     "   d.attempts_max, d.created_at, d.finished_at, d.replay_of, coalesce(d.webhook_id, d.id) AS webhook_id,"
     "   e.url, e.enabled, e.deleted_at AS endpoint_deleted_at,"
     "   m.event_type, octet_length(m.payload) AS payload_bytes"
-    " FROM deliveries d JOIN endpoints e ON e.id = d.endpoint_id JOIN messages m ON m.id = d.message_id"
+    " FROM deliveries d JOIN endpoints e ON e.account_id = d.account_id AND e.id = d.endpoint_id"
+    " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id"
     " WHERE d.id = $1"
 )
 _ATTEMPTS = (
     "SELECT attempt, started_at, finished_at, status_code, latency_ms, error, response_excerpt, stale, sent_headers"
-    " FROM delivery_attempts WHERE delivery_id = $1 ORDER BY attempt DESC LIMIT $2"
+    " FROM delivery_attempts WHERE account_id = $3 AND delivery_id = $1 ORDER BY attempt DESC LIMIT $2"
 )
 # Its charge, refund and reclaim, and any adjustment tied to it by id (billing.adjustments).
 _LEDGER = (
     "SELECT id, kind, amount, note, created_at FROM ledger_entries"
-    " WHERE delivery_id = $1 OR id IN ('adjustment:' || $1::text || ':missing_charge',"
-    "   'adjustment:' || $1::text || ':charge_difference', 'adjustment:' || $1::text || ':refund_on_live')"
+    " WHERE account_id = $2 AND (delivery_id = $1 OR id IN ('adjustment:' || $1::text || ':missing_charge',"
+    "   'adjustment:' || $1::text || ':charge_difference', 'adjustment:' || $1::text || ':refund_on_live'))"
     " ORDER BY seq"
 )
 # The dead deliveries of one endpoint in a time range, not replayed yet (by anyone: no delivery
@@ -144,18 +152,25 @@ _LEDGER = (
 # deliveries read through its (endpoint_id, state) index and then sorted: without it, ORDER BY id
 # LIMIT may walk ix_deliveries_dead, every account's dead deliveries in id order, looking for
 # this endpoint's, and read them all when it has few (measured: 30,000 rows for none).
+# {account}: with the caller's account, the endpoint's deliveries are read in that account ($5).
 _BULK_CANDIDATES = (
     "SELECT d.id, d.account_id, (SELECT a.price_per_delivery FROM accounts a WHERE a.id = d.account_id) AS price"
     " FROM (SELECT id, account_id FROM deliveries"
-    "       WHERE endpoint_id = $1 AND state = 'dead' AND finished_at >= $2 AND finished_at < $3 OFFSET 0) d"
+    "       WHERE {account}endpoint_id = $1 AND state = 'dead' AND finished_at >= $2 AND finished_at < $3 OFFSET 0) d"
     " WHERE NOT EXISTS (SELECT FROM deliveries r WHERE r.replay_of = d.id AND r.account_id = d.account_id)"
     " ORDER BY d.id LIMIT $4"
 )
+_OPERATOR_BULK_CANDIDATES = _BULK_CANDIDATES.format(account="")
+_ACCOUNT_BULK_CANDIDATES = _BULK_CANDIDATES.format(account="account_id = $5 AND ")
+# The deliveries to replay, with their payloads; {account}: in the caller's account ($2).
 _SOURCES = (
     "SELECT d.id, d.account_id, d.endpoint_id, m.event_type, m.payload, m.payload_erased_at FROM deliveries d"
-    " JOIN messages m ON m.id = d.message_id WHERE d.id = ANY($1::uuid[]) AND d.state IN ('dead', 'delivered')"
+    " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id"
+    " WHERE {account}d.id = ANY($1::uuid[]) AND d.state IN ('dead', 'delivered')"
     " ORDER BY d.id"
 )
+_OPERATOR_SOURCES = _SOURCES.format(account="")
+_ACCOUNT_SOURCES = _SOURCES.format(account="d.account_id = $2 AND ")
 
 
 async def list_dead(pool: asyncpg.Pool, filters: DeadFilter = DeadFilter(), *, cursor: str | None = None,
@@ -185,8 +200,8 @@ async def inspect(pool: asyncpg.Pool, delivery_id: uuid.UUID) -> dict:
         row = await connection.fetchrow(_DELIVERY, delivery_id)
         if row is None:
             raise DeliveryNotFound(f"no delivery {delivery_id}")
-        attempts = await connection.fetch(_ATTEMPTS, delivery_id, ATTEMPTS_SHOWN_MAX)
-        ledger = await connection.fetch(_LEDGER, delivery_id)
+        attempts = await connection.fetch(_ATTEMPTS, delivery_id, ATTEMPTS_SHOWN_MAX, row["account_id"])
+        ledger = await connection.fetch(_LEDGER, delivery_id, row["account_id"])
     return {"delivery": dict(row), "attempts": [dict(a) for a in attempts], "ledger": [dict(e) for e in ledger]}
 
 
@@ -201,11 +216,12 @@ class Replayed:
 
 
 async def replay(pool: asyncpg.Pool, delivery_id: uuid.UUID, *, attempts_max: int, again: bool = False,
-                 outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS) -> Replayed:
+                 outcome_wait_seconds: float = OUTCOME_WAIT_SECONDS, account_id: uuid.UUID | None = None) -> Replayed:
     """Replay one dead (or delivered) delivery as a new delivery to its endpoint, with a new charge,
-    as the API's replay does; bulk replays take dead deliveries only."""
+    as the API's replay does; bulk replays take dead deliveries only. `account_id`: the caller's
+    account (None: the operator's, any account)."""
     result = await _replay(pool, [delivery_id], attempts_max=attempts_max, keyed=not again,
-                           outcome_wait_seconds=outcome_wait_seconds)
+                           outcome_wait_seconds=outcome_wait_seconds, account_id=account_id)
     if delivery_id in result.refused:
         raise ReplayRefused(result.refused[delivery_id])
     return result
@@ -217,17 +233,23 @@ class BulkReplayPlan:
     delivery_ids: tuple[uuid.UUID, ...]
     total_charge: int
     more: bool  # more dead deliveries match than one call replays
+    account_id: uuid.UUID | None = None  # the caller's account it was planned in (None: the operator's)
 
 
 async def plan_bulk_replay(pool: asyncpg.Pool, endpoint_id: uuid.UUID, died_after: datetime,
-                           died_before: datetime, *, limit: int = REPLAY_PER_CALL_MAX) -> BulkReplayPlan:
-    """What a bulk replay would do now, and what it would charge. Writes nothing."""
+                           died_before: datetime, *, limit: int = REPLAY_PER_CALL_MAX,
+                           account_id: uuid.UUID | None = None) -> BulkReplayPlan:
+    """What a bulk replay would do now, and what it would charge. Writes nothing. `account_id`:
+    the caller's account, the endpoint's (None: the operator's)."""
     if not 1 <= limit <= REPLAY_PER_CALL_MAX:
         raise InvalidInput(f"limit must be 1 to {REPLAY_PER_CALL_MAX}")
-    rows = await pool.fetch(_BULK_CANDIDATES, endpoint_id, died_after, died_before, limit + 1)
+    if account_id is None:
+        rows = await pool.fetch(_OPERATOR_BULK_CANDIDATES, endpoint_id, died_after, died_before, limit + 1)
+    else:
+        rows = await pool.fetch(_ACCOUNT_BULK_CANDIDATES, endpoint_id, died_after, died_before, limit + 1, account_id)
     chosen = rows[:limit]
     return BulkReplayPlan(endpoint_id, tuple(row["id"] for row in chosen), sum(row["price"] for row in chosen),
-                          len(rows) > limit)
+                          len(rows) > limit, account_id)
 
 
 async def bulk_replay(pool: asyncpg.Pool, endpoint_id: uuid.UUID, died_after: datetime, died_before: datetime,
@@ -248,15 +270,17 @@ async def replay_plan(executor: asyncpg.Pool | asyncpg.Connection, plan: BulkRep
     """Replay a plan's dead deliveries, keyed, as planned: for a caller that checked the plan's total
     itself and holds the account's lock since it planned (so nothing it planned has changed)."""
     return await _replay(executor, list(plan.delivery_ids), attempts_max=attempts_max, keyed=True,
-                         outcome_wait_seconds=outcome_wait_seconds)
+                         outcome_wait_seconds=outcome_wait_seconds, account_id=plan.account_id)
 
 
 async def _replay(pool: asyncpg.Pool, delivery_ids: list[uuid.UUID], *, attempts_max: int, keyed: bool,
-                  outcome_wait_seconds: float) -> Replayed:
+                  outcome_wait_seconds: float, account_id: uuid.UUID | None = None) -> Replayed:
     result = Replayed()
     for start in range(0, len(delivery_ids), REPLAY_BATCH_MAX):
         batch = delivery_ids[start:start + REPLAY_BATCH_MAX]
-        sources = {row["id"]: row for row in await pool.fetch(_SOURCES, batch)}
+        read = pool.fetch(_OPERATOR_SOURCES, batch) if account_id is None else pool.fetch(_ACCOUNT_SOURCES, batch,
+                                                                                          account_id)
+        sources = {row["id"]: row for row in await read}
         requests, olds = [], []
         for old_id in batch:
             source = sources.get(old_id)

@@ -278,7 +278,8 @@ async def _report_step(connection, account_id):
     row = await connection.fetchrow(
         "SELECT a.status, a.balance, c.amount AS closeout_amount,"
         "   (SELECT count(*) FROM deliveries WHERE account_id = $1 AND state IN ('pending', 'sending')) AS live"
-        " FROM accounts a LEFT JOIN ledger_entries c ON c.id = 'closeout:' || a.id WHERE a.id = $1",
+        " FROM accounts a LEFT JOIN ledger_entries c ON c.account_id = a.id AND c.id = 'closeout:' || a.id"
+        " WHERE a.id = $1",
         account_id,
     )
     return None, {

@@ -21,37 +21,38 @@ from delivery.engine.retry import GONE_REASON, AutoDisablePolicy, FailureStreak,
 
 _SUCCEEDED = (
     "UPDATE operational_endpoints SET failing_since = NULL, last_failure_at = NULL, failure_count = 0"
-    " WHERE id = $1 AND failure_count > 0"
+    " WHERE account_id = $2 AND id = $1 AND failure_count > 0"
 )
 _FAILED = (
     "UPDATE operational_endpoints SET failing_since = coalesce(failing_since, now()), last_failure_at = now(),"
     "   failure_count = failure_count + 1"
-    " WHERE id = $1 AND enabled AND deleted_at IS NULL"
+    " WHERE account_id = $2 AND id = $1 AND enabled AND deleted_at IS NULL"
     " RETURNING failing_since, last_failure_at, failure_count"
 )
 _DISABLE = (
     "UPDATE operational_endpoints SET enabled = false, disabled_reason = $2, updated_at = now()"
-    " WHERE id = $1 AND enabled AND deleted_at IS NULL"
+    " WHERE account_id = $3 AND id = $1 AND enabled AND deleted_at IS NULL"
 )
 # Its deliveries that wait for an attempt end unsent; one being sent ends when its result is
 # recorded (it is then pending, and the claim finds the endpoint disabled).
 _END_PENDING = (
     "UPDATE operational_deliveries SET state = 'dead', dead_reason = 'endpoint_disabled', finished_at = now(),"
     "   last_error = $2"
-    " WHERE endpoint_id = $1 AND state = 'pending'"
+    " WHERE account_id = $3 AND endpoint_id = $1 AND state = 'pending'"
 )
 REASON_CHARS_MAX = 500
 
 
-async def succeeded(pool: asyncpg.Pool, endpoint_id: uuid.UUID) -> None:
+async def succeeded(pool: asyncpg.Pool, account_id: uuid.UUID, endpoint_id: uuid.UUID) -> None:
     """A 2xx ends the endpoint's failure streak."""
-    await pool.execute(_SUCCEEDED, endpoint_id)
+    await pool.execute(_SUCCEEDED, endpoint_id, account_id)
 
 
-async def failed(pool: asyncpg.Pool, endpoint_id: uuid.UUID, gone: bool, policy: AutoDisablePolicy) -> str | None:
+async def failed(pool: asyncpg.Pool, account_id: uuid.UUID, endpoint_id: uuid.UUID, gone: bool,
+                 policy: AutoDisablePolicy) -> str | None:
     """Count a failed attempt; switch the endpoint off when it answered 410 or the streak meets the
     policy. Returns the reason it was switched off, None when it stays on."""
-    row = await pool.fetchrow(_FAILED, endpoint_id)
+    row = await pool.fetchrow(_FAILED, endpoint_id, account_id)
     if row is None:  # already off or deleted
         return None
     if gone:
@@ -61,14 +62,15 @@ async def failed(pool: asyncpg.Pool, endpoint_id: uuid.UUID, gone: bool, policy:
         reason = disable_reason(streak, policy)
     if reason is None:
         return None
-    return reason if await disable(pool, endpoint_id, reason) else None
+    return reason if await disable(pool, account_id, endpoint_id, reason) else None
 
 
-async def disable(pool: asyncpg.Pool, endpoint_id: uuid.UUID, reason: str) -> bool:
+async def disable(pool: asyncpg.Pool, account_id: uuid.UUID, endpoint_id: uuid.UUID, reason: str) -> bool:
     """Switch it off and end its pending deliveries, in one transaction; False if it was already off."""
     reason = reason[:REASON_CHARS_MAX]
     async with pool.acquire() as connection, connection.transaction():
-        if await connection.execute(_DISABLE, endpoint_id, reason) != "UPDATE 1":
+        if await connection.execute(_DISABLE, endpoint_id, reason, account_id) != "UPDATE 1":
             return False
-        await connection.execute(_END_PENDING, endpoint_id, f"not sent: the endpoint was switched off ({reason})"[:1000])
+        await connection.execute(_END_PENDING, endpoint_id, f"not sent: the endpoint was switched off ({reason})"[:1000],
+                                 account_id)
     return True

@@ -20,6 +20,12 @@ restart is done again from there.
    operational endpoint off and ends its pending deliveries (delivery.operations.operational_health).
 
 Operational deliveries are never charged and never touch the ledger or the deliveries table.
+
+Accounts. Recording a result and the health writes name the delivery's account. The dispatch, the
+lease expiry and the claim find work across accounts and lock what they find (FOR UPDATE SKIP
+LOCKED) in one statement each, as the delivery claims do: they are allowed to span accounts until
+they take a group of accounts as the claims do (delivery.engine.claims); on a distributed engine
+each is a multi-shard statement.
 """
 
 from __future__ import annotations
@@ -66,7 +72,8 @@ _DISPATCH = (
     "   WHERE dispatched_at IS NULL AND (batch_key IS NULL OR batch_size >= $2"
     "     OR created_at <= now() - $3 * interval '1 second')"
     "   ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED),"
-    " marked AS (UPDATE operational_events e SET dispatched_at = now() FROM ready WHERE e.id = ready.id RETURNING e.id),"
+    " marked AS (UPDATE operational_events e SET dispatched_at = now() FROM ready"
+    "   WHERE e.account_id = ready.account_id AND e.id = ready.id RETURNING e.id),"
     " made AS ("
     "   INSERT INTO operational_deliveries (id, account_id, event_id, endpoint_id, attempts_max)"
     "   SELECT operational_event_id(), r.account_id, r.id, o.id, $4 FROM ready r"
@@ -101,23 +108,23 @@ _CLAIM = (
     "     leased_until = CASE WHEN o.enabled AND a.status = 'active' THEN now() + $2 * interval '1 millisecond' END"
     "   FROM due, operational_endpoints o, accounts a"
     "   WHERE d.id = due.id AND o.id = d.endpoint_id AND a.id = d.account_id"
-    "   RETURNING d.id, d.event_id, d.endpoint_id, d.attempt, d.attempts_max, d.state, o.url, o.secret)"
+    "   RETURNING d.id, d.account_id, d.event_id, d.endpoint_id, d.attempt, d.attempts_max, d.state, o.url, o.secret)"
     " SELECT c.*, e.type, e.created_at, e.data FROM claimed c JOIN operational_events e ON e.id = c.event_id"
 )
 _DELIVERED = (
     "UPDATE operational_deliveries SET state = 'delivered', leased_until = NULL, finished_at = now(),"
     "   last_status_code = $3, last_error = NULL"
-    " WHERE id = $1 AND attempt = $2 AND state = 'sending'"
+    " WHERE account_id = $4 AND id = $1 AND attempt = $2 AND state = 'sending'"
 )
 _RETRY = (
     "UPDATE operational_deliveries SET state = 'pending', leased_until = NULL,"
     "   next_attempt_at = now() + $5 * interval '1 second', last_status_code = $3, last_error = $4"
-    " WHERE id = $1 AND attempt = $2 AND state = 'sending' AND attempt < attempts_max"
+    " WHERE account_id = $6 AND id = $1 AND attempt = $2 AND state = 'sending' AND attempt < attempts_max"
 )
 _DEAD = (
     "UPDATE operational_deliveries SET state = 'dead', dead_reason = 'out_of_retries', leased_until = NULL,"
     "   finished_at = now(), last_status_code = $3, last_error = $4"
-    " WHERE id = $1 AND attempt = $2 AND state = 'sending'"
+    " WHERE account_id = $5 AND id = $1 AND attempt = $2 AND state = 'sending'"
 )
 
 
@@ -173,16 +180,18 @@ class OperationalSender:
     async def _record(self, row, result: SendResult) -> str:
         outcome = await self._record_result(row, result)
         if outcome == "delivered":
-            await operational_health.succeeded(self.pool, row["endpoint_id"])
+            await operational_health.succeeded(self.pool, row["account_id"], row["endpoint_id"])
         elif outcome != "stale":
             gone = retry.classify(result.status_code) is retry.Outcome.GONE
-            await operational_health.failed(self.pool, row["endpoint_id"], gone, self.settings.auto_disable)
+            await operational_health.failed(self.pool, row["account_id"], row["endpoint_id"], gone,
+                                            self.settings.auto_disable)
         return outcome
 
     async def _record_result(self, row, result: SendResult) -> str:
         error = result.error[:ERROR_CHARS_MAX] if result.error else None
         if result.success:
-            if await self.pool.execute(_DELIVERED, row["id"], row["attempt"], result.status_code) != "UPDATE 1":
+            if await self.pool.execute(_DELIVERED, row["id"], row["attempt"], result.status_code,
+                                       row["account_id"]) != "UPDATE 1":
                 return "stale"
             return "delivered"
         delay = retry.delay_before(row["attempt"] + 1, self.settings.schedule, self.rng)
@@ -190,9 +199,10 @@ class OperationalSender:
             if result.retry_after_seconds is not None:
                 delay = max(delay, min(result.retry_after_seconds, self.settings.delay_cap_seconds))
             if await self.pool.execute(_RETRY, row["id"], row["attempt"], result.status_code, error,
-                                       float(delay)) == "UPDATE 1":
+                                       float(delay), row["account_id"]) == "UPDATE 1":
                 return "retrying"
-        if await self.pool.execute(_DEAD, row["id"], row["attempt"], result.status_code, error) != "UPDATE 1":
+        if await self.pool.execute(_DEAD, row["id"], row["attempt"], result.status_code, error,
+                                       row["account_id"]) != "UPDATE 1":
             return "stale"
         return "dead"
 

@@ -23,6 +23,11 @@ down walking the index entries of the payloads it erased. One run at a time acro
 the run holds a session advisory lock (the cron's `unique` only keeps two workers from taking the
 same minute's tick; a run longer than a minute would otherwise meet the next tick's). So while a
 backlog lasts the job erases nearly all the time, at the rate scripts/bench_retention.py measures.
+
+Accounts. An expunge names its account in every statement. A retention batch spans accounts by
+design (the oldest payloads of every account, in one statement) and addresses every row it locks
+or writes by its account and id; on a distributed engine it is a multi-shard statement, and a run
+per group of accounts (as the claims take them) is the way to route it to one shard.
 """
 
 from __future__ import annotations
@@ -68,7 +73,8 @@ _ERASE_MESSAGE = (
 # Erase the response excerpts, and the custom headers sent, of these deliveries' attempts.
 _ERASE_EXCERPTS = (
     "UPDATE delivery_attempts SET response_excerpt = NULL, sent_headers = NULL"
-    " WHERE delivery_id = ANY($1::uuid[]) AND (response_excerpt IS NOT NULL OR sent_headers IS NOT NULL)"
+    " WHERE account_id = $2 AND delivery_id = ANY($1::uuid[])"
+    "   AND (response_excerpt IS NOT NULL OR sent_headers IS NOT NULL)"
 )
 # One batch of the retention job, in one statement (one round trip). The oldest kept payloads
 # past their account's retention whose deliveries have all finished (as of the statement's
@@ -81,7 +87,8 @@ _ERASE_EXCERPTS = (
 # its attempts' response excerpts and custom headers sent (only the attempts that still hold
 # either are written), erased at the clock's time once the locks are held. Nothing here waits on
 # a lock. Answers how many messages were taken and erased, and where the batch
-# reached in each account (the newest created_at it took there).
+# reached in each account (the newest created_at it took there). Every row is addressed by its
+# account and id; the batch itself spans accounts (allowed: see the module's docstring).
 _ERASE_BATCH = (
     "WITH candidates AS ("
     "   SELECT c.id, c.account_id, c.created_at FROM accounts a"
@@ -92,23 +99,27 @@ _ERASE_BATCH = (
     "     WHERE m.account_id = a.id AND m.payload IS NOT NULL"
     "       AND m.created_at >= coalesce(run_cursor.reached, '-infinity')"
     "       AND m.created_at < now() - a.payload_retention_days * interval '1 day'"
-    "       AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.message_id = m.id AND d.state IN ('pending', 'sending'))"
+    "       AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.account_id = m.account_id AND d.message_id = m.id"
+    "         AND d.state IN ('pending', 'sending'))"
     "     ORDER BY m.created_at LIMIT $1 FOR UPDATE OF m SKIP LOCKED) c"
     "   LIMIT $1),"
     " locked AS ("
-    "   SELECT id, message_id, state FROM deliveries WHERE message_id IN (SELECT id FROM candidates)"
+    "   SELECT id, account_id, message_id, state FROM deliveries"
+    "   WHERE (account_id, message_id) IN (SELECT account_id, id FROM candidates)"
     "   ORDER BY id FOR UPDATE SKIP LOCKED),"
     " held AS ("
-    "   SELECT d.message_id FROM deliveries d LEFT JOIN locked l ON l.id = d.id"
-    "   WHERE d.message_id IN (SELECT id FROM candidates) AND (l.id IS NULL OR l.state IN ('pending', 'sending'))),"
-    " erasable AS (SELECT id FROM candidates WHERE id NOT IN (SELECT message_id FROM held)),"
+    "   SELECT d.message_id FROM deliveries d LEFT JOIN locked l ON l.account_id = d.account_id AND l.id = d.id"
+    "   WHERE (d.account_id, d.message_id) IN (SELECT account_id, id FROM candidates)"
+    "     AND (l.id IS NULL OR l.state IN ('pending', 'sending'))),"
+    " erasable AS (SELECT id, account_id FROM candidates WHERE id NOT IN (SELECT message_id FROM held)),"
     " excerpts AS ("
     "   UPDATE delivery_attempts SET response_excerpt = NULL, sent_headers = NULL"
-    "   WHERE delivery_id IN (SELECT l.id FROM locked l WHERE l.message_id IN (SELECT id FROM erasable))"
+    "   WHERE (account_id, delivery_id) IN (SELECT l.account_id, l.id FROM locked l"
+    "       WHERE l.message_id IN (SELECT id FROM erasable))"
     "     AND (response_excerpt IS NOT NULL OR sent_headers IS NOT NULL)),"
     " erased AS ("
     "   UPDATE messages SET payload = NULL, payload_erased_at = clock_timestamp(), payload_erased_by = $2"
-    "   WHERE id IN (SELECT id FROM erasable) RETURNING 1),"
+    "   WHERE (account_id, id) IN (SELECT account_id, id FROM erasable) RETURNING 1),"
     " reached AS (SELECT account_id, max(created_at) AS created_at FROM candidates GROUP BY account_id)"
     " SELECT (SELECT count(*) FROM candidates) AS taken, (SELECT count(*) FROM erased) AS erased,"
     "   array_agg(account_id) AS reached_accounts, array_agg(created_at) AS reached_at FROM reached"
@@ -156,7 +167,7 @@ async def expunge(executor: Executor, account_id: uuid.UUID, message_id: uuid.UU
             changes = [row["leased_until"] or row["next_attempt_at"] for row in live]
             raise MessageLive(len(live), min(changes))
         # Again when erased already: an attempt recorded late (a stale answer) may have added an excerpt.
-        await connection.execute(_ERASE_EXCERPTS, [row["id"] for row in deliveries])
+        await connection.execute(_ERASE_EXCERPTS, [row["id"] for row in deliveries], account_id)
         if message["payload_erased_at"] is not None:
             return Erased(message_id, message["event_type"], message["payload_erased_at"], message["payload_erased_by"])
         erased = await connection.fetchrow(_ERASE_MESSAGE, message_id, account_id, erased_by)

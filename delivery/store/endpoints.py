@@ -230,13 +230,21 @@ async def disable_by_operator(executor: Executor, endpoint_id: uuid.UUID) -> End
     operational trigger reports as endpoint.disabled, reason operator); its pending deliveries then
     die at the pre-send check and are refunded. An endpoint already off keeps its reason: run twice,
     the second changes nothing and writes no event. None when there is no such endpoint."""
+    # The operator names only the endpoint: its account comes from a read by the bare id (an
+    # operator's read, allowed to span accounts), and the write then names the account.
     async with transaction(executor) as connection:
+        account_id = await connection.fetchval(
+            "SELECT account_id FROM endpoints WHERE id = $1 AND deleted_at IS NULL", endpoint_id)
+        if account_id is None:
+            return None
         row = await connection.fetchrow(
-            "UPDATE endpoints SET enabled = false, disabled_reason = $2, updated_at = now()"
-            f" WHERE id = $1 AND enabled AND deleted_at IS NULL RETURNING {_COLUMNS}", endpoint_id, OPERATOR_REASON)
+            "UPDATE endpoints SET enabled = false, disabled_reason = $3, updated_at = now()"
+            f" WHERE account_id = $1 AND id = $2 AND enabled AND deleted_at IS NULL RETURNING {_COLUMNS}",
+            account_id, endpoint_id, OPERATOR_REASON)
         if row is None:
             row = await connection.fetchrow(
-                f"SELECT {_COLUMNS} FROM endpoints WHERE id = $1 AND deleted_at IS NULL", endpoint_id)
+                f"SELECT {_COLUMNS} FROM endpoints WHERE account_id = $1 AND id = $2 AND deleted_at IS NULL",
+                account_id, endpoint_id)
     return None if row is None else Endpoint.from_row(row)
 
 
@@ -261,7 +269,9 @@ async def delete_endpoint(pool: asyncpg.Pool, account_id: uuid.UUID, endpoint_id
     if deleted is None:
         return None
     pending = await pool.fetch(
-        "SELECT d.id, d.attempt, (SELECT m.trace_context FROM messages m WHERE m.id = d.message_id) AS trace_context"
+        "SELECT d.id, d.attempt,"
+        "   (SELECT m.trace_context FROM messages m WHERE m.account_id = d.account_id AND m.id = d.message_id)"
+        "   AS trace_context"
         " FROM deliveries d WHERE d.endpoint_id = $1 AND d.account_id = $2 AND d.state = 'pending'"
         " ORDER BY d.id LIMIT $3",
         endpoint_id, account_id, SETTLE_ON_DELETE_MAX,
@@ -272,7 +282,8 @@ async def delete_endpoint(pool: asyncpg.Pool, account_id: uuid.UUID, endpoint_id
             with tracing.message_span("delivery.settle", row["trace_context"], delivery_id=row["id"],
                                       account_id=account_id, endpoint_id=endpoint_id, attempt=row["attempt"],
                                       dead_reason=DeadReason.ENDPOINT_DELETED.value) as span:
-                settled = await settle(pool, row["id"], DeadReason.ENDPOINT_DELETED, attempt=row["attempt"])
+                settled = await settle(pool, row["id"], DeadReason.ENDPOINT_DELETED, account_id=account_id,
+                                       attempt=row["attempt"])
                 tracing.set_outcome(span, settled.outcome)
         except LedgerMismatch:
             # The endpoint is deleted either way; a delivery whose ledger disagrees stays stuck
@@ -319,9 +330,9 @@ async def rotate_secret(
             "   previous_secret_expires_at = CASE WHEN secret IS NULL THEN NULL"
             "       ELSE now() + make_interval(secs => $2) END,"
             "   secret = $3, signing_key_type = $4, updated_at = now()"
-            " WHERE id = $1",
+            " WHERE account_id = $5 AND id = $1",
             endpoint_id, float(overlap_seconds), seal_secret(secret, keyring, endpoint_id),
-            signing_keys.key_type_of(secret),
+            signing_keys.key_type_of(secret), account_id,
         )
     return True
 

@@ -117,7 +117,7 @@ async def deliveries(executor: Executor, account_id: uuid.UUID, application_id: 
         "SELECT d.id, d.endpoint_id, e.url, m.event_type, d.state, d.attempt, d.attempts_max, d.price, d.created_at,"
         "   d.dead_reason"
         " FROM endpoints e JOIN LATERAL (SELECT * FROM deliveries d WHERE d.endpoint_id = e.id AND d.account_id = $2"
-        "   ORDER BY d.id DESC LIMIT $3) d ON true JOIN messages m ON m.id = d.message_id"
+        "   ORDER BY d.id DESC LIMIT $3) d ON true JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id"
         " WHERE e.application_id = $1 AND e.account_id = $2 ORDER BY d.id DESC LIMIT $3",
         application_id, account_id, limit)
 
@@ -127,5 +127,5 @@ async def delivery_of(executor: Executor, account_id: uuid.UUID, application_id:
     """One delivery of the application, with what a replay needs; None for any other."""
     return await executor.fetchrow(
         "SELECT d.id, d.state, d.endpoint_id, d.price, m.event_type, m.payload, m.payload_erased_at"
-        " FROM deliveries d JOIN messages m ON m.id = d.message_id JOIN endpoints e ON e.id = d.endpoint_id"
+        " FROM deliveries d JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id JOIN endpoints e ON e.account_id = d.account_id AND e.id = d.endpoint_id"
         " WHERE d.id = $1 AND d.account_id = $2 AND e.application_id = $3", delivery_id, account_id, application_id)

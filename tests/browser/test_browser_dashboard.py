@@ -95,7 +95,7 @@ async def test_operator_sees_accounts_dead_letters_audit_and_deletions(platform,
     await api.endpoint(key)
     created = await create_message(pool, MessageRequest(account_id, "invoice.paid", b"{}"), attempts_max=3)
     dead_id = created.deliveries[0].id
-    await settle(pool, dead_id, DeadReason.ENDPOINT_DISABLED, attempt=0)
+    await settle(pool, dead_id, DeadReason.ENDPOINT_DISABLED, account_id=account_id, attempt=0)
     await deletion.start_account_deletion(pool, None, gone_id)
     await deletion.run_deletion(pool, gone_id)
 

@@ -86,8 +86,8 @@ async def test_replays_link_both_ways_and_dead_rows_are_marked_refunded_or_recla
     dead_id = (await api.send(key))["deliveries"][0]["id"]
     recovered_id = (await api.send(key))["deliveries"][0]["id"]
     for delivery_id in (dead_id, recovered_id):
-        await settle(pool, uuid.UUID(delivery_id), DeadReason.OUT_OF_RETRIES, attempt=0)
-    await reclaim(pool, uuid.UUID(recovered_id))  # a late 2xx: it arrived after all
+        await settle(pool, uuid.UUID(delivery_id), DeadReason.OUT_OF_RETRIES, account_id=account_id, attempt=0)
+    await reclaim(pool, uuid.UUID(recovered_id), account_id=account_id)  # a late 2xx: it arrived after all
 
     await sign_in(page, base_url, key)
     await page.goto(f"{base_url}/dashboard/deliveries")
@@ -123,7 +123,7 @@ async def test_replay_is_hidden_where_it_cannot_succeed_and_a_refused_one_answer
     account_id, key = await api.account(balance=50, price=2, name="Gone Co")
     endpoint = await api.endpoint(key)
     dead_id = (await api.send(key))["deliveries"][0]["id"]
-    await settle(pool, uuid.UUID(dead_id), DeadReason.OUT_OF_RETRIES, attempt=0)
+    await settle(pool, uuid.UUID(dead_id), DeadReason.OUT_OF_RETRIES, account_id=account_id, attempt=0)
 
     await sign_in(page, base_url, key)
     await page.goto(f"{base_url}/dashboard/deliveries/{dead_id}/replay")
@@ -149,7 +149,7 @@ async def test_replay_is_hidden_where_it_cannot_succeed_and_a_refused_one_answer
     # A disabled endpoint and a short balance are said too, and Replay comes back once they are mended.
     other = await api.endpoint(key, url="https://example.com/other")
     second = (await api.send(key))["deliveries"][0]["id"]
-    await settle(pool, uuid.UUID(second), DeadReason.OUT_OF_RETRIES, attempt=0)
+    await settle(pool, uuid.UUID(second), DeadReason.OUT_OF_RETRIES, account_id=account_id, attempt=0)
     async with api.http.patch(f"/v1/endpoints/{other['id']}", json={"enabled": False},
                               headers={"Authorization": f"Bearer {key}"}) as response:
         assert response.status == 200

@@ -26,7 +26,7 @@ async def test_the_ledger_lists_oldest_first_like_the_api_with_totals_per_day(pl
     await billing_accounts.top_up(pool, account_id, "today", 50)
     await api.endpoint(key)
     sent = [(await api.send(key))["deliveries"][0]["id"] for _ in range(4)]
-    await settle(pool, uuid.UUID(sent[1]), DeadReason.OUT_OF_RETRIES, attempt=0)
+    await settle(pool, uuid.UUID(sent[1]), DeadReason.OUT_OF_RETRIES, account_id=account_id, attempt=0)
     assert (await audit(pool, account_id)).clean
     async with api.http.get("/v1/ledger", headers={"Authorization": f"Bearer {key}"}) as response:
         api_order = [entry["id"] for entry in (await response.json())["data"]]

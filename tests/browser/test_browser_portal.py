@@ -79,7 +79,8 @@ async def test_a_customer_signs_in_adds_an_endpoint_tests_it_and_replays_a_dead_
     # A delivery that died: the customer replays it, and the account pays for the replay.
     sent = await _api(api, "POST", "/v1/applications/globex/messages", key, json={"event_type": "a", "payload": {}})
     dead = uuid.UUID(sent["deliveries"][0]["id"])
-    await settle(pool, dead, DeadReason.ENDPOINT_DISABLED, attempt=0)
+    owner = await pool.fetchval("SELECT account_id FROM deliveries WHERE id = $1", dead)
+    await settle(pool, dead, DeadReason.ENDPOINT_DISABLED, account_id=owner, attempt=0)
     await page.reload()
     balance = await pool.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id)
     async with page.expect_navigation():

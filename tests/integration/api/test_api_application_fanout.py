@@ -130,7 +130,7 @@ async def test_a_replay_of_an_applications_delivery_stays_in_that_application(ap
     sent = await (await api.client.post("/v1/applications/a/messages", json={"event_type": "a", "payload": {}},
                                         headers=headers)).json()
     (delivery,) = sent["deliveries"]
-    await settle(api.pool, uuid.UUID(delivery["id"]), DeadReason.ENDPOINT_DISABLED, attempt=0)
+    await settle(api.pool, uuid.UUID(delivery["id"]), DeadReason.ENDPOINT_DISABLED, account_id=account_id, attempt=0)
     replayed = await api.client.post(f"/v1/deliveries/{delivery['id']}/replay", headers=headers)
     assert replayed.status == 202, await replayed.text()
     body = await replayed.json()

@@ -55,9 +55,9 @@ async def test_usage_sums_the_ledger_entries_of_the_applications_deliveries(api)
     # The first is claimed and dies while its send is out, which then answers 2xx: the reclaim.
     (claimed,) = await claims.claim_ids(api.pool, [claims.DeliveryKey(account_id, a_deliveries[0])],
                                           lease_ms=3_600_000)
-    await settle(api.pool, claimed.id, DeadReason.ENDPOINT_DISABLED, attempt=claimed.attempt)
+    await settle(api.pool, claimed.id, DeadReason.ENDPOINT_DISABLED, account_id=claimed.account_id, attempt=claimed.attempt)
     for delivery_id in a_deliveries[1:3]:
-        await settle(api.pool, delivery_id, DeadReason.ENDPOINT_DELETED, attempt=0)
+        await settle(api.pool, delivery_id, DeadReason.ENDPOINT_DELETED, account_id=claimed.account_id, attempt=0)
     late = results.AttemptResult(claimed.id, claimed.attempt, claimed.account_id, True, 12, status_code=200,
                                  error=None, retry_delay_seconds=0.0)
     assert (await results.record_results(api.pool, [late])).reclaimed == [claimed.id]

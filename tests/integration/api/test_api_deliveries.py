@@ -20,7 +20,8 @@ from delivery.platform.web_app import create_app
 
 async def _dead(api, delivery_id: str) -> None:
     """Kill a delivery through the one settle function, as the worker would after its last attempt."""
-    await settle(api.pool, uuid.UUID(delivery_id), "out_of_retries")
+    owner = await api.pool.fetchval("SELECT account_id FROM deliveries WHERE id = $1", uuid.UUID(delivery_id))
+    await settle(api.pool, uuid.UUID(delivery_id), "out_of_retries", account_id=owner)
 
 
 async def test_list_filters_and_pages_newest_first(api):

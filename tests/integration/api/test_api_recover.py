@@ -45,7 +45,8 @@ class Scene:
 async def _kill(api, delivery_ids) -> None:
     """Kill deliveries through the one settle function, as the worker does after the last attempt."""
     for delivery_id in delivery_ids:
-        await settle(api.pool, uuid.UUID(str(delivery_id)), "out_of_retries")
+        owner = await api.pool.fetchval("SELECT account_id FROM deliveries WHERE id = $1", uuid.UUID(str(delivery_id)))
+        await settle(api.pool, uuid.UUID(str(delivery_id)), "out_of_retries", account_id=owner)
 
 
 async def _dead_on(api, headers: dict, endpoint: str, count: int) -> list[str]:

@@ -45,7 +45,7 @@ async def _healthy_history(pool):
     await results.record_results(pool, [results.AttemptResult(delivered.id, 1, account_id, True, 1, 200)])
     failed = await claim(pool, await one_delivery(pool, account_id, attempts_max=1))
     await results.record_results(pool, [results.AttemptResult(failed.id, 1, account_id, False, 1, 500, "HTTP 500")])
-    await settle(pool, await one_delivery(pool, account_id), DeadReason.ENDPOINT_DELETED)
+    await settle(pool, await one_delivery(pool, account_id), DeadReason.ENDPOINT_DELETED, account_id=account_id)
     late = await claim(pool, await one_delivery(pool, account_id, attempts_max=1))
     await expire_lease(pool, late.id)
     await results.expire_leases(pool, batch_size=10, delay_seconds=lambda attempt: 0.0)

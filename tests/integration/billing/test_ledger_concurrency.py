@@ -58,7 +58,7 @@ async def test_settle_storm_and_a_success_refund_at_most_once(pool):
 
     for item in claimed:
         calls = [
-            settle(pool, item.id, REASONS[n % len(REASONS)], attempt=(item.attempt, None, item.attempt - 1)[n % 3])
+            settle(pool, item.id, REASONS[n % len(REASONS)], account_id=item.account_id, attempt=(item.attempt, None, item.attempt - 1)[n % 3])
             for n in range(SETTLERS)
         ]
         success = results.AttemptResult(item.id, item.attempt, account_id, True, 3, status_code=200)
@@ -119,7 +119,7 @@ async def _run_account_race(pool, rng: random.Random) -> Counter:
         for _ in range(8):
             live = await live_ids()
             if live:
-                outcome = await settle(pool, rng.choice(live), rng.choice(REASONS))
+                outcome = await settle(pool, rng.choice(live), rng.choice(REASONS), account_id=account_id)
                 stats[f"settle {outcome.outcome}"] += 1
             await asyncio.sleep(0)
 

@@ -33,7 +33,7 @@ async def _settle_again_adds_nothing(pool, delivery_id, reason, attempt):
     account_id = (await pool.fetchrow("SELECT account_id FROM deliveries WHERE id = $1", delivery_id))["account_id"]
     balance_before = await balance(pool, account_id)
     for quoted in (attempt, None):
-        again = await settle(pool, delivery_id, reason, attempt=quoted)
+        again = await settle(pool, delivery_id, reason, account_id=account_id, attempt=quoted)
         assert (again.outcome, again.amount) == (Outcome.ALREADY_SETTLED, 0)
     await assert_settled_once(pool, delivery_id, reason)
     assert await balance(pool, account_id) == balance_before

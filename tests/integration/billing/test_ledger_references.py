@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 
-from billing import ids, messages
+from billing import ids, messages, references
 from billing.audit import audit
 from billing.references import probe_setting_reset_statements, trigger_names, upgrade_statements
 from ledger_helpers import add_endpoint, assert_audit_clean, create, make_account, recreate_trigger, row_counts
@@ -221,8 +221,12 @@ async def test_reference_checks_probe_indexes_even_when_planned_on_empty_statist
 
 
 def _installed_function(name: str) -> str:
-    """The CREATE FUNCTION statement the migration runs for `name`, as CREATE OR REPLACE."""
-    statement = next(s for s in upgrade_statements() if s.lstrip().startswith(f"CREATE FUNCTION {name}()"))
+    """The last statement the migrations run that makes `name` (0005's, or 0016's or 0024's that
+    replace it), as CREATE OR REPLACE."""
+    made = [s.lstrip() for s in (*upgrade_statements(), *references.application_check_statements(),
+                                 *references.account_named_check_statements())]
+    statement = [s for s in made if s.replace("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION", 1)
+                 .startswith(f"CREATE FUNCTION {name}()")][-1]
     return statement.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 
 

@@ -28,7 +28,9 @@ from ledger_helpers import (
     [
         ("missing", "has no charge entry"),
         ("wrong amount", "is -2, expected -1"),
-        ("other account", "belongs to another account"),
+        # The charge is looked up in the delivery's own account (ledger ids are unique together
+        # with the account): another account's charge:<id> is no charge of this delivery.
+        ("other account", "has no charge entry"),
     ],
 )
 async def test_settle_refuses_a_delivery_whose_charge_is_wrong(pool, charge, problem):
@@ -47,7 +49,7 @@ async def test_settle_refuses_a_delivery_whose_charge_is_wrong(pool, charge, pro
 
     for reason in DeadReason:
         with pytest.raises(LedgerMismatch, match=problem):
-            await settle(pool, delivery_id, reason)
+            await settle(pool, delivery_id, reason, account_id=account_id)
 
     row = await delivery(pool, delivery_id)
     assert (row["state"], row["dead_reason"]) == ("pending", None)
@@ -89,7 +91,7 @@ async def test_settle_quoting_an_old_attempt_is_stale(pool):
     before = await delivery(pool, delivery_id)
 
     for reason in DeadReason:
-        outcome = await settle(pool, delivery_id, reason, attempt=first.attempt)
+        outcome = await settle(pool, delivery_id, reason, account_id=account_id, attempt=first.attempt)
         assert (outcome.outcome, outcome.amount) == (Outcome.STALE, 0)
 
     assert await delivery(pool, delivery_id) == before
@@ -109,7 +111,7 @@ async def test_settle_of_a_delivered_delivery_refunds_nothing(pool):
 
     for quoted in (claimed.attempt, None):
         for reason in DeadReason:
-            outcome = await settle(pool, delivery_id, reason, attempt=quoted)
+            outcome = await settle(pool, delivery_id, reason, account_id=account_id, attempt=quoted)
             assert (outcome.outcome, outcome.amount) == (Outcome.DELIVERED, 0)
 
     row = await delivery(pool, delivery_id)
@@ -124,7 +126,7 @@ async def test_settle_of_a_pending_delivery_quoting_its_attempt_refunds(pool):
     account_id = await make_account(pool, balance=10)
     await add_endpoint(pool, account_id)
     delivery_id = await one_delivery(pool, account_id)
-    outcome = await settle(pool, delivery_id, DeadReason.ENDPOINT_DELETED, attempt=0)
+    outcome = await settle(pool, delivery_id, DeadReason.ENDPOINT_DELETED, account_id=account_id, attempt=0)
     assert (outcome.outcome, outcome.amount) == (Outcome.REFUNDED, 1)
     assert await balance(pool, account_id) == 10
     await assert_audit_clean(pool, account_id)
@@ -137,9 +139,9 @@ async def test_settle_refuses_unknown_delivery_and_unknown_reason(pool):
     delivery_id = await one_delivery(pool, account_id)
     before = await row_counts(pool)
     with pytest.raises(DeliveryNotFound):
-        await settle(pool, ids.new_id(), DeadReason.OUT_OF_RETRIES)
+        await settle(pool, ids.new_id(), DeadReason.OUT_OF_RETRIES, account_id=account_id)
     with pytest.raises(InvalidInput, match="unknown dead reason"):
-        await settle(pool, delivery_id, "gave_up")
+        await settle(pool, delivery_id, "gave_up", account_id=account_id)
     assert await row_counts(pool) == before
     assert (await delivery(pool, delivery_id))["state"] == "pending"
 
@@ -219,7 +221,7 @@ async def test_one_broken_delivery_does_not_stop_the_rest_of_a_result_batch(pool
     await pool.execute("UPDATE deliveries SET attempts_max = 1 WHERE id = $1", broken_id)
     refunded_id = await one_delivery(pool, account_id)
     late = await claim(pool, refunded_id)
-    await settle(pool, refunded_id, DeadReason.ENDPOINT_DISABLED, attempt=late.attempt)
+    await settle(pool, refunded_id, DeadReason.ENDPOINT_DISABLED, account_id=account_id, attempt=late.attempt)
     (broken,) = await claims.claim_ids(pool, [claims.DeliveryKey(account_id, broken_id)], lease_ms=60_000)
 
     summary = await results.record_results(pool, [

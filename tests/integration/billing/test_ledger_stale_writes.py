@@ -95,7 +95,7 @@ async def test_a_late_success_after_lease_expiry_on_the_same_attempt_delivers(po
     assert await entries_of(pool, delivery_id) == {ids.charge_id(delivery_id): -1}
     # The lease-expiry placeholder is replaced by the real result, which was applied (not stale).
     assert await _attempt_rows(pool, delivery_id) == [(1, 200, None, False)]
-    assert (await reclaim(pool, delivery_id)).outcome == Outcome.NOT_RECLAIMED
+    assert (await reclaim(pool, delivery_id, account_id=account_id)).outcome == Outcome.NOT_RECLAIMED
     await assert_audit_clean(pool, account_id)
 
 
@@ -151,8 +151,8 @@ async def test_a_stale_success_on_a_refunded_delivery_reclaims_once(pool):
     # The same success again, and a direct reclaim, add nothing.
     summary = await results.record_results(pool, [_result(claimed, account_id, success=True)])
     assert (summary.stale, summary.reclaimed) == ([delivery_id], [])
-    assert (await reclaim(pool, delivery_id)).outcome == Outcome.NOT_RECLAIMED
-    assert (await settle(pool, delivery_id, DeadReason.OUT_OF_RETRIES)).outcome == Outcome.DELIVERED
+    assert (await reclaim(pool, delivery_id, account_id=account_id)).outcome == Outcome.NOT_RECLAIMED
+    assert (await settle(pool, delivery_id, DeadReason.OUT_OF_RETRIES, account_id=account_id)).outcome == Outcome.DELIVERED
     assert len(await entries_of(pool, delivery_id)) == 3
     assert await balance(pool, account_id) == 7
     await assert_audit_clean(pool, account_id)
@@ -206,7 +206,7 @@ async def test_a_stale_success_on_a_never_refunded_delivery_does_not_reclaim(poo
 
     assert (summary.stale, summary.reclaimed) == ([delivered_id], [])
     for delivery_id in (live_id, delivered_id):
-        assert (await reclaim(pool, delivery_id)).outcome == Outcome.NOT_RECLAIMED
+        assert (await reclaim(pool, delivery_id, account_id=account_id)).outcome == Outcome.NOT_RECLAIMED
         assert ids.reclaim_id(delivery_id) not in await entries_of(pool, delivery_id)
     assert await balance(pool, account_id) == 8
     await assert_audit_clean(pool, account_id)

@@ -253,7 +253,7 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         delivery_id, model = picked
         attempt = {"none": None, "current": model.attempt, "old": model.attempt - 1}[quote]
-        outcome = self.run(settle(self.pool, delivery_id, reason, attempt=attempt)).outcome
+        outcome = self.run(settle(self.pool, delivery_id, reason, account_id=self.account_id, attempt=attempt)).outcome
         if attempt is not None and attempt != model.attempt:
             assert outcome == Outcome.STALE
         elif model.state == "delivered":

@@ -18,7 +18,8 @@ from delivery.cli.main import app
 async def _die(database_url: str, delivery_id: uuid.UUID) -> None:
     connection_pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     try:
-        await settle(connection_pool, delivery_id, DeadReason.OUT_OF_RETRIES, attempt=0)
+        owner = await connection_pool.fetchval("SELECT account_id FROM deliveries WHERE id = $1", delivery_id)
+        await settle(connection_pool, delivery_id, DeadReason.OUT_OF_RETRIES, account_id=owner, attempt=0)
     finally:
         await connection_pool.close()
 

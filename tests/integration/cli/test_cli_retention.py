@@ -29,7 +29,8 @@ async def _fetchrow(database_url: str, query: str, *arguments):
 async def _die(database_url: str, delivery_id: uuid.UUID) -> None:
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     try:
-        await settle(pool, delivery_id, DeadReason.OUT_OF_RETRIES, attempt=0)
+        owner = await pool.fetchval("SELECT account_id FROM deliveries WHERE id = $1", delivery_id)
+        await settle(pool, delivery_id, DeadReason.OUT_OF_RETRIES, account_id=owner, attempt=0)
     finally:
         await pool.close()
 

@@ -20,7 +20,7 @@ async def test_a_replays_page_shows_the_webhook_id_it_is_sent_under(dash, pool):
     endpoint = await dash.endpoint(key, headers={"X-Tenant": "acme"})
     created = await create_message(pool, MessageRequest(account_id, "invoice.paid", b"{}"), attempts_max=3)
     dead = created.deliveries[0].id
-    await settle(pool, dead, DeadReason.OUT_OF_RETRIES, attempt=0)
+    await settle(pool, dead, DeadReason.OUT_OF_RETRIES, account_id=account_id, attempt=0)
     replay = (await dead_letters.replay(pool, dead, attempts_max=3)).created[dead]
     await dash.sign_in(key)
     html = await dash.page(f"/dashboard/deliveries/{dead}")

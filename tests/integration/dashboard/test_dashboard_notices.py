@@ -11,7 +11,7 @@ async def test_the_overview_shows_recent_operational_events_as_notices(dash, poo
     account_id, key = await dash.account(balance=100, price=2)
     endpoint = await dash.endpoint(key)
     created = await create_message(pool, MessageRequest(account_id, "invoice.paid", b"{}"), attempts_max=3)
-    await settle(pool, created.deliveries[0].id, DeadReason.OUT_OF_RETRIES, attempt=0)
+    await settle(pool, created.deliveries[0].id, DeadReason.OUT_OF_RETRIES, account_id=account_id, attempt=0)
     await pool.execute("UPDATE endpoints SET enabled = false WHERE id = $1::uuid", endpoint["id"])
     other_id, other_key = await dash.account(balance=0)
     await billing_accounts.top_up(pool, other_id, "someone-else", 77)

@@ -17,7 +17,7 @@ from delivery.operations import deletion
 async def _dead_delivery(pool, account_id) -> uuid.UUID:
     created = await create_message(pool, MessageRequest(account_id, "invoice.failed", b'{"n": 2}'), attempts_max=3)
     delivery_id = created.deliveries[0].id
-    await settle(pool, delivery_id, DeadReason.OUT_OF_RETRIES, attempt=0)
+    await settle(pool, delivery_id, DeadReason.OUT_OF_RETRIES, account_id=account_id, attempt=0)
     return delivery_id
 
 

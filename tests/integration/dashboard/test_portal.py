@@ -103,7 +103,8 @@ async def test_the_portal_adds_and_deletes_endpoints_and_replays_a_dead_delivery
         assert await _state(pool) == before
 
         dead = uuid.UUID(made["a"][1])
-        await settle(pool, dead, DeadReason.ENDPOINT_DISABLED, attempt=0)
+        owner = await pool.fetchval("SELECT account_id FROM deliveries WHERE id = $1", dead)
+        await settle(pool, dead, DeadReason.ENDPOINT_DISABLED, account_id=owner, attempt=0)
         html = await browser.page("/portal/")
         assert "Replay (3 credits)" in html
         balance = await pool.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id)

@@ -139,7 +139,7 @@ async def test_a_delivery_page_shows_attempts_payload_and_headers_and_says_when_
         assert f'id="header-webhook-id">{webhook_id}<' in html and "webhook-signature" in html
         assert "balance" not in html.lower() and "ledger entr" not in html.lower() and "credits" not in html
 
-        await settle(pool, delivery_id, DeadReason.OUT_OF_RETRIES, attempt=claimed.attempt)
+        await settle(pool, delivery_id, DeadReason.OUT_OF_RETRIES, account_id=account_id, attempt=claimed.attempt)
         html = await browser.page(f"/portal/deliveries/{delivery_id}")
         assert 'id="replay">Replay (3 credits)' in html
         message_id = await pool.fetchval("SELECT message_id FROM deliveries WHERE id = $1", delivery_id)

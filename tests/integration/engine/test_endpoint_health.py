@@ -25,7 +25,7 @@ async def test_an_endpoint_failing_for_five_days_is_disabled_with_its_reason(poo
     account_id = await add_account(pool)
     endpoint_id = await add_endpoint(pool, account_id, receiver, keyring)
     await _attempts(pool, account_id, endpoint_id, [("6 days", 500), ("3 days", 503), ("1 minute", 500)])
-    assert await EndpointHealth(pool, AutoDisablePolicy()).check_failing(endpoint_id) is True
+    assert await EndpointHealth(pool, AutoDisablePolicy()).check_failing(account_id, endpoint_id) is True
     row = await pool.fetchrow("SELECT enabled, disabled_reason FROM endpoints WHERE id = $1", endpoint_id)
     assert row["enabled"] is False and "3 failures" in row["disabled_reason"]
 
@@ -38,5 +38,5 @@ async def test_a_success_resets_the_streak_and_a_short_streak_disables_nothing(p
     await _attempts(pool, account_id, endpoint_id,
                     [("6 days", 500), ("2 days", 200), ("1 day", 500), ("1 minute", 500)])
     health = EndpointHealth(pool, AutoDisablePolicy())
-    assert await health.check_failing(endpoint_id) is False
+    assert await health.check_failing(account_id, endpoint_id) is False
     assert await pool.fetchval("SELECT enabled FROM endpoints WHERE id = $1", endpoint_id) is True

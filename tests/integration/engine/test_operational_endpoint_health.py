@@ -138,7 +138,7 @@ async def test_events_are_sent_when_they_commit_without_the_cron(pool, keyring, 
         await pool.execute("INSERT INTO endpoints (id, account_id, url) VALUES (gen_random_uuid(), $1,"
                            " 'https://example.com/hook')", account_id)
         created = await create_message(pool, MessageRequest(account_id, "e", b"{}"), attempts_max=3)
-        await settle(pool, created.deliveries[0].id, "out_of_retries")
+        await settle(pool, created.deliveries[0].id, "out_of_retries", account_id=account_id)
         await wait_for(lambda: asyncio.sleep(0, result=len(operations.received) == 5))
     finally:
         await wake.stop()
@@ -187,7 +187,7 @@ async def test_only_an_accepted_message_arms_balance_exhausted_again(pool, keyri
     assert await exhausted() == 1
     await accounts.top_up(pool, account_id, "small", PRICE - 1)
     await accounts.reverse_top_up(pool, account_id, "small")  # a debit of the balance, not a message
-    await settle(pool, accepted.deliveries[0].id, "out_of_retries")  # a refund: PRICE back
+    await settle(pool, accepted.deliveries[0].id, "out_of_retries", account_id=account_id)  # a refund: PRICE back
     await accounts.top_up(pool, account_id, "other", PRICE - 1)
     await accounts.reverse_top_up(pool, account_id, "other")
     assert await pool.fetchval("SELECT balance FROM accounts WHERE id = $1", account_id) == PRICE

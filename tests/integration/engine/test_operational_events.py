@@ -84,9 +84,9 @@ async def test_retries_running_out_and_a_failing_streak(pool, settings, keyring,
         # Six failures: half of a policy of twelve (a warning), then all of a policy of six.
         policy = AutoDisablePolicy(failing_seconds_min=0, failures_min=12, failure_spread_seconds_min=0)
         for _ in range(3):  # a fresh health check each time (no per-process interval): still one event
-            assert await EndpointHealth(pool, policy).check_failing(endpoint_id) is False
+            assert await EndpointHealth(pool, policy).check_failing(account_id, endpoint_id) is False
         disabling = AutoDisablePolicy(failing_seconds_min=0, failures_min=6, failure_spread_seconds_min=0)
-        assert await EndpointHealth(pool, disabling).check_failing(endpoint_id) is True
+        assert await EndpointHealth(pool, disabling).check_failing(account_id, endpoint_id) is True
         await endpoint_store.update_endpoint(pool, account_id, endpoint_id, {"enabled": True})  # the account's PATCH
         await wait_for(lambda: asyncio.sleep(0, result=len(operations.of_type("endpoint.enabled")) == 1),
                        timeout_seconds=30)

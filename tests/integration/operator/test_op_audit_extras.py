@@ -51,7 +51,7 @@ async def test_summary_per_account_in_report_and_json(pool, database_url, monkey
     good = await make_account(pool, balance=100)
     endpoint_id = await add_endpoint(pool, good)
     deliveries = await create_many(pool, good, endpoint_id, 4)
-    await settle(pool, deliveries[0], "out_of_retries")
+    await settle(pool, deliveries[0], "out_of_retries", account_id=good)
     await pool.execute("UPDATE deliveries SET state = 'delivered' WHERE id = $1", deliveries[1])
     bad = await make_account(pool, balance=100)
     bad_endpoint = await add_endpoint(pool, bad)

@@ -33,7 +33,8 @@ async def _finish(pool, delivery_ids, state: str = "delivered") -> None:
         await pool.execute("UPDATE deliveries SET attempt = greatest(attempt, 1) WHERE id = ANY($1::uuid[])",
                            list(delivery_ids))
         for delivery_id in delivery_ids:
-            await settle(pool, delivery_id, "out_of_retries")
+            owner = await pool.fetchval("SELECT account_id FROM deliveries WHERE id = $1", delivery_id)
+            await settle(pool, delivery_id, "out_of_retries", account_id=owner)
         return
     await pool.execute(
         "UPDATE deliveries SET state = 'delivered', leased_until = NULL, finished_at = now(),"

@@ -171,7 +171,8 @@ async def test_a_replay_with_its_key_replays_once_and_the_operator_issues_a_key(
     await sdk.endpoints.create("https://example.com/replayed")
     message = await sdk.send("invoice.paid", {"n": 1})
     dead = message.deliveries[0].id
-    await settle(pool, dead, "out_of_retries")  # as the worker does after the last attempt
+    owner = await pool.fetchval("SELECT account_id FROM deliveries WHERE id = $1", dead)
+    await settle(pool, dead, "out_of_retries", account_id=owner)  # as the worker does after the last attempt
     balance = (await sdk.balance()).balance
     first = await sdk.deliveries.replay(dead, idempotency_key="r-1")
     again = await sdk.deliveries.replay(dead, idempotency_key="r-1")

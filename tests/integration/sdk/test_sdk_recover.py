@@ -37,7 +37,8 @@ async def _dead(sdk, pool, endpoint_id: uuid.UUID, count: int) -> list[uuid.UUID
         message = await sdk.send("invoice.paid", {"n": number})
         dead += [d.id for d in message.deliveries if d.endpoint_id == endpoint_id]
     for delivery_id in dead:
-        await settle(pool, delivery_id, "out_of_retries")
+        owner = await pool.fetchval("SELECT account_id FROM deliveries WHERE id = $1", delivery_id)
+        await settle(pool, delivery_id, "out_of_retries", account_id=owner)
     return dead
 
 

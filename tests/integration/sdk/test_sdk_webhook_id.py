@@ -11,7 +11,8 @@ async def test_deliveries_and_endpoints_carry_the_new_fields(sdk, pool):
     assert (endpoint.signing_key_type, endpoint.headers) == ("hmac", None)
     message = await sdk.send("invoice.paid", {"n": 1})
     dead = message.deliveries[0].id
-    await settle(pool, dead, DeadReason.OUT_OF_RETRIES, attempt=0)  # as if every attempt failed
+    owner = await pool.fetchval("SELECT account_id FROM deliveries WHERE id = $1", dead)
+    await settle(pool, dead, DeadReason.OUT_OF_RETRIES, account_id=owner, attempt=0)  # as if every attempt failed
     replay = (await sdk.deliveries.replay(dead)).deliveries[0].id
     assert (await sdk.deliveries.get(dead)).webhook_id == dead
     detail = await sdk.deliveries.get(replay)
