@@ -130,17 +130,29 @@ SEND_JOINS = (
 )
 
 
-def _for_send(due: str, take: str) -> str:
-    """The claim and the pre-send load in one statement: the joins read the rows as of the claim."""
-    return due + ", claimed AS (" + take + ") SELECT d.*, " + SEND_COLUMNS + " FROM claimed d" + SEND_JOINS
+def _for_send(due: str, take: str, accounts: str | None = None) -> str:
+    """The claim and the pre-send load in one statement: the joins read the rows as of the claim.
+    With `accounts` (the claim by keys: `$1`), each joined table is also filtered by that array, so
+    that its partitions or shards are pruned to the named accounts' as the deliveries' are."""
+    columns, joins = SEND_COLUMNS, SEND_JOINS
+    if accounts is not None:
+        named = f" = ANY({accounts})"
+        columns = columns.replace("WHERE ap.account_id = e.account_id", "WHERE ap.account_id = e.account_id AND ap.account_id" + named)
+        joins = (
+            " JOIN accounts a ON a.id = d.account_id AND a.id" + named +
+            " JOIN endpoints e ON e.account_id = d.account_id AND e.id = d.endpoint_id AND e.account_id" + named +
+            " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id AND m.account_id" + named
+        )
+    return due + ", claimed AS (" + take + ") SELECT d.*, " + columns + " FROM claimed d" + joins
 
 
 _CLAIM_DUE = _DUE + _TAKE_DUE
 _CLAIM_KEYS = _DUE_KEYS + _TAKE_KEYS
 _CLAIM_BARE_IDS = _DUE_BARE_IDS + _TAKE_DUE
 _CLAIM_DUE_FOR_SEND = _for_send(_DUE, _TAKE_DUE)
-_CLAIM_KEYS_FOR_SEND = _for_send(_DUE_KEYS, _TAKE_KEYS)
+_CLAIM_KEYS_FOR_SEND = _for_send(_DUE_KEYS, _TAKE_KEYS, "$1::uuid[]")
 _CLAIM_BARE_IDS_FOR_SEND = _for_send(_DUE_BARE_IDS, _TAKE_DUE)
+assert "ap.account_id = ANY($1::uuid[])" in _CLAIM_KEYS_FOR_SEND  # SEND_COLUMNS still reads as _for_send expects
 # The sweep with more than one shard: the due deliveries of every account, read without a lock (a
 # read across shards is fine on a distributed engine; a lock across them is one statement that no
 # shard can run alone), then claimed shard by shard with _CLAIM_KEYS, which checks each again.
