@@ -33,7 +33,10 @@ async def create_pool(database_url: str, *, size_min: int = 2, size_max: int = 1
         # Statements are prepared per connection and reused: most of our traffic is the same
         # few statements, so this saves a parse and plan on every call.
         statement_cache_size=256,
-        server_settings={"application_name": "hookledger"},
+        # No JIT: every statement here is short, and compiling one costs seconds. It is what the
+        # planner picks once its estimates swell, as they do on hash-partitioned tables not yet
+        # analyzed (HOOKLEDGER_ACCOUNT_PARTITIONS): a claim took 20 s there, nearly all compiling.
+        server_settings={"application_name": "hookledger", "jit": "off"},
     )
 
 
