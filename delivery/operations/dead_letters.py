@@ -99,13 +99,18 @@ class DeadPage:
 # for tiny, read every dead delivery through a bitmap and sorted them (1,000 rows for a page of 50
 # among 1,000 dead). Unfiltered, a page walks ix_deliveries_dead (the dead ones in id order)
 # from the cursor; with an account or an endpoint, PostgreSQL picks between that and their own
-# indexes. At most 2^6 statements, each prepared once per connection.
+# indexes. At most 2^6 statements, each prepared once per connection. The page of deliveries is
+# chosen first and then joined to its endpoints and messages within each account: joined on the
+# account before the LIMIT, PostgreSQL hashed every dead delivery against the endpoints and sorted
+# them (2,500 rows for a page of 50).
 _DEAD_COLUMNS = (
     "SELECT d.id, d.account_id, d.endpoint_id, d.message_id, d.price, d.dead_reason, d.attempt, d.created_at,"
     "   d.finished_at, e.url, m.event_type"
-    " FROM deliveries d JOIN endpoints e ON e.account_id = d.account_id AND e.id = d.endpoint_id"
-    " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id"
-    " WHERE d.state = 'dead'"
+    " FROM (SELECT * FROM deliveries d WHERE d.state = 'dead'"
+)
+_DEAD_JOINS = (
+    ") d JOIN endpoints e ON e.account_id = d.account_id AND e.id = d.endpoint_id"
+    " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id ORDER BY d.id DESC"
 )
 _DEAD_CONDITIONS = (
     "d.account_id = ${}::uuid", "d.endpoint_id = ${}::uuid", "d.dead_reason = ${}::text",
@@ -122,7 +127,7 @@ def _dead_page(filters: DeadFilter, after: uuid.UUID | None, limit: int) -> tupl
             arguments.append(value)
             sql.append(" AND " + condition.format(len(arguments)))
     arguments.append(limit + 1)
-    sql.append(f" ORDER BY d.id DESC LIMIT ${len(arguments)}")
+    sql.append(f" ORDER BY d.id DESC LIMIT ${len(arguments)}" + _DEAD_JOINS)
     return "".join(sql), arguments
 
 
