@@ -630,7 +630,8 @@ def compare_partitions(results: dict[int, dict]) -> list[dict]:
     whose ratio leaves out a drift of the shared machine's speed between the counts' runs."""
     first, *_ = results
     rows = []
-    runs = [name for name in results[first] if name.startswith(("drain", "throttled")) or name in COMPARED]
+    runs = sorted((name for name in results[first] if name.startswith(("drain", "throttled")) or name in COMPARED),
+                  key=lambda name: name != "ceiling")  # the ceiling first, the rest in the order they ran
     for name in runs:
         fields = COMPARED.get(name, ("rate",))
         by_count = {}
