@@ -192,6 +192,10 @@ async def top_up(executor: Executor, account_id: uuid.UUID, order_id: str, amoun
     entry_id = ids.topup_id(order_id)
     async with transaction(executor) as connection:
         account = await _lock_account(connection, account_id)
+        # An order applies to one account. The ledger's key includes the account (0022), so no
+        # index refuses the same order on another account: top-ups of one order take turns on a
+        # lock named by it, taken after the account's, and the later one finds the earlier's entry.
+        await connection.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", entry_id)
         existing = await connection.fetchrow(
             "SELECT account_id, amount FROM ledger_entries WHERE id = $1", entry_id
         )
@@ -206,11 +210,10 @@ async def top_up(executor: Executor, account_id: uuid.UUID, order_id: str, amoun
                 f"a top-up of {amount} would take the balance ({account['balance']}, plus {in_flight} in flight"
                 f" that may be refunded) past the maximum of {BALANCE_MAX}; at most {max(room, 0)} can be added"
             )
-        # ON CONFLICT: the account lock does not cover the same order raced onto another
-        # account; the loser sees the winner's entry and reports a conflict, not a driver error.
+        # ON CONFLICT: a second write of the same entry changes nothing, and never raises a driver error.
         balance = await connection.fetchval(
             "WITH entry AS (INSERT INTO ledger_entries (id, account_id, kind, amount)"
-            " VALUES ($1, $2, 'topup', $3) ON CONFLICT (id) DO NOTHING RETURNING amount)"
+            " VALUES ($1, $2, 'topup', $3) ON CONFLICT (account_id, id) DO NOTHING RETURNING amount)"
             " UPDATE accounts SET balance = balance + entry.amount FROM entry WHERE id = $2 RETURNING balance",
             entry_id,
             account_id,

@@ -99,7 +99,7 @@ _APPLY = (
     " refunds AS ("
     "   INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
     "   SELECT 'refund:' || id, $1, id, 'refund', price FROM dead"
-    "   ON CONFLICT (id) DO NOTHING RETURNING amount),"
+    "   ON CONFLICT (account_id, id) DO NOTHING RETURNING amount),"
     " moved AS ("
     "   UPDATE accounts SET balance = balance + (SELECT coalesce(sum(amount), 0) FROM adjustments)"
     "       + (SELECT coalesce(sum(amount), 0) FROM refunds)"

@@ -293,7 +293,7 @@ _FENCING_CHECK = """
 SELECT d.account_id, d.id AS delivery_id, 'I6:attempt ' || max(a.attempt) || ' recorded beyond the delivery''s attempt ' || d.attempt AS problem
 FROM deliveries d JOIN delivery_attempts a ON a.delivery_id = d.id
 WHERE ($1::uuid IS NULL OR d.account_id = $1) {scope_fencing}
-GROUP BY d.id HAVING max(a.attempt) > d.attempt
+GROUP BY d.account_id, d.id HAVING max(a.attempt) > d.attempt
 UNION ALL
 SELECT d.account_id, d.id, 'I6:delivered without a 2xx attempt on record'
 FROM deliveries d

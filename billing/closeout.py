@@ -65,7 +65,7 @@ _BULK_SETTLE = (
     " refunds AS ("
     "   INSERT INTO ledger_entries (id, account_id, delivery_id, kind, amount)"
     "   SELECT 'refund:' || id, $1, id, 'refund', price FROM live"
-    "   ON CONFLICT (id) DO NOTHING RETURNING amount),"
+    "   ON CONFLICT (account_id, id) DO NOTHING RETURNING amount),"
     " dead AS ("
     "   UPDATE deliveries d SET state = 'dead', dead_reason = 'account_deleted', leased_until = NULL,"
     "       finished_at = now()"

@@ -433,7 +433,7 @@ async def _load_replays(connection, requests: list[MessageRequest]) -> dict:
         " FROM messages m JOIN unnest($1::uuid[], $2::text[]) AS k(account_id, idempotency_key)"
         "   ON m.account_id = k.account_id AND m.idempotency_key = k.idempotency_key"
         " LEFT JOIN deliveries d ON d.message_id = m.id"
-        " GROUP BY m.id",
+        " GROUP BY m.account_id, m.id",
         [request.account_id for request in requests],
         [request.idempotency_key for request in requests],
     )

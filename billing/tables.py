@@ -152,7 +152,7 @@ $$
 applications = sa.Table(
     "applications",
     metadata,
-    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
     # The account's own name for it (its customer's id in its system), unique among the
     # account's live applications; NULL for none.
@@ -173,8 +173,9 @@ applications = sa.Table(
     # The default application (id = account_id) is never deleted: the routes without an
     # application send to it.
     sa.CheckConstraint("deleted_at IS NULL OR id <> account_id", name="default_not_deleted"),
-    # What endpoints' (account_id, application_id) refers to, and an account's pages in id order.
-    sa.UniqueConstraint("account_id", "id"),
+    # What endpoints' (account_id, application_id) refers to, and an account's pages in id order (0022).
+    sa.PrimaryKeyConstraint("account_id", "id"),
+    sa.Index(None, "id"),
     sa.Index("uq_applications_live_uid", "account_id", "uid", unique=True,
              postgresql_where=sa.text("deleted_at IS NULL AND uid IS NOT NULL")),
     comment="One customer of an account's app: its endpoints, and the messages sent to it."
@@ -194,7 +195,7 @@ application_counts = sa.Table(
 event_types = sa.Table(
     "event_types",
     metadata,
-    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
     sa.Column("name", sa.Text, nullable=False),
     sa.Column("description", sa.Text, nullable=False, server_default=""),
@@ -207,6 +208,7 @@ event_types = sa.Table(
     sa.CheckConstraint(_length("description", 0, EVENT_TYPE_DESCRIPTION_LENGTH_MAX), name="description_length"),
     sa.CheckConstraint(f"jsonb_typeof(schema) IN ('object', 'boolean') AND octet_length(schema::text) <= {EVENT_TYPE_SCHEMA_BYTES_MAX}",
                        name="schema_size"),
+    sa.PrimaryKeyConstraint("account_id", "id"),  # keys include the account (0022, billing.distribution)
     sa.UniqueConstraint("account_id", "name"),
     comment="An account's catalog of event types (0016): what each means and, with a schema, what its payload must be.",
 )
@@ -214,7 +216,7 @@ event_types = sa.Table(
 endpoints = sa.Table(
     "endpoints",
     metadata,
-    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
     sa.Column("url", sa.Text, nullable=False),
     sa.Column("description", sa.Text, nullable=False, server_default=""),
@@ -259,6 +261,9 @@ endpoints = sa.Table(
                        name="headers_size"),
     sa.CheckConstraint(f"rate_limit_per_second BETWEEN {RATE_LIMIT_PER_SECOND_MIN} AND {RATE_LIMIT_PER_SECOND_MAX}",
                        name="rate_limit_range"),
+    # Keys include the account (0022, billing.distribution); the plain index on id serves lookups by a bare id.
+    sa.PrimaryKeyConstraint("account_id", "id"),
+    sa.Index(None, "id"),
     sa.Index(None, "account_id"),
     # An application's endpoints (0016): the fan-out's probe (which skips the deleted ones), and
     # its usage, which sums over the deliveries of every endpoint it ever had.
@@ -269,7 +274,7 @@ endpoints = sa.Table(
 messages = sa.Table(
     "messages",
     metadata,
-    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("event_type", sa.Text, nullable=False),
     sa.Column("payload", sa.LargeBinary),
@@ -301,6 +306,9 @@ messages = sa.Table(
     sa.CheckConstraint("payload_erased_at IS NULL OR payload IS NULL", name="erased_payload_is_null"),
     sa.CheckConstraint("idempotency_key IS NULL OR " + _length("idempotency_key", 1, 255), name="idempotency_key_length"),
     sa.CheckConstraint("octet_length(payload) <= 1048576", name="payload_size"),
+    # Keys include the account (0022, billing.distribution); the plain index on id serves lookups by a bare id.
+    sa.PrimaryKeyConstraint("account_id", "id"),
+    sa.Index(None, "id"),
     sa.UniqueConstraint("account_id", "idempotency_key"),
     # The payloads still kept, by account and age: what the retention job walks (0014).
     sa.Index("ix_messages_retained", "account_id", "created_at", postgresql_where=sa.text("payload IS NOT NULL")),
@@ -311,7 +319,7 @@ messages = sa.Table(
 deliveries = sa.Table(
     "deliveries",
     metadata,
-    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("message_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("endpoint_id", pg.UUID(as_uuid=True), nullable=False),
@@ -344,7 +352,10 @@ deliveries = sa.Table(
     sa.Index("ix_deliveries_lease", "leased_until", postgresql_where=sa.text("state = 'sending'")),
     sa.Index("ix_deliveries_account_live", "account_id", "id", postgresql_where=sa.text("state IN ('pending', 'sending')")),
     sa.Index(None, "account_id", "created_at"),
-    sa.Index(None, "account_id", "id"),  # an account's pages of deliveries, newest first (0009)
+    # Keys include the account (0022, billing.distribution); the plain index on id serves lookups by a bare id. An account's
+    # pages of deliveries, newest first (0009), walk the primary key.
+    sa.PrimaryKeyConstraint("account_id", "id"),
+    sa.Index(None, "id"),
     # Whether a dead delivery was replayed, for the recovery's and the bulk replay's candidates (0010).
     sa.Index("ix_deliveries_replay_of", "replay_of", postgresql_where=sa.text("replay_of IS NOT NULL")),
     # The dead deliveries in id order, for the operator's pages of them, newest first (0010).
@@ -361,8 +372,8 @@ deliveries = sa.Table(
 delivery_attempts = sa.Table(
     "delivery_attempts",
     metadata,
-    sa.Column("delivery_id", pg.UUID(as_uuid=True), primary_key=True),
-    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("delivery_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
     sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("finished_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
@@ -381,6 +392,9 @@ delivery_attempts = sa.Table(
     sa.CheckConstraint("sent_headers IS NULL OR (jsonb_typeof(sent_headers) = 'object'"
                        " AND octet_length(sent_headers::text) <= 16384)", name="sent_headers_size"),
     sa.CheckConstraint("latency_ms IS NULL OR latency_ms >= 0", name="latency_non_negative"),
+    # Keys include the account (0022, billing.distribution); the plain index serves lookups by a bare delivery id.
+    sa.PrimaryKeyConstraint("account_id", "delivery_id", "attempt"),
+    sa.Index(None, "delivery_id", "attempt"),
     sa.Index(None, "account_id", "finished_at"),
     # The late 2xx answers, for the sweep that reclaims a refund whose reclaim was lost (0007).
     sa.Index("ix_delivery_attempts_late_success", "finished_at",
@@ -391,8 +405,9 @@ delivery_attempts = sa.Table(
 ledger_entries = sa.Table(
     "ledger_entries",
     metadata,
-    sa.Column("id", sa.Text, primary_key=True),
-    sa.Column("seq", sa.BigInteger, sa.Identity(always=True), nullable=False, unique=True),
+    sa.Column("id", sa.Text, nullable=False),
+    # An identity: unique without a constraint (a unique key would have to include the account, 0022).
+    sa.Column("seq", sa.BigInteger, sa.Identity(always=True), nullable=False),
     sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("delivery_id", pg.UUID(as_uuid=True)),
     sa.Column("kind", sa.Text, nullable=False),
@@ -419,6 +434,11 @@ ledger_entries = sa.Table(
         " WHEN 'topup_reversal' THEN amount < 0 ELSE true END",
         name="amount_sign",
     ),
+    # Keys include the account (0022, billing.distribution): derived ids are unique together with it.
+    # The plain indexes serve lookups by a bare id and reads of the whole ledger in seq order.
+    sa.PrimaryKeyConstraint("account_id", "id"),
+    sa.Index(None, "id"),
+    sa.Index(None, "seq"),
     sa.Index(None, "account_id", "seq"),
     sa.Index(None, "delivery_id", postgresql_where=sa.text("delivery_id IS NOT NULL")),
     comment="Append-only ledger. Every credit moves through here; a trigger refuses UPDATE, DELETE and TRUNCATE.",
@@ -470,7 +490,7 @@ DELETION_STEPS = ("queued", "begin_closing", "bulk_settle", "close_out", "report
 account_deletions = sa.Table(
     "account_deletions",
     metadata,
-    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False, unique=True),
     sa.Column("status", sa.Text, nullable=False, server_default="running"),
     sa.Column("step", sa.Text, nullable=False, server_default="queued"),
@@ -481,6 +501,7 @@ account_deletions = sa.Table(
     sa.CheckConstraint(_in("status", DELETION_STATUSES), name="status"),
     sa.CheckConstraint(_in("step", DELETION_STEPS), name="step"),
     sa.CheckConstraint("octet_length(report::text) <= 1048576", name="report_size"),
+    sa.PrimaryKeyConstraint("account_id", "id"),  # keys include the account (0022, billing.distribution)
     comment="One deletion job per account (a second request shares the row): its progress, status and report.",
 )
 
@@ -587,7 +608,7 @@ OPERATIONAL_DEAD_REASONS = ("out_of_retries", "endpoint_disabled", "endpoint_del
 operational_endpoints = sa.Table(
     "operational_endpoints",
     metadata,
-    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("account_id", pg.UUID(as_uuid=True), sa.ForeignKey("accounts.id"), nullable=False),
     sa.Column("url", sa.Text, nullable=False),
     sa.Column("description", sa.Text, nullable=False, server_default=""),
@@ -612,6 +633,9 @@ operational_endpoints = sa.Table(
     sa.CheckConstraint("disabled_reason IS NULL OR char_length(disabled_reason) BETWEEN 1 AND 500",
                        name="disabled_reason_length"),
     sa.CheckConstraint("failure_count >= 0", name="failure_count_positive"),
+    # Keys include the account (0022, billing.distribution); the plain index on id serves lookups by a bare id.
+    sa.PrimaryKeyConstraint("account_id", "id"),
+    sa.Index(None, "id"),
     sa.Index(None, "account_id"),
     comment="Where an account's operational events go (its own whsec_ secret, encrypted at rest). Free of charge;"
             " event_types NULL means every type.",
@@ -620,8 +644,9 @@ operational_endpoints = sa.Table(
 operational_events = sa.Table(
     "operational_events",
     metadata,
-    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
-    sa.Column("seq", sa.BigInteger, sa.Identity(always=True), nullable=False, unique=True),
+    sa.Column("id", pg.UUID(as_uuid=True), nullable=False),
+    # An identity: unique without a constraint (a unique key would have to include the account, 0022).
+    sa.Column("seq", sa.BigInteger, sa.Identity(always=True), nullable=False),
     sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("type", sa.Text, nullable=False),
     sa.Column("data", pg.JSONB, nullable=False),
@@ -638,6 +663,9 @@ operational_events = sa.Table(
     sa.CheckConstraint(f"batch_size BETWEEN 1 AND {OPERATIONAL_DEAD_BATCH_MAX}", name="batch_size_range"),
     sa.CheckConstraint("batch_key IS NULL OR " + _length("batch_key", 1, 200), name="batch_key_length"),
     sa.CheckConstraint("dedupe_key IS NULL OR " + _length("dedupe_key", 1, 300), name="dedupe_key_length"),
+    # Keys include the account (0022, billing.distribution); the plain index on id serves lookups by a bare id.
+    sa.PrimaryKeyConstraint("account_id", "id"),
+    sa.Index(None, "id"),
     sa.UniqueConstraint("account_id", "dedupe_key"),
     sa.Index(None, "account_id", "seq"),
     sa.Index("ix_operational_events_undispatched", "seq", postgresql_where=sa.text("dispatched_at IS NULL")),
@@ -650,10 +678,10 @@ operational_events = sa.Table(
 operational_deliveries = sa.Table(
     "operational_deliveries",
     metadata,
-    sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+    sa.Column("id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("account_id", pg.UUID(as_uuid=True), nullable=False),
-    sa.Column("event_id", pg.UUID(as_uuid=True), sa.ForeignKey("operational_events.id"), nullable=False),
-    sa.Column("endpoint_id", pg.UUID(as_uuid=True), sa.ForeignKey("operational_endpoints.id"), nullable=False),
+    sa.Column("event_id", pg.UUID(as_uuid=True), nullable=False),
+    sa.Column("endpoint_id", pg.UUID(as_uuid=True), nullable=False),
     sa.Column("state", sa.Text, nullable=False, server_default="pending"),
     sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
     sa.Column("attempts_max", sa.Integer, nullable=False),
@@ -672,8 +700,15 @@ operational_deliveries = sa.Table(
     sa.CheckConstraint("(state = 'sending') = (leased_until IS NOT NULL)", name="lease_only_when_sending"),
     sa.CheckConstraint("last_status_code IS NULL OR last_status_code BETWEEN 100 AND 599", name="status_code_range"),
     sa.CheckConstraint("last_error IS NULL OR " + _length("last_error", 1, 1000), name="last_error_length"),
+    # Keys include the account (0022, billing.distribution); the plain index on id serves lookups by a bare id.
+    sa.PrimaryKeyConstraint("account_id", "id"),
+    sa.Index(None, "id"),
+    sa.ForeignKeyConstraint(["account_id", "event_id"], ["operational_events.account_id", "operational_events.id"],
+                            name="fk_operational_deliveries_event_id"),
+    sa.ForeignKeyConstraint(["account_id", "endpoint_id"], ["operational_endpoints.account_id", "operational_endpoints.id"],
+                            name="fk_operational_deliveries_endpoint_id"),
     # One delivery per event and operational endpoint: a dispatch run twice makes nothing twice.
-    sa.UniqueConstraint("event_id", "endpoint_id"),
+    sa.UniqueConstraint("account_id", "event_id", "endpoint_id"),
     sa.Index("ix_operational_deliveries_due", "next_attempt_at", postgresql_where=sa.text("state = 'pending'")),
     sa.Index("ix_operational_deliveries_lease", "leased_until", postgresql_where=sa.text("state = 'sending'")),
     sa.Index(None, "account_id"),

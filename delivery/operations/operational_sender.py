@@ -73,7 +73,7 @@ _DISPATCH = (
     "   JOIN accounts a ON a.id = r.account_id AND a.status = 'active'"
     "   JOIN operational_endpoints o ON o.account_id = r.account_id AND o.enabled AND o.deleted_at IS NULL"
     "     AND (o.event_types IS NULL OR r.type = ANY (o.event_types))"
-    "   ON CONFLICT (event_id, endpoint_id) DO NOTHING RETURNING id)"
+    "   ON CONFLICT (account_id, event_id, endpoint_id) DO NOTHING RETURNING id)"
     " SELECT (SELECT count(*) FROM marked) AS events, (SELECT count(*) FROM made) AS deliveries"
 )
 _EXPIRE_LEASES = (

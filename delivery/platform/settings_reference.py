@@ -29,6 +29,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HOOKLEDGER_API_PORT", "8000", "the API's port"),
     Setting("HOOKLEDGER_API_URL", "http://127.0.0.1:8000", "the API the CLI talks to"),
     Setting("HOOKLEDGER_API_KEY", "none", "the CLI's account key", secret=True),
+    Setting("HOOKLEDGER_ACCOUNT_PARTITIONS", "unset", "read by `hookledger migrate`: hash partitions per"
+            " account-scoped table (2..64); unset, 0 or 1: plain tables"),
     Setting("HOOKLEDGER_LOG_LEVEL", "info", "debug, info, warning or error"),
     Setting("HOOKLEDGER_DB_POOL_MIN", "2", "PostgreSQL connections per process, at least"),
     Setting("HOOKLEDGER_DB_POOL_MAX", "10", "PostgreSQL connections per process, at most"),

@@ -16,7 +16,9 @@ from signing import Keyring, generate_at_rest_key, generate_secret
 _SHAPE = (
     "SELECT (SELECT count(*) FROM information_schema.columns WHERE table_name = 'operational_endpoints'"
     "   AND column_name IN ('disabled_reason', 'failing_since', 'last_failure_at', 'failure_count')) AS columns,"
-    " (SELECT count(*) FROM pg_trigger WHERE tgname = 'operational_event_written') AS notice,"
+    # Not the copies on partitions (HOOKLEDGER_ACCOUNT_PARTITIONS, 0023).
+    " (SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+    "   WHERE tgname = 'operational_event_written' AND NOT c.relispartition) AS notice,"
     " (SELECT count(*) FROM pg_trigger WHERE tgname = 'operational_balance_exhausted_rearm') AS rearm"
 )
 

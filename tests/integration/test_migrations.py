@@ -11,8 +11,22 @@ from alembic.migration import MigrationContext
 from sqlalchemy import pool as sa_pool
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from billing.distribution import is_partition_name
 from billing.tables import metadata
 from delivery.platform import migrate
+
+
+# The partitions of the distributed tables (HOOKLEDGER_ACCOUNT_PARTITIONS, migration 0023) are not
+# declared: each is its table's copy, and so are the copies of a foreign key (one for each
+# partition of the table it references) that PostgreSQL keeps beside the declared one.
+def _declared(item, name, kind, reflected, compared_to) -> bool:
+    if kind == "foreign_key_constraint":
+        return not is_partition_name(item.referred_table.name)
+    return not (kind == "table" and is_partition_name(name))
+
+
+_OPTIONS = {"compare_type": True, "include_object": _declared,
+            "include_name": lambda name, kind, parents: not (kind == "table" and is_partition_name(name))}
 
 
 async def _differences(database_url: str) -> list:
@@ -22,7 +36,7 @@ async def _differences(database_url: str) -> list:
     try:
         async with engine.connect() as connection:
             return await connection.run_sync(
-                lambda sync: compare_metadata(MigrationContext.configure(sync, opts={"compare_type": True}), metadata)
+                lambda sync: compare_metadata(MigrationContext.configure(sync, opts=_OPTIONS), metadata)
             )
     finally:
         await engine.dispose()

@@ -56,7 +56,7 @@ async def _check_every_message(pool: asyncpg.Pool) -> int:
         " (SELECT coalesce(array_agg(e.id ORDER BY e.id), '{}') FROM endpoints e WHERE e.application_id = m.application_id"
         "   AND e.enabled AND e.deleted_at IS NULL AND (e.event_types IS NULL OR m.event_type = ANY (e.event_types)))"
         "   AS subscribed"
-        " FROM messages m LEFT JOIN deliveries d ON d.message_id = m.id GROUP BY m.id")
+        " FROM messages m LEFT JOIN deliveries d ON d.message_id = m.id GROUP BY m.account_id, m.id")
     for row in rows:
         assert row["made"] == row["subscribed"], row["id"]
     return len(rows)

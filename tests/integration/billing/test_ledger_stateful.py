@@ -391,7 +391,7 @@ class LedgerMachine(RuleBasedStateMachine):
         rows = self.run(self.pool.fetch(
             "SELECT d.id, d.state, d.attempt, array_agg(l.id ORDER BY l.id) AS entries, sum(l.amount) AS net"
             " FROM deliveries d JOIN ledger_entries l ON l.delivery_id = d.id"
-            " WHERE d.account_id = $1 GROUP BY d.id", self.account_id))
+            " WHERE d.account_id = $1 GROUP BY d.account_id, d.id", self.account_id))
         assert len(rows) == len(self.deliveries)
         for row in rows:
             model = self.deliveries[row["id"]]
