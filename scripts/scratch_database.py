@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
+from billing.distribution import PARTITIONS_MAX, PARTITIONS_VARIABLE
 from delivery.platform import migrate, services
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,9 +32,8 @@ def server_url_from_environment() -> str:
 
 
 # The migrations' option that creates the account-scoped tables hash-partitioned by account_id
-# (1, or unset: plain tables). A benchmark's --partitions sets it per database.
-PARTITIONS_VARIABLE = "HOOKLEDGER_ACCOUNT_PARTITIONS"
-PARTITIONS_MAX = 64  # what the migrations accept (billing.distribution.PARTITIONS_MAX on branch rekey)
+# (billing.distribution: 1, or unset, for plain tables; at most PARTITIONS_MAX). A benchmark's
+# --partitions sets it per database.
 
 
 @contextlib.asynccontextmanager
