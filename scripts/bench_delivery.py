@@ -45,7 +45,13 @@ CPU PostgreSQL and Redis spent leaves room for.
     .venv/bin/python scripts/bench_delivery.py [--deliveries 20000] [--naive-deliveries 2000]
         [--workers 1,2] [--endpoints 24] [--rate 500] [--seconds 10] [--body-bytes 512] [--event-loop auto]
         [--tracing off,1%,100%] [--custom-headers]
-        [--throttled-deliveries 0] [--throttle-rate 50]
+        [--throttled-deliveries 0] [--throttle-rate 50] [--partitions 1,8]
+
+With `--partitions 1,8` the runs above (ceiling, drains, latency, naive) are made once per count, in
+the order given, each on a fresh database migrated with HOOKLEDGER_ACCOUNT_PARTITIONS set to the
+count (1: unset; the account-scoped tables hash-partitioned by account_id), and each run's figures
+are then set beside the first count's as ratios; a drain's also as its share of the ceiling beside
+it, which leaves out a drift of the shared machine's speed between the counts.
 """
 
 from __future__ import annotations
@@ -83,7 +89,8 @@ from delivery.store.signer_cache import SignerCache, endpoint_secret_context
 import cpu_shares  # scripts/, beside this file
 import otlp_sink  # scripts/, beside this file
 from bench_ingest import free_port, stop_servers, wait_ready  # scripts/, beside this file
-from scratch_database import add_redis_db_argument, scratch_database, scratch_redis  # scripts/, beside this file
+from scratch_database import (  # scripts/, beside this file
+    PARTITIONS_VARIABLE, add_partitions_argument, add_redis_db_argument, ratio, scratch_database, scratch_redis)
 from signing import Keyring, encrypt_secret, format_keyring, generate_at_rest_key, generate_secret, parse_keyring, verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -589,12 +596,78 @@ def _percentile(values: list[float], share: float) -> float:
 
 async def orchestrate(arguments) -> None:
     settings = config.load()
+    if arguments.partitions:
+        await _measure_partitions(arguments, services.database_url(settings.database), services.redis_url(settings.redis))
+        return
     async with (scratch_database(services.database_url(settings.database)) as database_url,
                 scratch_redis(services.redis_url(settings.redis), arguments.redis_db) as redis_url):
         await _measure(arguments, database_url, redis_url)
 
 
-async def _measure(arguments, database_url: str, redis_url: str) -> None:
+async def _measure_partitions(arguments, server_url: str, server_redis_url: str) -> None:
+    """The same runs once per partition count, each on a fresh database migrated with that many
+    account partitions, in the order given; then each run beside the first count's."""
+    results = {}
+    for count in arguments.partitions:
+        print(f"-- {count} account partition(s) ({PARTITIONS_VARIABLE}={count if count > 1 else 'unset'})", flush=True)
+        async with (scratch_database(server_url, partitions=count) as database_url,
+                    scratch_redis(server_redis_url, arguments.redis_db) as redis_url):
+            results[count] = await _measure(argparse.Namespace(**{**vars(arguments), "json": None}), database_url,
+                                            redis_url)
+    comparison = compare_partitions(results)
+    print_partitions(arguments.partitions, comparison)
+    if arguments.json:
+        arguments.json.write_text(json.dumps({"benchmark": "delivery_partitions", "partitions": arguments.partitions,
+                                              "deliveries": arguments.deliveries, "workers": arguments.workers,
+                                              "comparison": comparison, "runs": results},
+                                             indent=2, default=str) + "\n")
+
+
+# What --partitions sets side by side: each run's deliveries per second (higher is better) and,
+# for the latency runs, the p50 and p99 (lower is better).
+COMPARED = {"ceiling": ("rate",), "naive": ("rate",), "latency": ("p50_ms", "p99_ms"),
+            "latency_api": ("p50_ms", "p99_ms")}
+
+
+def compare_partitions(results: dict[int, dict]) -> list[dict]:
+    """Each run (drain by N workers, ceiling, naive, latency) at every partition count, its figures
+    and their ratios to the first count's; a drain's rate also as a share of the ceiling beside it,
+    whose ratio leaves out a drift of the shared machine's speed between the counts' runs."""
+    first, *_ = results
+    rows = []
+    runs = sorted((name for name in results[first] if name.startswith(("drain", "throttled")) or name in COMPARED),
+                  key=lambda name: name != "ceiling")  # the ceiling first, the rest in the order they ran
+    for name in runs:
+        fields = COMPARED.get(name, ("rate",))
+        by_count = {}
+        for count, result in results.items():
+            run = result.get(name, {})
+            value = {field: run.get(field, float("nan")) for field in fields}
+            if "ceiling" in run and name.startswith("drain"):
+                value["share_of_ceiling"] = ratio(run["rate"], run["ceiling"])
+            by_count[count] = value
+        for value in by_count.values():
+            for field in list(value):
+                value[f"{field}_ratio"] = ratio(value[field], by_count[first].get(field))
+        rows.append({"run": name, "by_partitions": by_count})
+    return rows
+
+
+def print_partitions(counts: list[int], comparison: list[dict]) -> None:
+    print(f"\nby account partitions ({', '.join(map(str, counts))}), each figure with its ratio to"
+          f" {counts[0]} partition(s)'s (rates per second; latencies in ms; a drain's share of the ceiling beside it):")
+    for row in comparison:
+        cells = []
+        for count, value in row["by_partitions"].items():
+            figures = ", ".join(f"{field} {value[field]:.0f} x{value[f'{field}_ratio']:.3f}" if field != "share_of_ceiling"
+                                else f"of ceiling {value[field]:.0%} x{value[f'{field}_ratio']:.3f}"
+                                for field in value if not field.endswith("_ratio"))
+            cells.append(f"{count}: {figures}")
+        print(f"  {row['run']:<12} " + ";  ".join(cells))
+
+
+async def _measure(arguments, database_url: str, redis_url: str) -> dict:
+    """Every run the arguments ask for on that database; their results."""
     keyring, secret = Keyring({"k1": generate_at_rest_key()}, "k1"), generate_secret()
     bench = Bench(arguments, database_url, redis_url, keyring, secret)
     receiver = subprocess.Popen([sys.executable, __file__, "--serve-receiver", "0"], cwd=ROOT, stdout=subprocess.PIPE,
@@ -612,14 +685,14 @@ async def _measure(arguments, database_url: str, redis_url: str) -> None:
                 arguments.json.write_text(json.dumps({"benchmark": "delivery_custom_headers",
                                                       "deliveries": arguments.deliveries, "results": results},
                                                      indent=2, default=str) + "\n")
-            return
+            return results
         if arguments.tracing:
             results = {**results, "tracing": await measure_tracing(bench, arguments)}
             await bench.close()
             if arguments.json:
                 arguments.json.write_text(json.dumps({"benchmark": "delivery_tracing", "deliveries": arguments.deliveries,
                                                       "results": results}, indent=2, default=str) + "\n")
-            return
+            return results
         # The machine is shared, so the ceiling is measured right before and after every drain
         # and each drain is compared with the mean of the two beside it.
         ceilings = [await bench.ceiling(arguments.deliveries, concurrency)]
@@ -658,6 +731,7 @@ async def _measure(arguments, database_url: str, redis_url: str) -> None:
             "offered_rate": arguments.rate, "latency_seconds": arguments.seconds, "connections": concurrency,
             "results": results,
         }, indent=2, default=str) + "\n")
+    return results
 
 
 def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: list[str]) -> None:
@@ -741,7 +815,10 @@ def main() -> None:
     parser.add_argument("--custom-headers", action="store_true",
                         help="measure the cost of endpoints' custom headers instead (a drain without, with, with, without)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    add_partitions_argument(parser)
     arguments = parser.parse_args()
+    if arguments.partitions and (arguments.tracing or arguments.custom_headers):
+        parser.error("--partitions compares the plain runs; it goes with neither --tracing nor --custom-headers")
     if arguments.serve_receiver is not None:
         asyncio.run(serve_receiver(arguments.serve_receiver))
     elif arguments.naive_worker:

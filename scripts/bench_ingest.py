@@ -42,12 +42,16 @@ each process spent per 1,000 messages and the time each waited for a core (ready
 running), the share that the CPU PostgreSQL and Redis spent leaves room for (aiohttp load only),
 and, with more than one C, each case at its best C against the trivial handler at its best
 (`peaks`: a closed loop measures a server's rate only where C keeps it busy).
+With `--partitions 1,8` all of that runs once per count, in the order given, each on a fresh
+database migrated with HOOKLEDGER_ACCOUNT_PARTITIONS set to the count (1: unset; the account-scoped
+tables hash-partitioned by account_id), and each case's rate is then set beside the first count's,
+as a ratio of it and as a ratio of its share of the trivial handler beside it (drift removed).
 
 Usage: DATABASE_URL=... REDIS_URL=... scripts/bench_ingest.py [--seconds 5] [--concurrency 96,256] [--accounts 1000]
        [--event-loop auto|uvloop|asyncio] [--fan-outs 1,4] [--no-bare-sql] [--without-writes]
        [--load-generator wrk|raw|aiohttp] [--applications 10000 [--endpoints-per-application 2]] [--schema]
        [--tracing off,1%,100%]
-       [--operational-compare]
+       [--operational-compare] [--partitions 1,8]
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ import cpu_shares  # scripts/, beside this file
 import otlp_sink  # scripts/, beside this file
 import raw_load  # scripts/, beside this file
 import wrk_load  # scripts/, beside this file
-from scratch_database import add_redis_db_argument, scratch_database, scratch_redis  # scripts/, beside this file
+from scratch_database import (  # scripts/, beside this file
+    PARTITIONS_VARIABLE, add_partitions_argument, add_redis_db_argument, ratio, scratch_database, scratch_redis)
 
 OPERATOR_KEY = "op_bench_" + "b" * 32
 BARE_SQL_CONNECTIONS = 16  # the server is shared; one transaction per message needs no more to saturate it
@@ -531,6 +536,9 @@ async def main(arguments: argparse.Namespace) -> None:
     server_url, redis_url = os.environ.get("DATABASE_URL"), os.environ.get("REDIS_URL")
     if not server_url or not redis_url:
         raise SystemExit("set DATABASE_URL (a server where this may create and drop a database) and REDIS_URL")
+    if arguments.partitions:
+        await _run_partitions(arguments, server_url, redis_url)
+        return
     # No worker runs here, so the API's wake-up jobs stay queued: they go to a Redis database of
     # the run's own, emptied afterwards, not into the queue of the database REDIS_URL names.
     async with scratch_database(server_url) as database_url, scratch_redis(redis_url, arguments.redis_db) as redis_url:
@@ -538,6 +546,57 @@ async def main(arguments: argparse.Namespace) -> None:
             await _run_tracing(arguments, database_url, redis_url)
         else:
             await _run(arguments, database_url, redis_url)
+
+
+async def _run_partitions(arguments: argparse.Namespace, server_url: str, redis_url: str) -> None:
+    """The same runs once per partition count, each on a fresh database migrated with that many
+    account partitions, in the order given; then each case beside the first count's."""
+    reports = {}
+    for count in arguments.partitions:
+        print(f"-- {count} account partition(s) ({PARTITIONS_VARIABLE}={count if count > 1 else 'unset'})", flush=True)
+        async with (scratch_database(server_url, partitions=count) as database_url,
+                    scratch_redis(redis_url, arguments.redis_db) as run_redis_url):
+            reports[count] = await _run(argparse.Namespace(**{**vars(arguments), "json": None}), database_url,
+                                        run_redis_url)
+    comparison = compare_partitions(reports)
+    print_partitions(arguments.partitions, comparison)
+    if arguments.json:
+        arguments.json.write_text(json.dumps({"benchmark": "ingest_partitions", "partitions": arguments.partitions,
+                                              "comparison": comparison, "runs": reports}, indent=2) + "\n")
+
+
+def compare_partitions(reports: dict[int, dict]) -> list[dict]:
+    """Each case (the API's at each concurrency, fan-out and accounts; the bare SQL's) at every
+    partition count, with its rate and its share of the trivial handler beside it as ratios of the
+    first count's. The share's ratio is the fairer one: each run had its own trivial handler beside
+    it, so a drift of the shared machine's speed between the counts' runs falls out of it."""
+    first, *_ = reports
+    rows: dict[tuple, dict] = {}
+    for count, report in reports.items():
+        cases = [(("api", row["concurrency"], row["fan_out"], row["accounts"]), row) for row in report["api"]]
+        cases += [(("bare_sql", None, row["fan_out"], row["accounts"]), row) for row in report["bare_sql"]]
+        for case, row in cases:
+            entry = rows.setdefault(case, {"kind": case[0], "concurrency": case[1], "fan_out": case[2],
+                                           "accounts": case[3], "by_partitions": {}})
+            entry["by_partitions"][count] = {"messages_per_second": row["messages_per_second"],
+                                             "share_of_trivial": row["share_of_trivial"]}
+    for entry in rows.values():
+        base = entry["by_partitions"].get(first, {})
+        for value in entry["by_partitions"].values():
+            value["rate_ratio"] = ratio(value["messages_per_second"], base.get("messages_per_second"))
+            value["share_ratio"] = ratio(value["share_of_trivial"], base.get("share_of_trivial"))
+    return list(rows.values())
+
+
+def print_partitions(counts: list[int], comparison: list[dict]) -> None:
+    print(f"by account partitions ({', '.join(map(str, counts))}): msg/s, and as ratios of {counts[0]} partition(s)'s:"
+          " the rate's, and the share of the trivial handler beside each run's (drift of the machine removed)")
+    for entry in comparison:
+        kind = f"API C {entry['concurrency']:4}" if entry["kind"] == "api" else "bare SQL  "
+        cells = "  ".join(f"{count}: {value['messages_per_second']:7.0f}/s x{value['rate_ratio']:.3f}"
+                          f" (share x{value['share_ratio']:.3f})"
+                          for count, value in entry["by_partitions"].items())
+        print(f"  {kind}  fan-out {entry['fan_out']}  {entry['accounts']:16}  {cells}")
 
 
 async def _run_tracing(arguments: argparse.Namespace, database_url: str, redis_url: str) -> None:
@@ -599,7 +658,8 @@ def _print_tracing_ratios(fan_out: int, modes: list[str], runs: dict, report: di
                                                 "cpu_ratio": cpu / base_cpu})
 
 
-async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str) -> None:
+async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str) -> dict:
+    """The API's, the trivial handler's and the bare SQL's runs on that database; the report."""
     api_port, trivial_port, unwritten_port = free_port(), free_port(), free_port()
     environment = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
                    "HOOKLEDGER_OPERATOR_KEY": OPERATOR_KEY, "HOOKLEDGER_SECRET_KEYS": KEYRING,
@@ -653,7 +713,7 @@ async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str)
         if arguments.operational_compare:
             await _operational_compare(arguments, database_url, api_url, trivial_url, servers, many_keys, hot_key,
                                        (many_ids, hot_id), report)
-            return
+            return report
         ceilings_by_concurrency = [
             await _measure_at(concurrency, arguments, api_url, trivial_url, servers, unwritten, many_keys, hot_key, report,
                               applications)
@@ -683,6 +743,7 @@ async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str)
             await pool.close()
         if arguments.json:
             arguments.json.write_text(json.dumps(report, indent=2) + "\n")
+        return report
     finally:
         stop_servers(servers)
 
@@ -719,8 +780,11 @@ if __name__ == "__main__":
     parser.add_argument("--tracing", type=otlp_sink.modes, default=None, metavar="MODES",
                         help="measure the cost of tracing instead, for each of these modes (say off,1%%,100%%)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    add_partitions_argument(parser)
     parsed = parser.parse_args()
     apply_load_generator_argument(parser, parsed)
+    if parsed.partitions and (parsed.tracing or parsed.operational_compare):
+        parser.error("--partitions compares the plain runs; it goes with neither --tracing nor --operational-compare")
     if not parsed.fan_outs or set(parsed.fan_outs) - set(BODIES):
         parser.error(f"--fan-outs takes a comma-separated list of {', '.join(map(str, BODIES))}")
     if parsed.serve_trivial:
