@@ -77,6 +77,13 @@ def is_partition_name(name: str) -> bool:
     return _PARTITION_NAME.fullmatch(name) is not None
 
 
+def is_index_or_its_copy(name: str | None, index: str) -> bool:
+    """Whether a constraint or index `name` (a driver error's constraint_name) is `index` or its copy
+    on a partition, `<index>_p<k>` (migration 0023 names them so): a unique violation on a
+    partitioned table names the partition's index."""
+    return name is not None and (name == index or re.fullmatch(re.escape(index) + "_p[0-9]+", name) is not None)
+
+
 class PartitionsSettingError(ValueError):
     """HOOKLEDGER_ACCOUNT_PARTITIONS is not a whole number from 0 to 64."""
 

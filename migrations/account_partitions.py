@@ -84,6 +84,16 @@ _PARTITIONING = """
 SELECT c.relkind::text AS kind, (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = c.oid) AS partitions
 FROM pg_class c WHERE c.oid = $1::text::regclass
 """
+# Each index of a partition that is a copy of an index of `table`, with its parent's name.
+_PARTITION_INDEXES = """
+SELECT child.relname AS name, parent.relname AS parent, t.relname AS partition
+FROM pg_inherits i JOIN pg_class child ON child.oid = i.inhrelid JOIN pg_class parent ON parent.oid = i.inhparent
+JOIN pg_index x ON x.indexrelid = child.oid JOIN pg_class t ON t.oid = x.indrelid
+JOIN pg_inherits p ON p.inhrelid = t.oid AND p.inhparent = $1::text::regclass
+WHERE parent.relkind = 'I'
+ORDER BY 1
+"""
+_NAME_LENGTH_MAX = 63  # PostgreSQL's NAMEDATALEN - 1
 _ENABLED = {"O": None, "D": "DISABLE TRIGGER", "A": "ENABLE ALWAYS TRIGGER", "R": "ENABLE REPLICA TRIGGER"}
 
 
@@ -201,12 +211,24 @@ def _make_again(bind, definition: _Definition, partitions: int) -> None:
         _execute(bind, statistics)
     if definition.comment is not None:
         _execute(bind, f"COMMENT ON TABLE {table} IS {_literal(definition.comment)}")
+    _name_partition_indexes(bind, table)
     partition_names = [distribution.partition_name(table, remainder) for remainder in range(partitions if partitions > 1 else 0)]
     for trigger in definition.triggers:
         _make_trigger(bind, table, trigger, trigger["definition"])
         if not trigger["row_level"]:
             for name in partition_names:
                 _make_trigger(bind, name, trigger, _on(trigger["definition"], table, name))
+
+
+def _name_partition_indexes(bind, table: str) -> None:
+    """Name each partition's copy of an index (and of a key) `<index>_p<k>`, after its parent and its
+    partition, instead of PostgreSQL's made-up names: a unique violation names the partition's
+    index, and code that tells violations apart by name (billing.distribution.is_index_or_its_copy)
+    then knows it."""
+    for row in _rows(bind, _PARTITION_INDEXES, table):
+        name = row["parent"] + row["partition"][len(table):]
+        assert len(name) <= _NAME_LENGTH_MAX, name
+        _execute(bind, f"ALTER INDEX {_quote(row['name'])} RENAME TO {_quote(name)}")
 
 
 def _make_trigger(bind, table: str, trigger, definition: str) -> None:

@@ -18,7 +18,7 @@ from datetime import datetime
 
 import asyncpg
 
-from billing import accounts, ids
+from billing import accounts, distribution, ids
 from billing.database import OUTCOME_WAIT_SECONDS, Executor, OutcomeUnknown, resolved_transaction, transaction
 from billing.ids import parse_id
 
@@ -96,7 +96,7 @@ async def create_application(
                         f" VALUES ($1, $2, $3, $4, $5::jsonb, $6) RETURNING {_COLUMNS}",
                         application_id, account_id, uid, name, json.dumps(metadata or {}), rate_limit_per_second)
             except asyncpg.UniqueViolationError as error:
-                if error.constraint_name == _UID_INDEX:
+                if distribution.is_index_or_its_copy(error.constraint_name, _UID_INDEX):
                     raise UidTaken(f"another application of the account has uid {uid!r}") from None
                 raise
             return Application.from_row(row)
@@ -155,7 +155,7 @@ async def update_application(executor: Executor, account_id: uuid.UUID, applicat
             f" WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL RETURNING {_COLUMNS}",
             application_id, account_id, *[item for pair in zip(given, values) for item in pair])
     except asyncpg.UniqueViolationError as error:
-        if error.constraint_name == _UID_INDEX:
+        if distribution.is_index_or_its_copy(error.constraint_name, _UID_INDEX):
             raise UidTaken(f"another application of the account has uid {changes.get('uid')!r}") from None
         raise
     return None if row is None else Application.from_row(row)

@@ -93,6 +93,14 @@ async def test_0023_partitions_keep_rows_definitions_and_behaviour_both_ways(dat
         for table in distribution.DISTRIBUTED:
             assert await connection.fetchval("SELECT count(*) FROM pg_inherits WHERE inhparent = $1::text::regclass",
                                              table) == 4, table
+        # Each partition's copy of an index or key is named after it, as a unique violation reports it.
+        assert await connection.fetchval("SELECT count(*) FROM pg_indexes WHERE indexname = ANY($1::text[])",
+                                         ["uq_applications_live_uid_p2", "pk_ledger_entries_p3", "ix_deliveries_due_p0"]) == 3
+        with pytest.raises(asyncpg.UniqueViolationError) as raised:
+            await connection.execute("INSERT INTO ledger_entries (id, account_id, kind, amount)"
+                                     " SELECT id, account_id, kind, amount FROM ledger_entries WHERE kind = 'topup'")
+        assert distribution.is_index_or_its_copy(raised.value.constraint_name, "pk_ledger_entries")
+        assert not distribution.is_index_or_its_copy(raised.value.constraint_name, "pk_ledger")
         assert await connection.fetch(_PARTITION_TRIGGERS, "ledger_entries_p2") == await connection.fetch(
             _PARTITION_TRIGGERS, "ledger_entries")
         with pytest.raises(asyncpg.RaiseError, match="append-only"):
