@@ -141,6 +141,10 @@ async def run(options: argparse.Namespace) -> int:
                            {"setup": setup_seconds, "window": window_seconds, "drain": drain_seconds,
                             "total": time.monotonic() - began})
         summary["api_logs"] = api_log_counts(log_dir)
+        # What the run's schema was: plain tables, or each distributed table hash-partitioned by
+        # account (HOOKLEDGER_ACCOUNT_PARTITIONS at migrate time), read from the catalog.
+        summary["account_partitions"] = await pool.fetchval(
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = 'deliveries'::regclass") or 1
         print_summary(summary)
         if options.summary:
             options.summary.parent.mkdir(parents=True, exist_ok=True)
