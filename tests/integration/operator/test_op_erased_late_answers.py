@@ -86,7 +86,9 @@ async def test_migration_0018_goes_down_and_up_on_a_populated_database(pool, dat
         await _ended_by_the_sweep(pool, delivery_id)
         message_id = await pool.fetchval("SELECT message_id FROM deliveries WHERE id = $1", delivery_id)
         await retention.expunge(pool, account_id, message_id, "test")
-    trigger = "SELECT count(*) FROM pg_trigger WHERE tgname = 'delivery_attempts_erased_message'"
+    # Not its copies on partitions (HOOKLEDGER_ACCOUNT_PARTITIONS, 0023).
+    trigger = ("SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+               " WHERE tgname = 'delivery_attempts_erased_message' AND NOT c.relispartition")
     await migrate.downgrade_async(database_url, "0017")
     assert await pool.fetchval(trigger) == 0
     # Written by hand as the recorder writes a late answer (the recorder of today writes columns 0017 lacks).
