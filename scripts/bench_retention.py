@@ -59,12 +59,22 @@ _FINISH = (
     " UPDATE deliveries d SET state = 'delivered', attempt = 1, finished_at = now() FROM pending p WHERE d.id = p.id"
 )
 _AGE = "UPDATE messages SET created_at = created_at - interval '2 days' WHERE payload IS NOT NULL"
-# One table as the server holds it: the whole (heap, TOAST, indexes), and its parts.
+# One table as the server holds it: the whole (heap, TOAST, indexes), and its parts. Summed over
+# its leaves, so that a table hash-partitioned by account (HOOKLEDGER_ACCOUNT_PARTITIONS) counts
+# its partitions; a plain table is its own one leaf. An index's leaves likewise.
+# (pg_partition_tree lists nothing for a plain table or index.)
+_LEAF_OIDS = ("(SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf"
+              " UNION ALL SELECT $1::regclass WHERE NOT EXISTS (SELECT FROM pg_partition_tree($1::regclass)))")
+_LEAVES = "FROM pg_class c WHERE c.oid IN " + _LEAF_OIDS
 _SIZES = (
-    "SELECT pg_total_relation_size(c.oid) AS total, pg_relation_size(c.oid) AS heap,"
-    " coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0) AS toast, pg_indexes_size(c.oid) AS indexes"
-    " FROM pg_class c WHERE c.oid = $1::regclass"
+    "SELECT sum(pg_total_relation_size(c.oid))::bigint AS total, sum(pg_relation_size(c.oid))::bigint AS heap,"
+    " sum(coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0))::bigint AS toast,"
+    " sum(pg_indexes_size(c.oid))::bigint AS indexes " + _LEAVES
 )
+_TOTAL = "SELECT sum(pg_total_relation_size(c.oid))::bigint " + _LEAVES
+_INDEX_SIZE = "SELECT sum(pg_relation_size(c.oid))::bigint " + _LEAVES
+_HEAP_STATS = ("SELECT sum(s.free_space)::bigint AS free_space, sum(s.dead_tuple_len)::bigint AS dead_tuple_len"
+               " FROM " + _LEAF_OIDS + " t(relid) CROSS JOIN LATERAL pgstattuple(t.relid) s")
 
 
 async def _setup(pool: asyncpg.Pool, deliveries: int):
@@ -119,7 +129,7 @@ async def _vacuum_until_clean(pool: asyncpg.Pool, *, full: bool, tables: tuple[s
     deadline = time.monotonic() + VACUUM_WAIT_SECONDS_MAX
     while True:
         await _vacuum(pool, full=full, tables=tables)
-        dead = sum([await pool.fetchval("SELECT dead_tuple_len FROM pgstattuple($1::regclass)", t) for t in tables])
+        dead = sum([(await pool.fetchrow(_HEAP_STATS, t))["dead_tuple_len"] for t in tables])
         if dead == 0 or time.monotonic() > deadline:
             return
         await asyncio.sleep(VACUUM_RETRY_SECONDS)
@@ -127,7 +137,7 @@ async def _vacuum_until_clean(pool: asyncpg.Pool, *, full: bool, tables: tuple[s
 
 async def _bytes(pool) -> dict[str, int]:
     await _vacuum(pool, full=True)
-    return {table: await pool.fetchval("SELECT pg_total_relation_size($1::regclass)", table) for table in TABLES}
+    return {table: await pool.fetchval(_TOTAL, table) for table in TABLES}
 
 
 async def _row_bytes(pool) -> dict[str, int]:
@@ -145,10 +155,10 @@ async def _tables(pool) -> dict[str, dict[str, int]]:
     tables = {}
     for table in TABLES:
         sizes = dict(await pool.fetchrow(_SIZES, table))
-        stats = await pool.fetchrow("SELECT free_space, dead_tuple_len FROM pgstattuple($1::regclass)", table)
+        stats = await pool.fetchrow(_HEAP_STATS, table)
         tables[table] = {**sizes, "live_rows": rows[table], "heap_free": stats["free_space"],
                          "heap_dead": stats["dead_tuple_len"]}
-    tables[RETAINED_INDEX] = {"total": await pool.fetchval("SELECT pg_relation_size($1::regclass)", RETAINED_INDEX)}
+    tables[RETAINED_INDEX] = {"total": await pool.fetchval(_INDEX_SIZE, RETAINED_INDEX)}
     return tables
 
 
