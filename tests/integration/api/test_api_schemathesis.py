@@ -108,7 +108,7 @@ def test_every_operation_conforms_to_the_document(server):
                       phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
             @given(case=operation.as_strategy(generation_mode=mode))
             def run(case):
-                case.call_and_validate(base_url=server, session=session, headers=headers, checks=checks)
+                case.call_and_validate(base_url=server, session=session, headers=_auth(case, headers), checks=checks)
 
             try:
                 run()
@@ -118,6 +118,17 @@ def test_every_operation_conforms_to_the_document(server):
             except Exception as error:  # collect every operation's failure, then report them together
                 failures.append(f"{operation.method.upper()} {operation.path} [{mode.value}]: {error}")
     assert not failures, "\n\n".join(failures)
+
+
+def _auth(case, headers: dict[str, str]) -> dict[str, str] | None:
+    """The key to send: none when the case negates its headers. A negative case may leave out the
+    required Authorization on purpose; adding the key back made such a request valid, the API
+    answered it 200, and schemathesis called that accepting invalid data (which case it drew
+    depended on the server's port, in the document). Without a key every such case must be 401."""
+    components = case.meta.components if case.meta is not None else {}
+    negated = any(location.name.lower() == "header" and info.mode is GenerationMode.NEGATIVE
+                  for location, info in components.items())
+    return None if negated else headers
 
 
 _OPERATOR_PATHS = {"/v1/accounts", "/v1/accounts/{id}", "/v1/accounts/{id}/topups",
