@@ -90,7 +90,7 @@ import cpu_shares  # scripts/, beside this file
 import otlp_sink  # scripts/, beside this file
 from bench_ingest import free_port, stop_servers, wait_ready  # scripts/, beside this file
 from scratch_database import (  # scripts/, beside this file
-    PARTITIONS_VARIABLE, add_partitions_argument, add_redis_db_argument, ratio, scratch_database, scratch_redis)
+    add_partitions_argument, add_redis_db_argument, ratio, run_per_partition_count, scratch_database, scratch_redis)
 from signing import Keyring, encrypt_secret, format_keyring, generate_at_rest_key, generate_secret, parse_keyring, verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -607,13 +607,9 @@ async def orchestrate(arguments) -> None:
 async def _measure_partitions(arguments, server_url: str, server_redis_url: str) -> None:
     """The same runs once per partition count, each on a fresh database migrated with that many
     account partitions, in the order given; then each run beside the first count's."""
-    results = {}
-    for count in arguments.partitions:
-        print(f"-- {count} account partition(s) ({PARTITIONS_VARIABLE}={count if count > 1 else 'unset'})", flush=True)
-        async with (scratch_database(server_url, partitions=count) as database_url,
-                    scratch_redis(server_redis_url, arguments.redis_db) as redis_url):
-            results[count] = await _measure(argparse.Namespace(**{**vars(arguments), "json": None}), database_url,
-                                            redis_url)
+    quiet = argparse.Namespace(**{**vars(arguments), "json": None})
+    results = await run_per_partition_count(arguments.partitions, server_url, server_redis_url, arguments.redis_db,
+                                            lambda database_url, redis_url: _measure(quiet, database_url, redis_url))
     comparison = compare_partitions(results)
     print_partitions(arguments.partitions, comparison)
     if arguments.json:

@@ -82,7 +82,7 @@ import otlp_sink  # scripts/, beside this file
 import raw_load  # scripts/, beside this file
 import wrk_load  # scripts/, beside this file
 from scratch_database import (  # scripts/, beside this file
-    PARTITIONS_VARIABLE, add_partitions_argument, add_redis_db_argument, ratio, scratch_database, scratch_redis)
+    add_partitions_argument, add_redis_db_argument, ratio, run_per_partition_count, scratch_database, scratch_redis)
 
 OPERATOR_KEY = "op_bench_" + "b" * 32
 BARE_SQL_CONNECTIONS = 16  # the server is shared; one transaction per message needs no more to saturate it
@@ -551,13 +551,9 @@ async def main(arguments: argparse.Namespace) -> None:
 async def _run_partitions(arguments: argparse.Namespace, server_url: str, redis_url: str) -> None:
     """The same runs once per partition count, each on a fresh database migrated with that many
     account partitions, in the order given; then each case beside the first count's."""
-    reports = {}
-    for count in arguments.partitions:
-        print(f"-- {count} account partition(s) ({PARTITIONS_VARIABLE}={count if count > 1 else 'unset'})", flush=True)
-        async with (scratch_database(server_url, partitions=count) as database_url,
-                    scratch_redis(redis_url, arguments.redis_db) as run_redis_url):
-            reports[count] = await _run(argparse.Namespace(**{**vars(arguments), "json": None}), database_url,
-                                        run_redis_url)
+    quiet = argparse.Namespace(**{**vars(arguments), "json": None})
+    reports = await run_per_partition_count(arguments.partitions, server_url, redis_url, arguments.redis_db,
+                                            lambda database_url, run_redis_url: _run(quiet, database_url, run_redis_url))
     comparison = compare_partitions(reports)
     print_partitions(arguments.partitions, comparison)
     if arguments.json:

@@ -125,6 +125,19 @@ async def scratch_redis(url: str, database: int) -> AsyncIterator[str]:
         await flush_redis(redis_url)
 
 
+async def run_per_partition_count(counts: list[int], server_url: str, server_redis_url: str, redis_db: int,
+                                  run) -> dict[int, object]:
+    """`await run(database_url, redis_url)` once per account partition count, in the order given,
+    each on a fresh database migrated with that many partitions and a flushed Redis database."""
+    results = {}
+    for count in counts:
+        print(f"-- {count} account partition(s) ({PARTITIONS_VARIABLE}={count if count > 1 else 'unset'})", flush=True)
+        async with (scratch_database(server_url, partitions=count) as database_url,
+                    scratch_redis(server_redis_url, redis_db) as redis_url):
+            results[count] = await run(database_url, redis_url)
+    return results
+
+
 def add_redis_db_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-db", type=int, default=15,
                         help="a Redis database number of the bench's own, emptied before and after (default: 15)")
