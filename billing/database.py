@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import TypeVar
 
 import asyncpg
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 OUTCOME_WAIT_SECONDS = 10.0  # how long a lost COMMIT answer is asked after before "cannot tell"
 _OUTCOME_POLL_SECONDS = 0.05
@@ -42,6 +44,53 @@ async def create_pool(database_url: str, *, size_min: int = 2, size_max: int = 1
         # analyzed (HOOKLEDGER_ACCOUNT_PARTITIONS): a claim took 20 s there, nearly all compiling.
         server_settings=SERVER_SETTINGS,
     )
+
+
+RELISTEN_DELAY_SECONDS = 1.0  # between a lost LISTEN connection and the next try
+
+
+async def listen_forever(pool: asyncpg.Pool, channel: str, on_notice: Callable, *, on_unheard: Callable[[], None],
+                         what: str) -> None:
+    """Hold one pooled connection LISTENing on `channel` until cancelled, calling `on_notice` as
+    asyncpg's listener; listen again when the connection drops. `on_unheard()` runs whenever
+    listening starts or stops: a notice sent while nobody listened was not heard, so the caller
+    makes up for it (runs its work, empties its cache). `what` names the listener in the logs."""
+    while True:
+        connection = None
+        lost = asyncio.Event()
+
+        def on_lost(_connection, lost: asyncio.Event = lost) -> None:
+            lost.set()
+
+        try:
+            connection = await pool.acquire()
+            connection.add_termination_listener(on_lost)
+            await connection.add_listener(channel, on_notice)
+            on_unheard()
+            await lost.wait()
+            logger.warning("the %s listener lost its connection; listening again", what)
+        except Exception as error:  # noqa: BLE001 - the caller has a fallback (a cron, a TTL); cancelling is not caught
+            logger.warning("cannot listen for %s (%r); retrying", what, error)
+        finally:
+            on_unheard()
+            if connection is not None:
+                await _release_listener(pool, connection, channel, on_notice, on_lost, what)
+        await asyncio.sleep(RELISTEN_DELAY_SECONDS)
+
+
+async def _release_listener(pool: asyncpg.Pool, connection, channel: str, on_notice, on_lost, what: str) -> None:
+    """Give the listening connection back. A connection that died was already taken back by the
+    pool, and every call on it then raises InterfaceError: expected, not worth a warning."""
+    with contextlib.suppress(asyncpg.InterfaceError):
+        connection.remove_termination_listener(on_lost)
+    with contextlib.suppress(asyncpg.InterfaceError):
+        await connection.remove_listener(channel, on_notice)
+    try:
+        await pool.release(connection)
+    except asyncpg.InterfaceError:
+        pass
+    except Exception as error:  # noqa: BLE001 - the pool discards a connection it cannot reset
+        logger.warning("releasing the %s listener's connection failed: %r", what, error)
 
 
 Executor = asyncpg.Pool | asyncpg.Connection

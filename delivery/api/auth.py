@@ -21,7 +21,6 @@ and its notice, already handled, would not come again to drop it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hmac
 import logging
@@ -31,13 +30,13 @@ import uuid
 import asyncpg
 from aiohttp import web
 
+from billing.database import listen_forever
 from billing.tables import KEY_REVOKED_CHANNEL
 from delivery.api import api_keys
 from delivery.api.problems import Problem
 
 logger = logging.getLogger(__name__)
 CACHED_KEYS_MAX = 100_000
-RELISTEN_DELAY_SECONDS = 1.0
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="hookledger"'}
 
 
@@ -75,31 +74,11 @@ class Authenticator:
             logger.warning("ignored a malformed key revocation notice: %r", payload[:80])
 
     async def listen_for_revocations(self) -> None:
-        """Hold one pooled connection LISTENing for revoked keys until cancelled; listen again when it drops.
-
-        The cache is emptied whenever listening (re)starts, since a revocation may have gone by unheard.
-        """
-        while True:
-            connection = None
-            lost = asyncio.Event()
-
-            def on_lost(_connection) -> None:
-                lost.set()
-
-            try:
-                connection = await self._pool.acquire()
-                connection.add_termination_listener(on_lost)
-                await connection.add_listener(KEY_REVOKED_CHANNEL, self._on_revoked)
-                self._clear()
-                await lost.wait()
-                logger.warning("the key revocation listener lost its connection; listening again")
-            except Exception as error:  # noqa: BLE001 - the TTL still bounds a missed revocation; cancelling is not caught
-                logger.warning("cannot listen for key revocations (%r); retrying", error)
-            finally:
-                self._clear()
-                if connection is not None:
-                    await _release(self._pool, connection, self._on_revoked, on_lost)
-            await asyncio.sleep(RELISTEN_DELAY_SECONDS)
+        """Hold one pooled connection LISTENing for revoked keys until cancelled; listen again when it
+        drops. The cache is emptied whenever listening starts or stops, since a revocation may have
+        gone by unheard."""
+        await listen_forever(self._pool, KEY_REVOKED_CHANNEL, self._on_revoked, on_unheard=self._clear,
+                             what="key revocation")
 
     def _bearer(self, request: web.Request) -> bytes:
         header = request.headers.get("Authorization")
@@ -177,16 +156,3 @@ class Authenticator:
         raise _unauthorized("the API key is not valid")
 
 
-async def _release(pool: asyncpg.Pool, connection, callback, on_lost) -> None:
-    """Give the listening connection back. A connection that died was already taken back by the
-    pool, and every call on it then raises InterfaceError: expected, not worth a warning."""
-    with contextlib.suppress(asyncpg.InterfaceError):
-        connection.remove_termination_listener(on_lost)
-    with contextlib.suppress(asyncpg.InterfaceError):
-        await connection.remove_listener(KEY_REVOKED_CHANNEL, callback)
-    try:
-        await pool.release(connection)
-    except asyncpg.InterfaceError:
-        pass
-    except Exception as error:  # noqa: BLE001 - the pool discards a connection it cannot reset
-        logger.warning("releasing the key revocation listener's connection failed: %r", error)

@@ -19,13 +19,13 @@ import logging
 
 import asyncpg
 
+from billing.database import listen_forever
 from billing.operational_outbox import DEAD_BATCH_WINDOW_SECONDS, WAKE_CHANNEL
 from delivery.operations.operational_sender import OperationalSender
 
 logger = logging.getLogger(__name__)
 
 IDLE_SECONDS_MAX = 60.0  # the longest sleep without a notice (the cron runs meanwhile too)
-RELISTEN_DELAY_SECONDS = 1.0
 RUN_GAP_SECONDS_MIN = 0.2  # after a run that found nothing to do (what is due is locked by another transaction)
 ERROR_PAUSE_SECONDS = 1.0
 
@@ -64,40 +64,10 @@ class OperationalWake:
         self._woken.set()
 
     async def _listen(self) -> None:
-        """Hold one pooled connection LISTENing until cancelled; listen again when it drops, and run
-        once on each (re)start, since events may have been written while nobody listened."""
-        while True:
-            connection = None
-            lost = asyncio.Event()
-
-            def on_lost(_connection) -> None:
-                lost.set()
-
-            try:
-                connection = await self.pool.acquire()
-                connection.add_termination_listener(on_lost)
-                await connection.add_listener(WAKE_CHANNEL, self._on_notice)
-                self._woken.set()
-                await lost.wait()
-                logger.warning("the operational events listener lost its connection; listening again")
-            except Exception as error:  # noqa: BLE001 - the cron still sends; cancelling is not caught
-                logger.warning("cannot listen for operational events (%r); retrying", error)
-            finally:
-                if connection is not None:
-                    await self._release(connection, on_lost)
-            await asyncio.sleep(RELISTEN_DELAY_SECONDS)
-
-    async def _release(self, connection, on_lost) -> None:
-        with contextlib.suppress(asyncpg.InterfaceError):
-            connection.remove_termination_listener(on_lost)
-        with contextlib.suppress(asyncpg.InterfaceError):
-            await connection.remove_listener(WAKE_CHANNEL, self._on_notice)
-        try:
-            await self.pool.release(connection)
-        except asyncpg.InterfaceError:
-            pass
-        except Exception as error:  # noqa: BLE001 - the pool discards a connection it cannot reset
-            logger.warning("releasing the operational events listener's connection failed: %r", error)
+        """Hold one pooled connection LISTENing until cancelled, listening again when it drops; run
+        whenever listening starts or stops, since events may have been written while nobody listened."""
+        await listen_forever(self.pool, WAKE_CHANNEL, self._on_notice, on_unheard=self._woken.set,
+                             what="operational events")
 
     async def _run(self) -> None:
         """Wait for a notice or the next due time, then run the sender; a failed run waits a moment."""
