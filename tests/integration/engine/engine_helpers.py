@@ -9,10 +9,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import asyncpg
 import pytest
 from aiohttp import web
 
 from billing import accounts, ids
+from billing.database import SERVER_SETTINGS
 from delivery.platform import config
 from delivery.engine import claims, queue as job_queue
 from delivery.store.signer_cache import endpoint_secret_context
@@ -202,3 +204,15 @@ async def keys_of(pool, delivery_ids) -> list:
 async def ledger_of(pool, delivery_id) -> dict[str, int]:
     rows = await pool.fetch("SELECT kind, amount FROM ledger_entries WHERE delivery_id = $1", delivery_id)
     return {row["kind"]: row["amount"] for row in rows}
+
+
+async def create_logged_pool(database_url: str, on_query: Callable, *, size_max: int = 10) -> asyncpg.Pool:
+    """A pool as billing.database.create_pool makes it (same session settings and statement cache),
+    each connection handing every statement it sends, with its arguments, to `on_query` (asyncpg's
+    LoggedQuery): what the server receives, for tests that check the statements themselves."""
+
+    async def init(connection: asyncpg.Connection) -> None:
+        connection.add_query_logger(on_query)
+
+    return await asyncpg.create_pool(database_url, min_size=1, max_size=size_max, statement_cache_size=256,
+                                     server_settings=SERVER_SETTINGS, init=init)

@@ -13,9 +13,8 @@ import asyncio
 import random
 import uuid
 
-import asyncpg
 import pytest
-from engine_helpers import add_account, add_endpoint, wait_for
+from engine_helpers import add_account, add_endpoint, create_logged_pool, wait_for
 
 from billing import accounts, shards
 from billing.messages import MessageRequest, create_messages
@@ -67,18 +66,6 @@ async def _check_partitions(pool, keys: list[claims.DeliveryKey]) -> None:
         assert shards.partition_of(row["account_id"], modulus) == remainder
 
 
-async def _logged_pool(database_url: str, statements: list[tuple[str, tuple]]) -> asyncpg.Pool:
-    """A pool whose every statement is recorded, with its arguments, as the server receives it."""
-
-    def record(query: asyncpg.connection.LoggedQuery) -> None:
-        statements.append((query.query, query.args))
-
-    async def init(connection: asyncpg.Connection) -> None:
-        connection.add_query_logger(record)
-
-    return await asyncpg.create_pool(database_url, min_size=1, max_size=10, init=init)
-
-
 @pytest.mark.parametrize("shard_count, shard_hash, rounds", [(1, "postgres", ROUNDS), (8, "postgres", ROUNDS),
                                                            (8, "citus", 10)])
 async def test_concurrent_claimers_take_each_delivery_once_per_attempt(pool, database_url, shard_count, shard_hash,
@@ -92,7 +79,7 @@ async def test_concurrent_claimers_take_each_delivery_once_per_attempt(pool, dat
     every = {key.id for key in keys}
     account_of = {key.id: key.account_id for key in keys}
     statements: list[tuple[str, tuple]] = []
-    logged = await _logged_pool(database_url, statements)
+    logged = await create_logged_pool(database_url, lambda query: statements.append((query.query, query.args)))
     rng = random.Random(shard_count)
     try:
         for round_number in range(rounds):

@@ -32,10 +32,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from billing import distribution, ids
-from billing.database import SERVER_SETTINGS
 from delivery.engine import queue as job_queue
 from delivery.platform.web_app import create_app
-from engine_helpers import all_finished, keyring, receiver_factory, running_worker, settings, states, wait_for
+from engine_helpers import all_finished, create_logged_pool, keyring, receiver_factory, running_worker, settings, states, wait_for
 
 __all__ = ["keyring", "receiver_factory", "settings"]  # fixtures, used by name
 
@@ -95,12 +94,7 @@ class StatementLog:
 async def logged_pool(database_url: str):
     """A pool as billing.database.create_pool makes it, each connection logging what it sends."""
     log = StatementLog()
-
-    async def init(connection: asyncpg.Connection) -> None:
-        connection.add_query_logger(log)
-
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=20, statement_cache_size=256,
-                                     server_settings=SERVER_SETTINGS, init=init)
+    pool = await create_logged_pool(database_url, log, size_max=20)
     try:
         yield pool, log
     finally:
