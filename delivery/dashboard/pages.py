@@ -109,15 +109,20 @@ async def form(request: web.Request):
     return await request.post()
 
 
-@web.middleware
-async def security_headers(request: web.Request, handler) -> web.StreamResponse:
-    try:
-        response = await handler(request)
-    except web.HTTPException as error:
-        error.headers.update(_headers_for(request))
-        raise
-    response.headers.update(_headers_for(request))
-    return response
+def headers_middleware(headers_for):
+    """A middleware that puts `headers_for(request)` on every answer, errors raised as answers too."""
+
+    @web.middleware
+    async def with_headers(request: web.Request, handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except web.HTTPException as error:
+            error.headers.update(headers_for(request))
+            raise
+        response.headers.update(headers_for(request))
+        return response
+
+    return with_headers
 
 
 def _headers_for(request: web.Request) -> dict[str, str]:
@@ -125,6 +130,9 @@ def _headers_for(request: web.Request) -> dict[str, str]:
     if not request.path.startswith(f"{PREFIX}/static/"):
         headers["Cache-Control"] = "no-store"
     return headers
+
+
+security_headers = headers_middleware(_headers_for)
 
 
 @web.middleware

@@ -76,16 +76,8 @@ def _headers_for(request: web.Request) -> dict[str, str]:
     return headers
 
 
-@web.middleware
-async def security_headers(request: web.Request, handler) -> web.StreamResponse:
-    """The dashboard's headers on every answer, framing allowed to the account's origins only."""
-    try:
-        response = await handler(request)
-    except web.HTTPException as error:
-        error.headers.update(_headers_for(request))
-        raise
-    response.headers.update(_headers_for(request))
-    return response
+# The dashboard's headers on every answer, framing allowed to the account's origins only.
+security_headers = pages.headers_middleware(_headers_for)
 
 
 def set_session_cookie(response: web.StreamResponse, request: web.Request, token: str,
