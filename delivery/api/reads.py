@@ -127,7 +127,10 @@ def _deliveries_page(state: str | None, values: tuple, limit: int) -> tuple[str,
             arguments.append(value)
             sql.append(" AND " + condition.format(len(arguments) + 1))
     arguments.append(limit + 1)
-    sql.append(f" ORDER BY d.id DESC LIMIT ${len(arguments) + 1}")
+    # Ordered by the account too, though it is one: the order of the account's own indexes (its key,
+    # its live and dead deliveries), never of the index on bare ids, which a plan would walk through
+    # every account's rows.
+    sql.append(f" ORDER BY d.account_id DESC, d.id DESC LIMIT ${len(arguments) + 1}")
     return "".join(sql), arguments
 
 
