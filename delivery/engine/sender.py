@@ -4,34 +4,37 @@ No database and no queue here: the worker claims a delivery, builds a SendReques
 Standard Webhooks headers already signed), awaits `Sender.send`, and records the result.
 Network problems of every kind become a failed SendResult; only programmer errors raise.
 
+The HTTP itself is one of two clients, SenderSettings.client: "wire" (delivery.engine.wire_pool,
+a lean HTTP/1.1 client on asyncio.Protocol and httptools, the default) or "aiohttp"
+(delivery.engine.sender_aiohttp, one pooled ClientSession, the fallback). Both answer a POST
+with a send_outcome.Answer or a failure's text, the same texts from either.
+
 This is the hot path of the throughput benchmark, so per-request work is kept small: parsed
-URLs and timeouts are reused from bounded caches, and queued sends wait in send_lanes.
+URLs are reused from a bounded cache, and queued sends wait in send_lanes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import errno
 import importlib.metadata
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-import aiohttp
 from yarl import URL
 
 from delivery import event_loop, metrics
 from delivery.engine import retry, ssrf
-from delivery.engine.backpressure import CONNECT_TIMEOUT_ERROR_PREFIX, Backpressure
-from delivery.errors import (
-    AddressRefusedError,
-    InvalidEndpointUrlError,
-    SenderOverloadedError,
-    SenderSettingsError,
-)
+from delivery.engine.backpressure import Backpressure
 from delivery.engine.send_lanes import Lanes
+from delivery.engine.send_outcome import Answer, storable
+from delivery.engine.send_outcome import bounded as _bounded
+from delivery.engine.send_outcome import refusal_text as _refusal_text
+from delivery.engine.sender_aiohttp import AiohttpClient
+from delivery.engine.wire_pool import WireClient
+from delivery.errors import InvalidEndpointUrlError, SenderOverloadedError, SenderSettingsError
 
 try:
     VERSION = importlib.metadata.version("hookledger")
@@ -43,21 +46,19 @@ SESSION_HEADERS = {"content-type": "application/json", "user-agent": USER_AGENT,
 
 TIMEOUT_MS_MIN = 1_000
 TIMEOUT_MS_MAX = 60_000
-ERROR_CHARS_MAX = 512
 # delivery_attempts keeps at most this many characters of a response (its excerpt_length CHECK).
 EXCERPT_BYTES_MAX_LIMIT = 4096
-# What delivery_attempts.status_code holds (its status_code_range CHECK); aiohttp parses any three digits.
-STATUS_CODES_STORABLE = range(100, 600)
-# Bounds on the sender's own caches; each is emptied when full, which costs only a re-parse.
+# Bound on the sender's cache of parsed URLs; emptied when full, which costs only a re-parse.
 PARSED_URLS_MAX = 4096
-TIMEOUTS_CACHED_MAX = 256
-# How far the cause chain of an exception is followed when classifying it.
-CAUSE_CHAIN_LINKS_MAX = 16
+# The HTTP clients SenderSettings.client names: the lean one (delivery.engine.wire_pool), and aiohttp's.
+CLIENTS = ("wire", "aiohttp")
 
 
 @dataclass(frozen=True)
 class SenderSettings:
     """Everything the sender needs to know; one frozen value built from the environment.
+
+    client is the HTTP client, one of CLIENTS: "wire" (the default) or "aiohttp".
 
     sends_pending_max bounds the sends queued or in flight at once (and so the sender's per-endpoint
     bookkeeping); the engine reserves room under it before each claim (delivery.engine.send_budget).
@@ -73,6 +74,7 @@ class SenderSettings:
     sends_pending_max: int = 10_000
     allowed_networks: tuple[str, ...] = ()
     allow_loopback: bool = False
+    client: str = "wire"
     address_policy: ssrf.AddressPolicy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -80,6 +82,8 @@ class SenderSettings:
             raise SenderSettingsError(
                 f"need {TIMEOUT_MS_MIN} <= timeout_ms_min <= timeout_ms_default <= timeout_ms_max <= {TIMEOUT_MS_MAX}"
             )
+        if self.client not in CLIENTS:
+            raise SenderSettingsError(f"client must be one of {', '.join(CLIENTS)}, got {self.client!r}")
         for name, low, high in (
             ("excerpt_bytes_max", 0, EXCERPT_BYTES_MAX_LIMIT),
             ("connections_max", 1, 100_000),
@@ -160,8 +164,29 @@ def was_held(result: SendResult) -> bool:
     return result.error is NOT_SENT_HELD_ERROR and not result.sent_at
 
 
+class Client(Protocol):
+    """What the sender asks of its HTTP client (wire_pool.WireClient, sender_aiohttp.AiohttpClient)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def post(self, url: URL, body: bytes, headers: Mapping[str, str], timeout_ms: int) -> Awaitable[Answer | str]: ...
+
+    async def close(self) -> None: ...
+
+
+def create_client(settings: SenderSettings) -> Client:
+    """The HTTP client settings.client names, bounded by the settings' connection limits."""
+    bounds = {"connections_max": settings.connections_max, "connections_per_host_max": settings.connections_per_host_max,
+              "excerpt_bytes_max": settings.excerpt_bytes_max, "policy": settings.address_policy,
+              "session_headers": SESSION_HEADERS}
+    if settings.client == "aiohttp":
+        return AiohttpClient(timeout_ms_default=settings.timeout_ms_default, **bounds)
+    return WireClient(**bounds)
+
+
 class Sender:
-    """Sends attempts over one pooled aiohttp session, within the per-endpoint, per-host and total bounds.
+    """Sends attempts over one HTTP client's kept-alive connections, within the per-endpoint, per-host and total bounds.
 
     `submit` queues an attempt and returns a future of its SendResult; `send` awaits one. The
     attempts run in runner tasks that each go on with the next send their slot allows
@@ -176,8 +201,7 @@ class Sender:
         # Per endpoint: how many sends at once, and whether it is paused (Retry-After).
         self.backpressure = Backpressure(self._settings.sends_per_endpoint_max)
         self._policy = self._settings.address_policy
-        self._session = _create_session(self._settings)
-        self._timeouts: dict[int, aiohttp.ClientTimeout] = {}
+        self._client = create_client(self._settings)
         self._parsed_urls: dict[str, URL | str] = {}
         self._lanes: Lanes[_Queued] = Lanes(
             per_endpoint=self._settings.sends_per_endpoint_max,
@@ -191,6 +215,8 @@ class Sender:
         # A runner cancelled before its first step leaves its send here, for close() to cancel.
         self._starting: collections.deque[tuple] = collections.deque()
         self._closing = False
+        # Called as each send ends (delivery.engine.intake).
+        self.on_send_end: Callable[[], None] | None = None
 
     async def close(self) -> None:
         self._closing = True
@@ -201,16 +227,30 @@ class Sender:
             self._abandon(self._starting.popleft())
         for _, _, future in self._lanes.drain():
             future.cancel()
-        await self._session.close()
+        await self._client.close()
 
     @property
     def closed(self) -> bool:
-        return self._session.closed
+        return self._client.closed
 
     @property
     def sends_pending_max(self) -> int:
         """How many sends may be queued or on the wire at once (submit refuses more)."""
         return self._settings.sends_pending_max
+
+    @property
+    def connections_max(self) -> int:
+        return self._settings.connections_max
+
+    @property
+    def running(self) -> int:
+        """Sends on the wire, or allowed to start and about to be."""
+        return self._lanes.running
+
+    @property
+    def waiting(self) -> int:
+        """Sends queued behind one of the bounds."""
+        return self._lanes.waiting
 
     @property
     def pending(self) -> int:
@@ -247,10 +287,10 @@ class Sender:
         if isinstance(url, str):
             future.set_result(_failure(url, 0))
             return future
-        # Queued here, on our own bounds, rather than inside aiohttp's connector: time spent
-        # waiting for a connection would count against the attempt's timeout there (a send could
-        # time out without ever leaving). The per-host bound is the connector's, so a send that
-        # starts always finds a connection.
+        # Queued here, on our own bounds, rather than inside the client: time spent waiting for a
+        # connection would count against the attempt's timeout there (a send could time out
+        # without ever leaving). The per-host bound is the client's, so a send that starts always
+        # finds a connection.
         host = (url.raw_host, url.port)
         queued = (request, url, future)
         if self._lanes.offer(request.endpoint_id, host, queued):
@@ -289,6 +329,8 @@ class Sender:
                 if not future.done():
                     future.set_exception(error)
             following = self._lanes.finish(endpoint_id, host)
+            if self.on_send_end is not None:
+                self.on_send_end()
             if following is None:
                 return
             endpoint_id, host, queued = following
@@ -329,163 +371,45 @@ class Sender:
 
     def _fits(self, request: SendRequest) -> bool:
         """Whether the send, timing out at the latest, would still end by its not_after."""
-        timeout_ms, _ = self._timeout(request.timeout_ms)
-        return time.monotonic() + timeout_ms / 1000 <= request.not_after
+        return time.monotonic() + self._timeout_ms(request.timeout_ms) / 1000 <= request.not_after
 
-    def _timeout(self, timeout_ms: int) -> tuple[int, aiohttp.ClientTimeout]:
+    def _timeout_ms(self, timeout_ms: int) -> int:
         settings = self._settings
-        bounded_ms = min(max(timeout_ms, settings.timeout_ms_min), settings.timeout_ms_max)
-        timeout = self._timeouts.get(bounded_ms)
-        if timeout is None:
-            if len(self._timeouts) >= TIMEOUTS_CACHED_MAX:
-                self._timeouts.clear()
-            # A connect that times out is told apart (ConnectionTimeoutError): it slows the endpoint.
-            timeout = self._timeouts[bounded_ms] = aiohttp.ClientTimeout(total=bounded_ms / 1000,
-                                                                         sock_connect=bounded_ms / 1000)
-        return bounded_ms, timeout
+        return min(max(timeout_ms, settings.timeout_ms_min), settings.timeout_ms_max)
 
     async def _attempt(self, request: SendRequest, url: URL) -> SendResult:
-        timeout_ms, timeout = self._timeout(request.timeout_ms)
+        timeout_ms = self._timeout_ms(request.timeout_ms)
         headers = request.headers
         if callable(headers):
             headers = headers()
         started = time.monotonic()
-        try:
-            async with self._session.post(
-                url, data=request.body, headers=headers, timeout=timeout, allow_redirects=False
-            ) as response:
-                result = await self._result_from(response, timeout_ms)
-        except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as error:
-            result = _failure(describe_failure(error, timeout_ms), 0)
+        answer = await self._client.post(url, request.body, headers, timeout_ms)
         answered = time.monotonic()
+        result = _failure(answer, 0) if isinstance(answer, str) else _result_from(answer)
         # One reading of the clock for the latency and the answer's time, after the answer was read.
         return result._replace(latency_ms=round((answered - started) * 1000), sent_at=started, answered_at=answered)
 
-    async def _result_from(self, response: aiohttp.ClientResponse, timeout_ms: int) -> SendResult:
-        status_code = response.status
-        if status_code not in STATUS_CODES_STORABLE:
-            # Not HTTP, whatever it parses as: a failed attempt without a status, like a broken connection.
-            response.close()
-            return _failure(f"invalid http status {status_code}", 0)
-        body_error = None
-        chunks: list[bytes] = []
-        try:
-            complete = await _read_excerpt(response, self._settings.excerpt_bytes_max, chunks)
-        except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as error:
-            complete = False
-            body_error = "response body: " + describe_failure(error, timeout_ms)
-        if not complete:
-            # Do not wait for (or drain) the rest of a body we will not keep: drop the connection.
-            response.close()
-        retry_after_seconds = None
-        if status_code in retry.RETRY_AFTER_STATUSES:
-            header = response.headers.get("Retry-After")
-            retry_after_seconds = retry.retry_after_for(status_code, header,
-                                                        retry.receiver_now(response.headers.get("Date")))
-        success = 200 <= status_code <= 299
-        error = body_error
-        if error is None and not success:
-            error = _status_text(status_code, response.reason)
-        return SendResult(
-            status_code=status_code,
-            latency_ms=0,  # set by _attempt, with the times
-            error=error,
-            response_excerpt=storable(b"".join(chunks).decode("utf-8", "replace")),
-            retry_after_seconds=retry_after_seconds,
-            gone=status_code == retry.GONE_STATUS,
-            success=success,
-        )
 
-
-def _create_session(settings: SenderSettings) -> aiohttp.ClientSession:
-    policy = settings.address_policy
-    connector = aiohttp.TCPConnector(
-        limit=settings.connections_max,
-        limit_per_host=settings.connections_per_host_max,
-        resolver=ssrf.GuardedResolver(policy),
-        socket_factory=ssrf.guarded_socket_factory(policy),
+def _result_from(answer: Answer) -> SendResult:
+    """The SendResult of an answer whose head arrived. A 2xx whose body broke off is still a
+    success (the receiver accepted it), with the break noted in error."""
+    status_code = answer.status_code
+    retry_after_seconds = None
+    if status_code in retry.RETRY_AFTER_STATUSES:
+        retry_after_seconds = retry.retry_after_for(status_code, answer.retry_after, retry.receiver_now(answer.date))
+    success = 200 <= status_code <= 299
+    error = answer.body_error
+    if error is None and not success:
+        error = _status_text(status_code, answer.reason)
+    return SendResult(
+        status_code=status_code,
+        latency_ms=0,  # set by _attempt, with the times
+        error=error,
+        response_excerpt=storable(answer.excerpt.decode("utf-8", "replace")),
+        retry_after_seconds=retry_after_seconds,
+        gone=status_code == retry.GONE_STATUS,
+        success=success,
     )
-    return aiohttp.ClientSession(
-        connector=connector,
-        # Webhooks are stateless: a receiver must not be able to plant cookies on later sends.
-        cookie_jar=aiohttp.DummyCookieJar(),
-        # We keep only a few KiB of the body for people to read. Decompressing would cost CPU on
-        # the hot path and let a small gzip bomb expand in one chunk; ask for identity instead.
-        auto_decompress=False,
-        headers=SESSION_HEADERS,
-        timeout=aiohttp.ClientTimeout(total=settings.timeout_ms_default / 1000),
-        # Never take proxies from the environment: a proxy would connect on our behalf, past the guard.
-        trust_env=False,
-        raise_for_status=False,
-    )
-
-
-async def _read_excerpt(response: aiohttp.ClientResponse, excerpt_bytes_max: int, chunks: list[bytes]) -> bool:
-    """Read up to excerpt_bytes_max bytes of the body into chunks; True when that was all of it.
-
-    The caller owns chunks, so the bytes that did arrive are kept when the read fails midway.
-    """
-    content = response.content
-    size = 0
-    while size < excerpt_bytes_max:
-        chunk = await content.read(excerpt_bytes_max - size)
-        chunks.append(chunk)
-        if not chunk or content.at_eof():
-            # Checking at_eof saves a second read for the usual small body that arrived whole.
-            return True
-        size += len(chunk)
-    return content.at_eof()
-
-
-def _find_cause(error: BaseException, kind: type[BaseException]) -> BaseException | None:
-    current: BaseException | None = error
-    for _ in range(CAUSE_CHAIN_LINKS_MAX):
-        if current is None:
-            return None
-        if isinstance(current, kind):
-            return current
-        current = current.__cause__ or current.__context__
-    return None
-
-
-def _has_errno(error: BaseException, number: int) -> bool:
-    current: BaseException | None = error
-    for _ in range(CAUSE_CHAIN_LINKS_MAX):
-        if current is None:
-            return False
-        if isinstance(current, OSError) and current.errno == number:
-            return True
-        current = current.__cause__ or current.__context__
-    return False
-
-
-def describe_failure(error: BaseException, timeout_ms: int) -> str:
-    """A short, bounded, stable text for a failed attempt, as stored in delivery_attempts.error."""
-    # TimeoutError is an OSError in Python 3.11, so it is tested first; a connect's before any other.
-    if isinstance(error, aiohttp.ConnectionTimeoutError):
-        return f"{CONNECT_TIMEOUT_ERROR_PREFIX} after {timeout_ms} ms"
-    if isinstance(error, asyncio.TimeoutError):
-        return f"timeout after {timeout_ms} ms"
-    refused = _find_cause(error, AddressRefusedError)
-    if refused is not None:
-        return _refusal_text(refused)  # type: ignore[arg-type]
-    if isinstance(error, aiohttp.ClientConnectorDNSError):
-        return _bounded(f"dns: {error.os_error.strerror or error.os_error} (host {error.host})")
-    if isinstance(error, (aiohttp.ClientSSLError, aiohttp.ClientConnectorCertificateError)):
-        return _bounded(f"tls: {error}")
-    if _has_errno(error, errno.ECONNREFUSED):
-        return "connection refused"
-    if isinstance(error, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)) or _has_errno(
-        error, errno.ECONNRESET
-    ):
-        return "connection reset"
-    if isinstance(error, aiohttp.InvalidURL):
-        return _bounded(f"invalid url: {error}")
-    return _bounded(f"connection error: {type(error).__name__}: {error}")
-
-
-def _refusal_text(refused: AddressRefusedError) -> str:
-    return _bounded(f"ssrf: address {refused.address} refused ({refused.category})")
 
 
 def _status_text(status_code: int, reason: str | None) -> str:
@@ -493,23 +417,6 @@ def _status_text(status_code: int, reason: str | None) -> str:
     if 300 <= status_code <= 399:
         text += " (redirects are not followed)"
     return _bounded(text)
-
-
-def _bounded(text: str) -> str:
-    text = storable(text)
-    return text if len(text) <= ERROR_CHARS_MAX else text[: ERROR_CHARS_MAX - 3] + "..."
-
-
-def storable(text: str) -> str:
-    """Text a receiver controls, made fit for a PostgreSQL text column: NUL (valid UTF-8, refused by
-    PostgreSQL) and lone surrogates (from aiohttp's surrogateescape decoding of a reason phrase, which
-    cannot be encoded) become replacement characters. One unstorable answer would otherwise fail the
-    transaction recording its whole batch."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\ufffd")
-    if not text.isascii():
-        text = text.encode("utf-8", "replace").decode("utf-8")
-    return text
 
 
 def _failure(error: str, latency_ms: int) -> SendResult:

@@ -8,11 +8,14 @@ three places, each catching what the one before cannot see:
 1. `validate_endpoint_url` at endpoint creation: a clear 4xx for an obviously bad URL.
 2. `host_refusal` in the sender before each send: literal addresses in any spelling (decimal,
    octal, hex, short, IPv6 forms embedding IPv4), which aiohttp never passes to a resolver.
-3. `GuardedResolver` and `guarded_socket_factory` at connect time: names that resolve to a
-   forbidden address (DNS rebinding), and, last, the exact address a socket is about to reach.
+3. At connect time: names that resolve to a forbidden address (DNS rebinding), and, last, the
+   exact address a socket is about to reach. The sender's wire client (delivery.engine.wire_pool)
+   judges every address of its one lookup and connects to an allowed one itself; with the
+   aiohttp client, `GuardedResolver` and `guarded_socket_factory` do it inside aiohttp.
 
-URLs are parsed with yarl, the parser aiohttp itself uses, so the host we check is the host it
-connects to; two parsers that disagree about a URL are a classic SSRF hole.
+URLs are parsed with yarl, the parser aiohttp itself uses and the one the wire client connects
+by, so the host we check is the host it connects to; two parsers that disagree about a URL are a
+classic SSRF hole.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from delivery import event_loop, gc_tuning
 from delivery.api import group_commit
 from delivery.engine.pipeline import EngineSettings
 from delivery.engine.retry import RetrySchedule, RetrySettings
-from delivery.engine.sender import SenderSettings
+from delivery.engine.sender import CLIENTS as SENDER_CLIENTS, SenderSettings
 
 
 class ConfigError(Exception):
@@ -198,6 +198,14 @@ def _networks(environ: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(network.strip() for network in raw.split(",") if network.strip())
 
 
+def _sender_client(environ: Mapping[str, str]) -> str:
+    """HOOKLEDGER_SENDER_CLIENT: the sender's HTTP client, wire (the default) or aiohttp (the fallback)."""
+    raw = (environ.get("HOOKLEDGER_SENDER_CLIENT") or SenderSettings.client).strip().lower()
+    if raw not in SENDER_CLIENTS:
+        raise ConfigError(f"HOOKLEDGER_SENDER_CLIENT must be one of {', '.join(SENDER_CLIENTS)}, got {raw!r}")
+    return raw
+
+
 def _worker(environ: Mapping[str, str]) -> WorkerSettings:
     sender = SenderSettings(
         timeout_ms_default=_integer(environ, "HOOKLEDGER_SEND_TIMEOUT_MS",
@@ -210,6 +218,7 @@ def _worker(environ: Mapping[str, str]) -> WorkerSettings:
                                         SenderSettings.sends_per_endpoint_max, 1, 100_000),
         allowed_networks=_networks(environ),
         allow_loopback=_flag(environ, "HOOKLEDGER_DEV"),
+        client=_sender_client(environ),
     )
     engine = EngineSettings(
         batch_size=_integer(environ, "HOOKLEDGER_CLAIM_BATCH", EngineSettings.batch_size, 1, 1000),

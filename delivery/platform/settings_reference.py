@@ -44,6 +44,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HOOKLEDGER_CONNECTIONS_MAX", "256", "a worker's open connections"),
     Setting("HOOKLEDGER_CONNECTIONS_PER_HOST_MAX", "64", "a worker's open connections to one host"),
     Setting("HOOKLEDGER_SENDS_PER_ENDPOINT_MAX", "16", "a worker's concurrent sends to one endpoint"),
+    Setting("HOOKLEDGER_SENDER_CLIENT", "wire", "the worker's HTTP client: wire (lean HTTP/1.1, httptools) or aiohttp"),
     Setting("HOOKLEDGER_CLAIM_BATCH", "200", "deliveries per claim"),
     Setting("HOOKLEDGER_LEASE_MS", "90000", "a claim's lease; must exceed the longest timeout"),
     Setting("HOOKLEDGER_SWEEP_SECONDS", "5", "how often a worker sweeps PostgreSQL for due deliveries"),

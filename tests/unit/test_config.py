@@ -8,7 +8,8 @@ import pytest
 
 from delivery.platform import config
 from delivery.api import group_commit
-from delivery.errors import DeliveryError
+from delivery.engine.sender import SenderSettings
+from delivery.errors import DeliveryError, SenderSettingsError
 
 
 def test_defaults_without_any_setting() -> None:
@@ -86,12 +87,23 @@ def test_settings_are_read_from_the_mapping_given() -> None:
          "HOOKLEDGER_GROUP_COMMIT_PARALLEL_WAITING_MIN must be between 1 and 10000"),
         ({"HOOKLEDGER_WORKER_GC_GEN0": "100"}, "HOOKLEDGER_WORKER_GC_GEN0 must be 0"),
         ({"HOOKLEDGER_API_GC_GEN0": "100"}, "HOOKLEDGER_API_GC_GEN0 must be 0"),
+        ({"HOOKLEDGER_SENDER_CLIENT": "curl"}, "HOOKLEDGER_SENDER_CLIENT must be one of wire, aiohttp, got 'curl'"),
     ],
 )
 def test_a_malformed_setting_is_a_clear_config_error(environment: dict, message: str) -> None:
     """Each malformed value names the variable and what it should be."""
     with pytest.raises(config.ConfigError, match=message):
         config.load(environment)
+
+
+def test_the_sender_client_is_wire_unless_aiohttp_is_chosen() -> None:
+    """HOOKLEDGER_SENDER_CLIENT picks the worker's HTTP client: the lean one by default, aiohttp's
+    as the fallback; SenderSettings itself refuses any other name."""
+    assert config.load({}).worker.sender.client == "wire"
+    assert config.load({"HOOKLEDGER_SENDER_CLIENT": "aiohttp"}).worker.sender.client == "aiohttp"
+    assert config.load({"HOOKLEDGER_SENDER_CLIENT": " Wire "}).worker.sender.client == "wire"
+    with pytest.raises(SenderSettingsError, match="client must be one of wire, aiohttp"):
+        SenderSettings(client="requests")
 
 
 def test_a_malformed_retry_schedule_says_so() -> None:

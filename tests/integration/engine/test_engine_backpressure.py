@@ -29,6 +29,13 @@ async def _deliveries(pool, account_id, messages: int) -> list:
     return [d.id for created in await create_messages(pool, requests, attempts_max=3) for d in created.deliveries]
 
 
+async def _failures(pool, delivery_ids) -> list:
+    """What the attempts that did not end in a 2xx recorded, and how many of each."""
+    return [tuple(row) for row in await pool.fetch(
+        "SELECT status_code, error, count(*) FROM delivery_attempts WHERE delivery_id = ANY($1::uuid[])"
+        " AND status_code IS DISTINCT FROM 200 GROUP BY 1, 2", delivery_ids)]
+
+
 @pytest.mark.parametrize("round_", range(3))
 async def test_batches_past_the_senders_bound_wait_their_turn_and_each_delivery_goes_once(
         pool, keyring, receiver_factory, round_):
@@ -60,7 +67,7 @@ async def test_batches_past_the_senders_bound_wait_their_turn_and_each_delivery_
         await sender.close()
     every = [delivery_id for batch in batches for delivery_id in batch]
     assert [report.claimed for report in reports] == [len(batch) for batch in batches]
-    assert {row["state"] for row in (await states(pool, every)).values()} == {"delivered"}
+    assert {row["state"] for row in (await states(pool, every)).values()} == {"delivered"}, await _failures(pool, every)
     assert sorted(entry["id"] for entry in receiver.received) == sorted(str(d) for d in every)  # once each
     assert 0 < most_pending <= CAPACITY
     assert engine.budget.free == CAPACITY  # every batch handed its room back

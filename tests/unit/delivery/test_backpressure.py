@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from delivery.engine.backpressure import Backpressure, says_slow_down
-from delivery.engine.sender import describe_failure
+from delivery.engine.sender_aiohttp import describe_failure
 
 
 class Clock:
