@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import TypeVar
 
@@ -49,12 +49,16 @@ async def create_pool(database_url: str, *, size_min: int = 2, size_max: int = 1
 RELISTEN_DELAY_SECONDS = 1.0  # between a lost LISTEN connection and the next try
 
 
-async def listen_forever(pool: asyncpg.Pool, channel: str, on_notice: Callable, *, on_unheard: Callable[[], None],
+async def listen_forever(pool: asyncpg.Pool, listeners: Mapping[str, Callable], *, on_unheard: Callable[[], None],
                          what: str) -> None:
-    """Hold one pooled connection LISTENing on `channel` until cancelled, calling `on_notice` as
-    asyncpg's listener; listen again when the connection drops. `on_unheard()` runs whenever
-    listening starts or stops: a notice sent while nobody listened was not heard, so the caller
-    makes up for it (runs its work, empties its cache). `what` names the listener in the logs."""
+    """Hold one pooled connection LISTENing on every channel of `listeners` until cancelled, calling
+    each channel's asyncpg listener; listen again when the connection drops. `on_unheard()` runs
+    whenever listening starts or stops: a notice sent while nobody listened was not heard, so the
+    caller makes up for it (runs its work, empties its cache). `what` names the listener in the logs.
+
+    Several channels share the one connection, so a process that keeps several caches holds one
+    connection for all their notices, not one each."""
+    assert listeners, "listen to at least one channel"
     while True:
         connection = None
         lost = asyncio.Event()
@@ -65,7 +69,8 @@ async def listen_forever(pool: asyncpg.Pool, channel: str, on_notice: Callable, 
         try:
             connection = await pool.acquire()
             connection.add_termination_listener(on_lost)
-            await connection.add_listener(channel, on_notice)
+            for channel, on_notice in listeners.items():
+                await connection.add_listener(channel, on_notice)
             on_unheard()
             await lost.wait()
             logger.warning("the %s listener lost its connection; listening again", what)
@@ -74,17 +79,19 @@ async def listen_forever(pool: asyncpg.Pool, channel: str, on_notice: Callable, 
         finally:
             on_unheard()
             if connection is not None:
-                await _release_listener(pool, connection, channel, on_notice, on_lost, what)
+                await _release_listener(pool, connection, listeners, on_lost, what)
         await asyncio.sleep(RELISTEN_DELAY_SECONDS)
 
 
-async def _release_listener(pool: asyncpg.Pool, connection, channel: str, on_notice, on_lost, what: str) -> None:
+async def _release_listener(pool: asyncpg.Pool, connection, listeners: Mapping[str, Callable], on_lost,
+                            what: str) -> None:
     """Give the listening connection back. A connection that died was already taken back by the
     pool, and every call on it then raises InterfaceError: expected, not worth a warning."""
     with contextlib.suppress(asyncpg.InterfaceError):
         connection.remove_termination_listener(on_lost)
-    with contextlib.suppress(asyncpg.InterfaceError):
-        await connection.remove_listener(channel, on_notice)
+    for channel, on_notice in listeners.items():
+        with contextlib.suppress(asyncpg.InterfaceError):
+            await connection.remove_listener(channel, on_notice)
     try:
         await pool.release(connection)
     except asyncpg.InterfaceError:

@@ -15,8 +15,9 @@ idempotency key seen before. For those, one autocommit statement does the fan-ou
      version);
   3. "ok" only if every account of the batch was kept, every application named (other than an
      account's default, which is never deleted) is a live one of its account (one primary-key
-     probe each), no request's idempotency key is already used, and no message goes to more
-     endpoints than its delivery ids can number;
+     probe each) and still has the uid it was named by, if it was named by uid, no request's
+     idempotency key is already used, and no message goes to more endpoints than its delivery
+     ids can number;
   4. only if ok: the balances moved, and the messages, deliveries and charges inserted.
 
 It answers ok and the deliveries it made. Not ok, it wrote nothing, and the caller decides the
@@ -70,7 +71,14 @@ class DirectBatch:
             self._trace_contexts(),
             [request.application_id or request.account_id for request in requests],
             self._channels(),
+            self._uids(),
         )
+
+    def _uids(self) -> list | None:
+        """The uid each request named its application by, or one NULL for a batch with none (sent by id)."""
+        if all(request.application_uid is None for request in self.requests):
+            return None
+        return [request.application_uid for request in self.requests]
 
     def _trace_contexts(self) -> list | None:
         """The messages' trace contexts, or NULL for a batch with none (every batch while tracing is off)."""
@@ -122,7 +130,8 @@ def _deliveries_made(position: str) -> str:
 # of its deliveries' ids; $8 attempts_max; $9 each message's trace context (NULL while tracing is off);
 # $10 per request, its application (the account's id for its default application); $11 per
 # request, its channels joined by CHANNEL_SEPARATOR (NULL: none; the whole array NULL when no
-# request of the batch has any).
+# request of the batch has any); $12 per request, the uid it named its application by (NULL: by
+# id; the whole array NULL when no request of the batch named one so).
 #
 # The endpoint probe is LATERAL with OFFSET 0, one index probe per request whatever the
 # statistics say, as in the planned read. The key check is a scalar subquery per keyed request,
@@ -133,8 +142,9 @@ DIRECT_WRITE = (
     "WITH request AS ("
     "   SELECT r.*, string_to_array(r.joined_channels, '" + CHANNEL_SEPARATOR + "') AS channels"
     "   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[], $5::text[], $6::bytea[], $7::uuid[],"
-    "     $9::text[], $10::uuid[], $11::text[]) WITH ORDINALITY AS r(message_id, account_id, event_type, payload,"
-    "       idempotency_key, request_hash, delivery_base, trace_context, application_id, joined_channels, position)),"
+    "     $9::text[], $10::uuid[], $11::text[], $12::text[]) WITH ORDINALITY AS r(message_id, account_id, event_type,"
+    "       payload, idempotency_key, request_hash, delivery_base, trace_context, application_id, joined_channels,"
+    "       application_uid, position)),"
     " fan_out AS ("
     "   SELECT r.account_id, r.message_id, r.delivery_base, e.id AS endpoint_id,"
     "     row_number() OVER (PARTITION BY r.message_id ORDER BY e.id) AS number"
@@ -154,8 +164,9 @@ DIRECT_WRITE = (
     "   ORDER BY a.id FOR UPDATE OF a),"
     " ok AS ("
     "   SELECT (SELECT count(*) FROM locked) = (SELECT count(DISTINCT account_id) FROM request)"
-    "     AND NOT EXISTS (SELECT FROM request r WHERE r.application_id <> r.account_id"
-    "       AND (SELECT ap.deleted_at IS NULL FROM applications ap"
+    "     AND NOT EXISTS (SELECT FROM request r WHERE (r.application_id <> r.account_id OR r.application_uid IS NOT NULL)"
+    "       AND (SELECT ap.deleted_at IS NULL AND (r.application_uid IS NULL OR ap.uid = r.application_uid)"
+    "            FROM applications ap"
     "            WHERE ap.id = r.application_id AND ap.account_id = r.account_id"
     "              AND ap.account_id = ANY ($2::uuid[])) IS NOT TRUE)"
     "     AND NOT EXISTS (SELECT FROM request r WHERE r.idempotency_key IS NOT NULL"

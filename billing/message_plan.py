@@ -47,6 +47,12 @@ class MessageRequest:
     # or the account's own id, is the account's default application. A targeted request (a
     # replay) goes to its endpoints' application, which must then be this one if given.
     application_id: uuid.UUID | None = None
+    # The uid the sender named the application by, if it named it so: the write then checks that
+    # the application still has this uid. The API resolves a uid through a per-process cache, and
+    # another API process may have moved the uid to another application meanwhile; without the
+    # check, a message could go to the application that had the uid a moment ago. None: not named
+    # by uid. Not part of what was asked (the application's id is): the request hash leaves it out.
+    application_uid: str | None = None
     # Up to MESSAGE_CHANNELS_MAX channels: only endpoints that filter on no channel, or on one of
     # these, receive it. None: no channels.
     channels: tuple[str, ...] | None = None
@@ -59,6 +65,12 @@ class MessageRequest:
     def application(self) -> uuid.UUID | None:
         """The application named, None for the default (whose id is the account's)."""
         return None if self.application_id == self.account_id else self.application_id
+
+    @property
+    def application_checked(self) -> bool:
+        """Whether the write checks the request's application: one other than the default, which
+        may have been deleted, or any named by uid, whose uid may have moved."""
+        return self.application is not None or self.application_uid is not None
 
     def request_hash(self) -> bytes:
         content = self.event_type.encode() + b"\0" + self.payload
@@ -126,7 +138,7 @@ class Plan:
         # (account id, application id) -> [(endpoint id, event types, wildcard prefixes, channels)]
         self.endpoints = endpoints
         self.targets = targets  # endpoint id -> (account id, application id): the live endpoints targeted
-        self.applications = applications  # {(account id, application id)}: the live applications named
+        self.applications = applications  # (account id, application id) -> uid: the live applications named
         self.replays = replays  # (account id, key) -> (request hash, MessageCreated)
         self.messages: list[tuple] = []
         self.message_applications: list[uuid.UUID] = []  # beside each message: its application
@@ -163,11 +175,11 @@ class Plan:
             else:
                 endpoints[row["id"], row["application_id"]].append(
                     (row["endpoint_id"], row["event_types"], row["event_type_prefixes"], row["channels"]))
-        named = sorted({(request.account_id, request.application) for request in requests
-                        if request.application is not None})
-        applications = set()
-        if named:  # the live applications the batch names (an account's default is never deleted)
-            applications = {(row["account_id"], row["id"]) for row in await connection.fetch(
+        named = sorted({(request.account_id, request.application_id or request.account_id) for request in requests
+                        if request.application_checked})
+        applications = {}
+        if named:  # the live applications the batch names (an account's default is never deleted), and their uids
+            applications = {(row["account_id"], row["id"]): row["uid"] for row in await connection.fetch(
                 _LIVE_APPLICATIONS, [account_id for account_id, _ in named], [application for _, application in named])}
         keyed = [r for r in requests if r.idempotency_key is not None and r.account_id in accounts]
         replays = await _load_replays(connection, keyed) if keyed else {}
@@ -208,8 +220,13 @@ class Plan:
 
     def _targets(self, request: MessageRequest) -> tuple[uuid.UUID, list[uuid.UUID]] | BillingError:
         """The request's application and the endpoints it goes to."""
-        if request.application is not None and (request.account_id, request.application) not in self.applications:
-            return ApplicationNotFound(f"no live application {request.application} of account {request.account_id}")
+        if request.application_checked:
+            named = (request.account_id, request.application_id or request.account_id)
+            if named not in self.applications or (request.application_uid is not None
+                                                  and self.applications[named] != request.application_uid):
+                return ApplicationNotFound(f"no live application {named[1]} of account {request.account_id}"
+                                           + ("" if request.application_uid is None
+                                              else f" with uid {request.application_uid!r}"))
         if request.endpoint_ids is None:
             application_id = request.application_id or request.account_id
             live = self.endpoints.get((request.account_id, application_id), ())
@@ -290,9 +307,9 @@ class Plan:
         )
 
 
-# The live applications among the (account $1, application $2) pairs a batch names.
+# The live applications among the (account $1, application $2) pairs a batch names, with their uids.
 _LIVE_APPLICATIONS = (
-    "SELECT ap.id, ap.account_id FROM unnest($1::uuid[], $2::uuid[]) AS k(account_id, id)"
+    "SELECT ap.id, ap.account_id, ap.uid FROM unnest($1::uuid[], $2::uuid[]) AS k(account_id, id)"
     " JOIN applications ap ON ap.account_id = k.account_id AND ap.id = k.id"
     " WHERE ap.account_id = ANY($1::uuid[]) AND ap.deleted_at IS NULL"
 )

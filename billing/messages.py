@@ -48,7 +48,12 @@ from billing.database import (
 from billing.errors import BillingError, InsufficientBalance, InvalidInput
 from billing.message_direct import DIRECT_READ_BACK, DIRECT_WRITE, DirectBatch
 from billing.message_plan import CreatedDelivery, MessageCreated, MessageRequest, Plan
-from billing.tables import CHANNEL_LENGTH_MAX, MESSAGE_CHANNELS_MAX, TRACE_CONTEXT_LENGTH_MAX
+from billing.tables import (
+    APPLICATION_UID_LENGTH_MAX,
+    CHANNEL_LENGTH_MAX,
+    MESSAGE_CHANNELS_MAX,
+    TRACE_CONTEXT_LENGTH_MAX,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +147,9 @@ def validate(request: MessageRequest) -> None:
             raise InvalidInput(f"channels must be distinct, of 1 to {CHANNEL_LENGTH_MAX} letters, digits and _ . : -")
     if request.application_id is not None and not isinstance(request.application_id, uuid.UUID):
         raise InvalidInput("application_id must be the UUID of an application of the account")
+    uid = request.application_uid
+    if uid is not None and (not isinstance(uid, str) or not 1 <= len(uid) <= APPLICATION_UID_LENGTH_MAX):
+        raise InvalidInput(f"application_uid must be 1 to {APPLICATION_UID_LENGTH_MAX} characters")
     context = request.trace_context
     if context is not None and (not isinstance(context, str) or not 1 <= len(context) <= TRACE_CONTEXT_LENGTH_MAX):
         raise InvalidInput(f"trace_context must be 1 to {TRACE_CONTEXT_LENGTH_MAX} characters")

@@ -17,6 +17,7 @@ import asyncpg
 
 CREATES = 100  # applications created one after another, per timing
 PAGES = 50  # list calls per timing
+PAGE_LIMIT = 100  # applications per list page (the `limit` of each list call)
 TOP_UP = 10**12
 
 
@@ -94,33 +95,43 @@ async def _timed(session: aiohttp.ClientSession, method: str, url: str, headers:
 
 async def routes(api_url: str, operator_key: str, count: int) -> dict:
     """Creating applications and listing them (first page, and a page from a cursor halfway), in an
-    account with one application and in one with `count`: milliseconds per call, side by side."""
+    account with one application, in one with a full page of them (PAGE_LIMIT) and in one with
+    `count`: milliseconds per call, side by side. The one application's page holds one; the other
+    two's hold PAGE_LIMIT, so the full page is what the `count` account's list compares with."""
     timings: dict = {}
     async with aiohttp.ClientSession() as session:
         _, small_key = await _account(session, api_url, operator_key, "bench list one")
+        _, page_key = await _account(session, api_url, operator_key, "bench list a page")
         _, large_key = await _account(session, api_url, operator_key, f"bench list {count}")
         large = {"Authorization": f"Bearer {large_key}"}
-        async def create(number: int) -> None:
-            async with session.post(f"{api_url}/v1/applications", json={"name": f"c{number}"}, headers=large) as made:
+
+        async def create(headers: dict, number: int) -> None:
+            async with session.post(f"{api_url}/v1/applications", json={"name": f"c{number}"}, headers=headers) as made:
                 assert made.status == 201, await made.text()
 
-        for start in range(0, count, 100):  # through the API, 100 at a time
-            await asyncio.gather(*(create(number) for number in range(start, min(count, start + 100))))
-        async with session.get(f"{api_url}/v1/applications?limit=100", headers=large) as response:
+        # Through the API, 100 at a time; the account's default application makes one more.
+        for key, applications in ((page_key, PAGE_LIMIT), (large_key, count)):
+            headers = {"Authorization": f"Bearer {key}"}
+            for start in range(0, applications, 100):
+                await asyncio.gather(*(create(headers, number) for number in range(start, min(applications, start + 100))))
+        async with session.get(f"{api_url}/v1/applications?limit={PAGE_LIMIT}", headers=large) as response:
             cursor = (await response.json())["next_cursor"]
-        for _ in range(count // 200 - 1):  # a cursor halfway, read by paging
-            async with session.get(f"{api_url}/v1/applications?limit=100&cursor={cursor}", headers=large) as response:
+        for _ in range(count // (2 * PAGE_LIMIT) - 1):  # a cursor halfway, read by paging
+            async with session.get(f"{api_url}/v1/applications?limit={PAGE_LIMIT}&cursor={cursor}",
+                                   headers=large) as response:
                 cursor = (await response.json())["next_cursor"]
         middle = cursor
-        for label, key in (("1 application", small_key), (f"{count} applications", large_key)):
+        for label, key in (("1 application", small_key), (f"{PAGE_LIMIT + 1} applications", page_key),
+                           (f"{count} applications", large_key)):
             headers = {"Authorization": f"Bearer {key}"}
             timings[label] = {
-                "list_first_page_ms": await _timed(session, "GET", f"{api_url}/v1/applications?limit=100", headers, PAGES),
+                "list_first_page_ms": await _timed(session, "GET", f"{api_url}/v1/applications?limit={PAGE_LIMIT}",
+                                                   headers, PAGES),
                 "create_ms": await _timed(session, "POST", f"{api_url}/v1/applications", headers, CREATES,
                                           name="timed {number}"),
             }
         timings[f"{count} applications"]["list_page_halfway_ms"] = await _timed(
-            session, "GET", f"{api_url}/v1/applications?limit=100&cursor={middle}", large, PAGES)
+            session, "GET", f"{api_url}/v1/applications?limit={PAGE_LIMIT}&cursor={middle}", large, PAGES)
     for label, figures in timings.items():
         print(f"applications routes, {label:20}: " + ", ".join(f"{name} {value:.2f}" for name, value in figures.items()))
     return timings

@@ -3,7 +3,8 @@
 Account keys are looked up by hash and cached in memory for `auth_cache_ttl_ms` (30 s by default; the hot
 ingest path would otherwise pay a query per request). Every revocation, whichever process or
 path commits it, reaches every API process at once: a trigger on api_keys NOTIFYs at commit
-(billing.tables.KEY_REVOKED_CHANNEL) and `listen_for_revocations` drops the key from the cache.
+(billing.tables.KEY_REVOKED_CHANNEL) and the process's listener (delivery.api.cache_notices)
+drops the key from the cache.
 While that listening connection is down the cache is emptied and the TTL is the bound again.
 Unknown keys are never cached. The operator key comes from configuration and is compared in
 constant time.
@@ -30,7 +31,6 @@ import uuid
 import asyncpg
 from aiohttp import web
 
-from billing.database import listen_forever
 from billing.tables import KEY_REVOKED_CHANNEL
 from delivery.api import api_keys
 from delivery.api.problems import Problem
@@ -62,7 +62,8 @@ class Authenticator:
         self._cache.pop(digest, None)
         self._lookups.pop(digest, None)
 
-    def _clear(self) -> None:
+    def clear(self) -> None:
+        """Forget every key: a revocation may have gone by unheard."""
         self._forgotten += 1
         self._cache.clear()
         self._lookups.clear()
@@ -73,12 +74,9 @@ class Authenticator:
         except ValueError:
             logger.warning("ignored a malformed key revocation notice: %r", payload[:80])
 
-    async def listen_for_revocations(self) -> None:
-        """Hold one pooled connection LISTENing for revoked keys until cancelled; listen again when it
-        drops. The cache is emptied whenever listening starts or stops, since a revocation may have
-        gone by unheard."""
-        await listen_forever(self._pool, KEY_REVOKED_CHANNEL, self._on_revoked, on_unheard=self._clear,
-                             what="key revocation")
+    def listeners(self) -> dict[str, object]:
+        """The channel revocations are heard on, with its asyncpg listener."""
+        return {KEY_REVOKED_CHANNEL: self._on_revoked}
 
     def _bearer(self, request: web.Request) -> bytes:
         header = request.headers.get("Authorization")

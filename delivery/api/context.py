@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING
 import asyncpg
 from aiohttp import web
 
+from delivery.api.application_uids import ApplicationUids
 from delivery.api.auth import Authenticator
+from delivery.api.event_catalog import EventCatalog
 from delivery.api.group_commit import Coalescer
 from delivery.engine.queue import Queue
 from delivery.engine.ssrf import AddressPolicy
@@ -28,6 +30,8 @@ class ApiContext:
     policy: AddressPolicy
     auth: Authenticator
     coalescer: Coalescer
+    catalog: EventCatalog  # the accounts' event catalogs, for the create path
+    uids: ApplicationUids  # application uid -> id, for sends by uid
 
     async def account(self, request: web.Request) -> uuid.UUID:
         return await self.auth.account(request)

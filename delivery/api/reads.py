@@ -44,10 +44,12 @@ _ATTEMPTS = (
 _LEDGER_COLUMNS = "id, seq, kind, amount, delivery_id, note, created_at"
 # The ledger entries of one delivery (charge, refund, reclaim: at most three).
 _DELIVERY_LEDGER = f"SELECT {_LEDGER_COLUMNS} FROM ledger_entries WHERE delivery_id = $1 AND account_id = $2 ORDER BY seq"
-# One page of an account's ledger, oldest first, optionally for one delivery.
+# One page of an account's ledger, oldest first, optionally for one delivery. Ordered by the
+# account too: the order of its (account_id, seq) index, never of the plain index on seq, which a
+# plan would walk through every account's entries.
 _LEDGER_PAGE = (
     f"SELECT {_LEDGER_COLUMNS} FROM ledger_entries WHERE account_id = $1"
-    " AND ($2::uuid IS NULL OR delivery_id = $2) AND seq > $3 ORDER BY seq LIMIT $4"
+    " AND ($2::uuid IS NULL OR delivery_id = $2) AND seq > $3 ORDER BY account_id, seq LIMIT $4"
 )
 # One page of dead deliveries across every account, newest first (the operator's view: a read that
 # spans accounts by nature), through

@@ -99,7 +99,7 @@ async def create_event_type(request: web.Request) -> web.Response:
         raise Problem(409, str(error), "event-type-exists") from None
     except store.EventTypeLimitReached as error:
         raise Problem(409, str(error), "limit-reached") from None
-    event_catalog.forget(account_id)
+    ctx.catalog.forget(account_id)
     return responses.json(_body(created), 201)
 
 
@@ -142,7 +142,7 @@ async def patch_event_type(request: web.Request) -> web.Response:
     updated = await store.update(ctx.pool, account_id, name, changes)
     if updated is None:
         raise not_found("event type")
-    event_catalog.forget(account_id)
+    ctx.catalog.forget(account_id)
     return responses.json(_body(updated))
 
 

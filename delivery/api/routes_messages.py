@@ -132,7 +132,7 @@ async def create_message(request: web.Request) -> web.Response:
     if len(payload) > limit:
         raise _too_large(limit)
     channels = event_catalog.channels_of(body.channels)
-    await event_catalog.check_message(ctx.pool, account_id, body.event_type, payload)
+    await ctx.catalog.check_message(account_id, body.event_type, payload)
     trace_context = None
     if tracing.ENABLED:
         tracing.set_attributes(account_id=account_id)

@@ -9,6 +9,7 @@ import asyncpg
 from aiohttp import web, web_response
 
 from delivery.api import (
+    cache_notices,
     docs_page,
     logs,
     middleware,
@@ -25,8 +26,10 @@ from delivery.api import (
     routes_operational,
     routes_recover,
 )
+from delivery.api.application_uids import ApplicationUids
 from delivery.api.auth import Authenticator
 from delivery.api.context import CONTEXT, ApiContext
+from delivery.api.event_catalog import EventCatalog
 from delivery.api.group_commit import Coalescer
 from delivery import dashboard
 from delivery.platform.config import ConfigError, Settings
@@ -83,6 +86,7 @@ def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> w
     app[CONTEXT] = ApiContext(
         settings=settings, pool=pool, queue=queue, keyring=keyring, policy=policy,
         auth=Authenticator(pool, api.operator_key, api.auth_cache_ttl_ms), coalescer=coalescer,
+        catalog=EventCatalog(pool), uids=ApplicationUids(pool),
     )
     for module in (routes_accounts, routes_api_keys, routes_endpoints, routes_messages, routes_deliveries, routes_ops,
                    routes_operator_reads, routes_operator_endpoints, routes_recover, routes_operational,
@@ -90,25 +94,26 @@ def create_app(settings: Settings, pool: asyncpg.Pool, queue: Queue | None) -> w
                    routes_event_types, docs_page):
         app.add_routes(module.routes)
     dashboard.setup(app)  # the web dashboard under /dashboard (delivery/dashboard)
-    app.cleanup_ctx.append(_revocation_listener)
+    app.cleanup_ctx.append(_cache_listener)
     app.on_shutdown.append(_drain)
     return app
 
 
-async def _revocation_listener(app: web.Application):
-    """Every process hears every key revocation at commit (delivery.api.auth), while the app runs.
+async def _cache_listener(app: web.Application):
+    """Every process hears, at commit, every key revocation and every change to an account's event
+    catalog or application uids (delivery.api.cache_notices), while the app runs.
 
     The listener holds one pooled connection and the group commit keeps its own, so a pool too
-    small to spare one more for requests goes without: revocations then reach this process
-    within the auth cache's TTL, as they did before.
+    small to spare one more for requests goes without: the changes then reach this process within
+    each cache's TTL (the auth cache's, CATALOG_CACHE_SECONDS, UID_CACHE_SECONDS).
     """
     ctx = app[CONTEXT]
     if ctx.pool.get_max_size() < ctx.settings.api.group_commit_concurrency + 2:
-        logger.warning("the database pool is too small to listen for key revocations;"
-                       " the auth cache's TTL bounds them")
+        logger.warning("the database pool is too small to listen for key revocations and catalog changes;"
+                       " the caches' TTLs bound them")
         yield
         return
-    task = asyncio.create_task(ctx.auth.listen_for_revocations())
+    task = asyncio.create_task(cache_notices.listen(ctx.pool, (ctx.auth, ctx.catalog, ctx.uids)))
     yield
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)

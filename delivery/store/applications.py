@@ -7,6 +7,11 @@ account's own (made with the account by billing.application_triggers); the route
 application use it, and it is never deleted. Every statement is scoped by account id, so another
 account's application is as invisible as a missing one. A deleted application keeps its row (its
 messages point at it) and frees its uid.
+
+Every API process keeps the uids it sent to for a few seconds (delivery.api.application_uids). A
+statement that may take a uid from its application (an update given a uid, the deletion of an
+application that has one) NOTIFYs UID_CHANGED_CHANNEL with the account's id, so every process
+drops that account's uids as soon as it commits.
 """
 
 from __future__ import annotations
@@ -55,10 +60,17 @@ class Application:
 
     @classmethod
     def from_row(cls, row) -> Application:
-        return cls(**{**dict(row), "metadata": json.loads(row["metadata"])})
+        fields = dict(row)
+        fields.pop("notified", None)  # the writing statements' notice (below)
+        return cls(**{**fields, "metadata": json.loads(row["metadata"])})
 
 
 _COLUMNS = "id, account_id, uid, name, metadata, rate_limit_per_second, created_at, updated_at"
+UID_CHANGED_CHANNEL = "hookledger_application_uid_changed"
+# The notice, sent by the writing statement itself for the row it returns when `condition` holds;
+# PostgreSQL delivers it at commit, and none for a statement rolled back.
+_NOTIFY_UID_CHANGED_WHEN = ("CASE WHEN {condition} THEN pg_notify('%s', account_id::text) END AS notified"
+                            % UID_CHANGED_CHANNEL)
 
 
 def uid_is_id_shaped(uid: str) -> bool:
@@ -123,14 +135,29 @@ async def find(executor: Executor, account_id: uuid.UUID, reference: str) -> App
     return None if row is None else Application.from_row(row)
 
 
+async def find_id_by_uid(executor: Executor, account_id: uuid.UUID, uid: str) -> uuid.UUID | None:
+    """The id of the account's live application with this uid (the live-uid unique index), None if none."""
+    return await executor.fetchval(
+        "SELECT id FROM applications WHERE account_id = $1 AND uid = $2 AND deleted_at IS NULL", account_id, uid)
+
+
 async def page(executor: Executor, account_id: uuid.UUID, *, after: uuid.UUID | None, limit: int) -> list[Application]:
     """Up to limit + 1 of the account's live applications in id order (oldest first), after the
     cursor `after`: the (account_id, id) index from the cursor on, whatever the account's count."""
-    rows = await executor.fetch(
+    return [Application.from_row(row) for row in await page_records(executor, account_id, after=after, limit=limit)]
+
+
+async def page_records(executor: Executor, account_id: uuid.UUID, *, after: uuid.UUID | None,
+                       limit: int) -> list[asyncpg.Record]:
+    """As `page`, the records as read: the columns of _COLUMNS, metadata as its JSON text.
+
+    For the API's list, which copies each into its answer: turning a record into an Application
+    (a dict of the record, the metadata parsed, a dataclass) cost 10 to 15 µs a row here, 1 to
+    1.5 ms of a 100-row page whose statement takes 0.06 ms."""
+    return await executor.fetch(
         f"SELECT {_COLUMNS} FROM applications WHERE account_id = $1 AND deleted_at IS NULL"
         " AND id > coalesce($2::uuid, '00000000-0000-0000-0000-000000000000') ORDER BY id LIMIT $3",
         account_id, after, limit + 1)
-    return [Application.from_row(row) for row in rows]
 
 
 _UPDATABLE = ("name", "uid", "metadata", "rate_limit_per_second")
@@ -152,7 +179,8 @@ async def update_application(executor: Executor, account_id: uuid.UUID, applicat
             "   metadata = CASE WHEN $7 THEN $8::jsonb ELSE metadata END,"
             "   rate_limit_per_second = CASE WHEN $9 THEN $10::int ELSE rate_limit_per_second END,"
             "   updated_at = now()"
-            f" WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL RETURNING {_COLUMNS}",
+            " WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL"
+            f" RETURNING {_COLUMNS}, {_NOTIFY_UID_CHANGED_WHEN.format(condition='$5')}",  # $5: a uid given
             application_id, account_id, *[item for pair in zip(given, values) for item in pair])
     except asyncpg.UniqueViolationError as error:
         if distribution.is_index_or_its_copy(error.constraint_name, _UID_INDEX):
@@ -175,7 +203,9 @@ async def delete_application(pool: asyncpg.Pool, account_id: uuid.UUID, applicat
         await connection.fetchval("SELECT id FROM accounts WHERE id = $1 FOR UPDATE", account_id)
         deleted = await connection.fetchval(
             "UPDATE applications SET deleted_at = now(), updated_at = now()"
-            " WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL RETURNING id", application_id, account_id)
+            " WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL"
+            f" RETURNING id, {_NOTIFY_UID_CHANGED_WHEN.format(condition='uid IS NOT NULL')}",
+            application_id, account_id)
         if deleted is None:
             return None
         rows = await connection.fetch(

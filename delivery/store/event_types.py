@@ -1,5 +1,9 @@
 """Event catalog storage: an account's event types (name, description, optional JSON Schema,
-archived), created, listed, read and changed; every statement scoped by account."""
+archived), created, listed, read and changed; every statement scoped by account.
+
+Every API process caches each account's catalog (delivery.api.event_catalog). The statements
+that create or change an event type NOTIFY CHANGED_CHANNEL with the account's id, so every process
+drops that account's catalog as soon as the change commits (and hears nothing of one rolled back)."""
 
 from __future__ import annotations
 
@@ -33,10 +37,16 @@ class EventType:
 
     @classmethod
     def from_row(cls, row) -> EventType:
-        return cls(**{**dict(row), "schema": None if row["schema"] is None else json.loads(row["schema"])})
+        fields = dict(row)
+        fields.pop("notified", None)  # the writing statements' notice (below)
+        return cls(**{**fields, "schema": None if row["schema"] is None else json.loads(row["schema"])})
 
 
 _COLUMNS = "id, name, description, schema, archived, created_at, updated_at"
+CHANGED_CHANNEL = "hookledger_event_catalog_changed"
+# The notice, sent by the writing statement itself for each row it returns (so none for a create
+# that found the name taken, or an update of nothing); PostgreSQL delivers it at commit.
+_NOTIFY_CHANGED = f"pg_notify('{CHANGED_CHANNEL}', account_id::text) AS notified"
 
 
 async def create_event_type(executor: Executor, account_id: uuid.UUID, name: str, *, description: str,
@@ -51,7 +61,8 @@ async def create_event_type(executor: Executor, account_id: uuid.UUID, name: str
                 f"an account has at most {EVENT_TYPES_PER_ACCOUNT_MAX} event types (event_types_per_account)")
         row = await connection.fetchrow(
             "INSERT INTO event_types (id, account_id, name, description, schema, archived)"
-            f" VALUES ($1, $2, $3, $4, $5::jsonb, $6) ON CONFLICT (account_id, name) DO NOTHING RETURNING {_COLUMNS}",
+            " VALUES ($1, $2, $3, $4, $5::jsonb, $6) ON CONFLICT (account_id, name) DO NOTHING"
+            f" RETURNING {_COLUMNS}, {_NOTIFY_CHANGED}",
             ids.new_id(), account_id, name, description, None if schema is None else json.dumps(schema), archived)
         if row is None:
             raise EventTypeExists(f"an event type named {name!r} exists already")
@@ -97,6 +108,6 @@ async def update(executor: Executor, account_id: uuid.UUID, name: str, changes: 
         "   schema = CASE WHEN $5 THEN $6::jsonb ELSE schema END,"
         "   archived = CASE WHEN $7 THEN $8::boolean ELSE archived END,"
         "   updated_at = now()"
-        f" WHERE account_id = $1 AND name = $2 RETURNING {_COLUMNS}",
+        f" WHERE account_id = $1 AND name = $2 RETURNING {_COLUMNS}, {_NOTIFY_CHANGED}",
         account_id, name, *[item for pair in zip(given, values) for item in pair])
     return None if row is None else EventType.from_row(row)

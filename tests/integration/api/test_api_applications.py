@@ -72,6 +72,24 @@ async def test_create_read_by_id_and_uid_list_patch_and_delete(api):
     assert (await api.client.get(f"/v1/applications/{account_id}", headers=headers)).status == 200
 
 
+async def test_a_list_page_answers_each_application_as_reading_it_does(api):
+    """The list writes each application's metadata as the database's JSON text, not parsed and
+    encoded again: every item must still equal what reading that application answers, for metadata
+    with quotes, backslashes, control characters, non-ASCII text and many keys, and for none."""
+    _, headers = await api.account()
+    tricky = {"quote": 'say "hi"', "back\\slash": "a\\b", "tab": "a\tb\n", "ünïcode": "日本語 ✓", "empty": ""}
+    many_keys = {f"key-{number}": str(number) for number in range(50)}
+    made = [await _application(api, headers, metadata=metadata, uid=f"c-{index}", rate_limit_per_second=index + 1)
+            for index, metadata in enumerate((tricky, many_keys, {}))]
+    page = await (await api.client.get("/v1/applications?limit=10", headers=headers)).json()
+    assert page["next_cursor"] is None and len(page["data"]) == 4
+    for item in page["data"]:
+        response = await api.client.get(f"/v1/applications/{item['id']}", headers=headers)
+        assert item == await response.json()
+    assert [item["metadata"] for item in page["data"][1:]] == [tricky, many_keys, {}]
+    assert [item["id"] for item in page["data"][1:]] == [application["id"] for application in made]
+
+
 BAD_BODIES = {
     "uid shaped like an id": ({"name": "a", "uid": str(uuid.uuid4())}, "uid"),
     "uid with a space": ({"name": "a", "uid": "two words"}, "uid"),
@@ -196,6 +214,40 @@ async def test_a_message_fans_out_to_its_applications_endpoints_only(api):
     assert [item["id"] for item in listed["data"]] == [b_all["id"]]
     listed = await (await api.client.get("/v1/endpoints", headers=headers)).json()
     assert [item["id"] for item in listed["data"]] == [default["id"]]
+
+
+async def test_a_uid_moved_by_another_api_process_sends_to_the_application_that_has_it_now(api):
+    """This process keeps the application a uid named for a few seconds; another API process (here:
+    SQL behind this one's back) moves the uid to another application. The next send by that uid goes
+    to the application that has it now, never to the one that had it; once no application has it,
+    the send is 404 and writes nothing."""
+    account_id, headers = await api.account(balance=100)
+    first = await _application(api, headers, uid="customer-7")
+    second = await _application(api, headers)
+    first_endpoint = await _endpoint_in(api, headers, first["id"])
+    second_endpoint = await _endpoint_in(api, headers, second["id"])
+
+    async def send() -> tuple[int, dict]:
+        response = await api.client.post("/v1/applications/customer-7/messages",
+                                         json={"event_type": "invoice.paid", "payload": {}}, headers=headers)
+        return response.status, await response.json()
+
+    status, body = await send()  # this process now caches customer-7 -> first
+    assert status == 202 and [d["endpoint_id"] for d in body["deliveries"]] == [first_endpoint["id"]]
+    async with api.pool.acquire() as connection, connection.transaction():
+        await connection.execute("UPDATE applications SET uid = NULL WHERE id = $1", uuid.UUID(first["id"]))
+        await connection.execute("UPDATE applications SET uid = 'customer-7' WHERE id = $1", uuid.UUID(second["id"]))
+    status, body = await send()
+    assert status == 202 and [d["endpoint_id"] for d in body["deliveries"]] == [second_endpoint["id"]]
+    assert await api.pool.fetchval("SELECT application_id FROM messages WHERE id = $1",
+                                   uuid.UUID(body["id"])) == uuid.UUID(second["id"])
+
+    await api.pool.execute("UPDATE applications SET uid = NULL WHERE id = $1", uuid.UUID(second["id"]))
+    before = await api.snapshot()
+    status, body = await send()
+    assert status == 404 and body["type"].endswith("/not-found")
+    assert await api.snapshot() == before
+    assert await api.pool.fetchval("SELECT count(*) FROM messages WHERE account_id = $1", account_id) == 2
 
 
 async def test_the_same_idempotency_key_for_another_application_conflicts(api):

@@ -16,11 +16,11 @@ from billing.database import create_pool
 from delivery.api import api_keys, auth
 from delivery.api.context import CONTEXT
 from delivery.platform.web_app import create_app
+from listeners import until_listening
 from delivery.api.openapi import ACCOUNT, OPERATIONS, OPERATOR
 
 GUARDED = [op for op in OPERATIONS if op.auth is not None]
 REFUSED_WITHIN_SECONDS = 20  # a revoked key must be refused within this (the notice takes milliseconds)
-LISTENING_WITHIN_SECONDS = 30  # the listeners start with the app, or RELISTEN_DELAY_SECONDS after a loss
 
 
 class _Clock:
@@ -116,7 +116,7 @@ async def test_a_revocation_reaches_every_api_process_at_commit(api, settings, p
     stands still, so no entry expires: only the revocation's notice can have dropped the key."""
     other_app = create_app(settings, pool, queue)
     async with TestClient(TestServer(other_app, host="127.0.0.1")) as other:
-        await _until_listening(pool)  # first: (re)starting to listen empties the cache
+        await until_listening(pool)  # first: (re)starting to listen empties the cache
         _, headers = await api.account()
         keys = [await (await api.client.post("/v1/api-keys", headers=headers)).json() for _ in range(2)]
         for key in keys:  # cached by the other process
@@ -131,7 +131,7 @@ async def test_a_revocation_reaches_every_api_process_at_commit(api, settings, p
         ended = await pool.fetch("SELECT pg_terminate_backend(pid), pid FROM pg_stat_activity"
                                  " WHERE datname = current_database() AND query LIKE 'LISTEN%'")
         assert len(ended) == 2 and all(row["pg_terminate_backend"] for row in ended)
-        await _until_listening(pool, not_on=[row["pid"] for row in ended])
+        await until_listening(pool, not_on=[row["pid"] for row in ended])
         # Listening again emptied the cache: cache the second key anew, so only a notice heard on the
         # new connection can drop it.
         assert (await other.get("/v1/balance", headers=api.bearer(keys[1]["key"]))).status == 200
@@ -154,18 +154,6 @@ async def test_a_pool_too_small_to_spare_a_connection_does_not_listen(settings, 
         await small.close()
 
 
-async def _until_listening(pool, apps: int = 2, not_on: list[int] = ()) -> None:
-    """The apps (both, by default) hold their LISTEN (it starts with the app, on a connection of their
-    own), on connections other than `not_on`."""
-    started = time.monotonic()
-    while time.monotonic() - started < LISTENING_WITHIN_SECONDS:
-        listeners = await pool.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'"
-            " AND NOT (pid = ANY($1::int[]))", list(not_on))
-        if listeners >= apps:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the revocation listeners did not start")
 
 
 def _cached(client, key: str) -> bool:
@@ -246,7 +234,7 @@ async def test_requests_that_find_a_key_expired_at_once_make_one_lookup(api, set
     test moves it past the TTL."""
     key, _ = await _new_key(api)
     async with _app(settings, pool, queue, ttl_ms=200) as client:
-        await _until_listening(pool)
+        await until_listening(pool)
         lookups = _Lookups(monkeypatch, held_all=True)
         headers = api.bearer(key["key"])
         for _ in range(2):  # unknown to the cache, then expired in it
@@ -274,7 +262,7 @@ async def test_a_key_revoked_while_it_was_being_looked_up_is_not_cached(api, poo
     the notices were heard.)"""
     key, headers = await _new_key(api)
     marker = await (await api.client.post("/v1/api-keys", headers=headers)).json()
-    await _until_listening(pool, 1)
+    await until_listening(pool, 1)
     assert (await api.client.get("/v1/balance", headers=api.bearer(marker["key"]))).status == 200
     lookups = _Lookups(monkeypatch, held=key["key"])
     in_flight = asyncio.create_task(api.client.get("/v1/balance", headers=api.bearer(key["key"])))
@@ -303,7 +291,7 @@ async def test_a_key_in_use_is_looked_up_again_before_it_expires_not_on_the_requ
     key, _ = await _new_key(api)
     headers = api.bearer(key["key"])
     async with _app(settings, pool, queue, ttl_ms=2000) as client:
-        await _until_listening(pool)  # (re)starting to listen empties the cache, and a lookup across it caches nothing
+        await until_listening(pool)  # (re)starting to listen empties the cache, and a lookup across it caches nothing
         lookups = _Lookups(monkeypatch, held=key["key"])
         lookups.release.set()
         cached_at = clock.now

@@ -42,6 +42,7 @@ from billing.database import create_pool
 from billing.errors import (
     AccountNotActive,
     AccountNotFound,
+    ApplicationNotFound,
     IdempotencyConflict,
     InsufficientBalance,
     InvalidInput,
@@ -690,4 +691,50 @@ async def test_a_direct_write_on_a_connection_leaves_the_outcome_to_the_caller(p
         assert result.total_charged == 4 and len(result.deliveries) == 2
         await _assert_written_as_answered(pool, result, attempts_max=2)
     assert await balance(pool, account_id) == await ledger_sum(pool, account_id) == 2
+    await assert_audit_clean(pool, account_id)
+
+
+async def test_an_application_named_by_a_uid_it_no_longer_has_is_refused_alone_both_ways(pool):
+    """A request naming its application by uid (MessageRequest.application_uid) is written only if
+    the application still has that uid: the API resolves uids from a cache another process's change
+    outdates. Direct, the batch declines and the planned way refuses that request alone with
+    ApplicationNotFound; inside a caller's transaction (locked) likewise. Requests whose uid still
+    holds, the default application's included, are written; the refused one wrote nothing."""
+    account_id = await make_account(pool, balance=100, price=1)
+    moved, kept = ids.new_id(), ids.new_id()
+    await pool.execute("INSERT INTO applications (id, account_id, uid, name) VALUES ($1, $3, 'moved', 'a'),"
+                       " ($2, $3, 'kept', 'b')", moved, kept, account_id)
+    await pool.execute("UPDATE applications SET uid = 'home' WHERE id = $1", account_id)
+    for application_id in (moved, kept, account_id):
+        await pool.execute("INSERT INTO endpoints (id, account_id, application_id, url) VALUES ($1, $2, $3, 'https://e/x')",
+                           ids.new_id(), account_id, application_id)
+    # Another process moves the uid: the request below still names it with the id it had.
+    await pool.execute("UPDATE applications SET uid = 'elsewhere' WHERE id = $1", moved)
+
+    def batch(payload: bytes) -> list[messages.MessageRequest]:
+        return [messages.MessageRequest(account_id, "a", payload, application_id=moved, application_uid="moved"),
+                messages.MessageRequest(account_id, "a", payload, application_id=kept, application_uid="kept"),
+                messages.MessageRequest(account_id, "a", payload, application_id=account_id, application_uid="home"),
+                messages.MessageRequest(account_id, "a", payload, application_id=moved)]  # by id: still fine
+
+    before = _counters()
+    results = await messages.create_messages(pool, batch(b"1"), attempts_max=2)
+    assert _deltas(before)[1] == Counter({"not_ok": 1})  # the direct way declined the batch
+    async with pool.acquire() as connection, connection.transaction():
+        results += await messages.create_messages(connection, batch(b"2"), attempts_max=2)
+    for index, result in enumerate(results):
+        if index % 4 == 0:
+            assert isinstance(result, ApplicationNotFound) and "'moved'" in str(result)
+        else:
+            assert isinstance(result, messages.MessageCreated) and len(result.deliveries) == 1
+            await _assert_written_as_answered(pool, result, attempts_max=2)
+    assert await _rows_of(pool, account_id) == (6, 6, 6)
+    assert await balance(pool, account_id) == await ledger_sum(pool, account_id) == 94
+
+    before = _counters()
+    (direct,) = await messages.create_messages(
+        pool, [messages.MessageRequest(account_id, "a", b"3", application_id=moved, application_uid="elsewhere")],
+        attempts_max=2)
+    assert _deltas(before)[0] == Counter({"direct": 1})  # the uid it has now goes direct
+    await _assert_written_as_answered(pool, direct, attempts_max=2)
     await assert_audit_clean(pool, account_id)
