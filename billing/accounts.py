@@ -187,6 +187,11 @@ async def update_settings(executor: Executor, account_id: uuid.UUID, *, payload_
 
 # An entry of the account by its derived id: ledger ids are unique together with the account.
 _ENTRY_OF_ACCOUNT = "SELECT account_id, amount FROM ledger_entries WHERE account_id = $1 AND id = $2"
+# The top-up of an order on whichever account it was applied to: a read by the bare derived id
+# across accounts, allowed to span them, as it is what keeps an order to one account (on a
+# distributed engine, a read of every shard). Through ix_ledger_entries_topup_id, an index of the
+# top-ups only (migration 0025): the charges and refunds written on every delivery add nothing to it.
+_TOPUP_OF_ANY_ACCOUNT = "SELECT account_id, amount FROM ledger_entries WHERE id = $1 AND kind = 'topup'"
 
 
 async def top_up(executor: Executor, account_id: uuid.UUID, order_id: str, amount: int) -> TopupResult:
@@ -200,11 +205,7 @@ async def top_up(executor: Executor, account_id: uuid.UUID, order_id: str, amoun
         # index refuses the same order on another account: top-ups of one order take turns on a
         # lock named by it, taken after the account's, and the later one finds the earlier's entry.
         await connection.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", entry_id)
-        # A read by the bare derived id across accounts, allowed to span them: it is what keeps an
-        # order to one account (on a distributed engine, a read of every shard).
-        existing = await connection.fetchrow(
-            "SELECT account_id, amount FROM ledger_entries WHERE id = $1", entry_id
-        )
+        existing = await connection.fetchrow(_TOPUP_OF_ANY_ACCOUNT, entry_id)
         if existing is not None:
             return _applied_before(order_id, entry_id, account_id, amount, account["balance"], existing)
         if account["status"] != "active":

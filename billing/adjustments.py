@@ -86,11 +86,14 @@ _LIVE_WITH_ENTRIES = (
     "   AND (c.id IS NULL OR c.amount <> -d.price OR r.id IS NOT NULL)"
     " ORDER BY d.id"
 )
-# The charges of these deliveries written on another account than $2. An operator's read that
+# The charges of these deliveries ($1) written on another account than $2. An operator's read that
 # spans accounts by nature (a repair runs by hand), made only for the deliveries that have no
-# charge of their own: a delivery charged elsewhere needs a person, not an adjustment here.
+# charge of their own: a delivery charged elsewhere needs a person, not an adjustment here. Found
+# by the deliveries' ids through ix_ledger_entries_delivery_id (a charge names its delivery), not
+# by the bare entry ids, whose index migration 0025 dropped.
 _FOREIGN_CHARGES = (
-    "SELECT delivery_id, account_id FROM ledger_entries WHERE id = ANY($1::text[]) AND account_id <> $2"
+    "SELECT delivery_id, account_id FROM ledger_entries"
+    " WHERE delivery_id = ANY($1::uuid[]) AND kind = 'charge' AND id = 'charge:' || delivery_id AND account_id <> $2"
 )
 # Adjustments, then dead marks and the missing refunds, then the balance: one statement.
 _APPLY = (
@@ -150,7 +153,7 @@ async def propose(executor: Executor, account_id: uuid.UUID) -> list[Repair]:
 
 async def _plans(connection, account_id: uuid.UUID, rows) -> list[Repair]:
     """Each row's correction, after looking for the charges missing here on other accounts."""
-    missing = [f"charge:{row['id']}" for row in rows if row["charge_amount"] is None]
+    missing = [row["id"] for row in rows if row["charge_amount"] is None]
     elsewhere = {}
     if missing:
         elsewhere = {r["delivery_id"]: r["account_id"]

@@ -214,11 +214,15 @@ FROM adjustments WHERE NOT well_formed {scope_malformed}
 """
 # The deliveries an incremental run checks: created or finished (delivered or dead) since $2, or
 # given a ledger entry since $2. Finished: a delivery marked dead without its refund, or delivered
-# without a 2xx, writes no ledger entry, so only its finished_at shows it changed.
+# without a 2xx, writes no ledger entry, so only its finished_at shows it changed. Each by its
+# account and id, so that the deliveries are read by their key (account_id, id): an entry written
+# on another account than its delivery's names a delivery that account does not have, and is
+# reported as such (I1), as the entry-account check reports it too.
 _SCOPE_CTE = """scope AS (
-    SELECT id FROM deliveries WHERE (created_at >= $2 OR finished_at >= $2) AND ($1::uuid IS NULL OR account_id = $1)
+    SELECT account_id, id FROM deliveries WHERE (created_at >= $2 OR finished_at >= $2)
+      AND ($1::uuid IS NULL OR account_id = $1)
     UNION
-    SELECT coalesce(delivery_id, {adjustment_delivery}) FROM ledger_entries
+    SELECT account_id, coalesce(delivery_id, {adjustment_delivery}) FROM ledger_entries
     WHERE created_at >= $2 AND ($1::uuid IS NULL OR account_id = $1)
       AND (delivery_id IS NOT NULL OR (kind = 'adjustment' AND id ~ '{adjustment_tied}'))
 ), """
@@ -245,10 +249,11 @@ def _scoped(query: str, since: datetime | None) -> str:
         scope_malformed="AND created_at >= $2",
         scope_entries="AND delivery_id IN (SELECT id FROM scope)",
         scope_adjustments="AND delivery_id IN (SELECT id FROM scope)",
-        scope_deliveries="AND id IN (SELECT id FROM scope)",
+        scope_deliveries="AND (account_id, id) IN (SELECT account_id, id FROM scope)",
         scope_fencing="AND (d.created_at >= $2 OR d.finished_at >= $2 OR d.state IN ('pending', 'sending'))",
         scope_notices="AND (d.created_at >= $2 OR d.finished_at >= $2"
-                      " OR EXISTS (SELECT 1 FROM delivery_attempts t WHERE t.delivery_id = d.id AND t.finished_at >= $2))",
+                      " OR EXISTS (SELECT 1 FROM delivery_attempts t WHERE t.account_id = d.account_id"
+                      " AND t.delivery_id = d.id AND t.finished_at >= $2))",
     )
 
 
@@ -289,16 +294,20 @@ FROM unnest($3::text[]) WITH ORDINALITY AS f(signature, position)
 LEFT JOIN pg_proc p ON p.oid = to_regprocedure(f.signature)
 ORDER BY 1, 2
 """
+# An attempt is its delivery's by the key (account_id, delivery_id, attempt): joined on the account
+# too, each probe is one of the attempts' primary key (the attempt's account is its delivery's, which
+# the reference checks enforce: billing.references).
 _FENCING_CHECK = """
 SELECT d.account_id, d.id AS delivery_id, 'I6:attempt ' || max(a.attempt) || ' recorded beyond the delivery''s attempt ' || d.attempt AS problem
-FROM deliveries d JOIN delivery_attempts a ON a.delivery_id = d.id
+FROM deliveries d JOIN delivery_attempts a ON a.account_id = d.account_id AND a.delivery_id = d.id
 WHERE ($1::uuid IS NULL OR d.account_id = $1) {scope_fencing}
 GROUP BY d.account_id, d.id HAVING max(a.attempt) > d.attempt
 UNION ALL
 SELECT d.account_id, d.id, 'I6:delivered without a 2xx attempt on record'
 FROM deliveries d
 WHERE d.state = 'delivered' AND ($1::uuid IS NULL OR d.account_id = $1) {scope_fencing}
-  AND NOT EXISTS (SELECT 1 FROM delivery_attempts a WHERE a.delivery_id = d.id AND a.status_code BETWEEN 200 AND 299)
+  AND NOT EXISTS (SELECT 1 FROM delivery_attempts a WHERE a.account_id = d.account_id AND a.delivery_id = d.id
+                  AND a.status_code BETWEEN 200 AND 299)
 """
 # I1, the account half: every entry of a delivery is on the delivery's own account. A join, not
 # a per-group text comparison inside the aggregate above, which cost more than the rest of it.
@@ -335,7 +344,8 @@ SELECT d.account_id, d.id AS delivery_id,
     'a send succeeded after the delivery died on a ' || a.status || ' account; not reclaimed' AS problem
 FROM deliveries d JOIN accounts a ON a.id = d.account_id
 WHERE d.state = 'dead' AND a.status <> 'active' AND ($1::uuid IS NULL OR d.account_id = $1) {scope_notices}
-  AND EXISTS (SELECT 1 FROM delivery_attempts t WHERE t.delivery_id = d.id AND t.status_code BETWEEN 200 AND 299)
+  AND EXISTS (SELECT 1 FROM delivery_attempts t WHERE t.account_id = d.account_id AND t.delivery_id = d.id
+              AND t.status_code BETWEEN 200 AND 299)
 """
 
 # A late 2xx on an active account is reclaimed when it is recorded, or by the next sweep when
@@ -347,8 +357,8 @@ SELECT d.account_id, d.id AS delivery_id,
     'I2:a send succeeded after the delivery died and was refunded, and the refund was not reclaimed' AS problem
 FROM deliveries d JOIN accounts a ON a.id = d.account_id
 WHERE d.state = 'dead' AND a.status = 'active' AND ($1::uuid IS NULL OR d.account_id = $1) {scope_notices}
-  AND EXISTS (SELECT 1 FROM delivery_attempts t WHERE t.delivery_id = d.id AND t.status_code BETWEEN 200 AND 299
-              AND t.finished_at < now() - interval '""" + UNRECLAIMED_AFTER + """')
+  AND EXISTS (SELECT 1 FROM delivery_attempts t WHERE t.account_id = d.account_id AND t.delivery_id = d.id
+              AND t.status_code BETWEEN 200 AND 299 AND t.finished_at < now() - interval '""" + UNRECLAIMED_AFTER + """')
 """
 
 

@@ -24,6 +24,10 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections.abc import Iterable
+from typing import TypeVar
+
+Key = TypeVar("Key", bound=tuple)
 
 HASH_PARTITION_SEED = 0x7A5B22367996DCFD  # src/include/catalog/partition.h
 _COMBINE_CONSTANT = 0x49A0F4DD15E5A8E3  # hash_combine64's "64bit random data" (src/include/common/hashfn.h)
@@ -142,3 +146,16 @@ def citus_shard_index(account_id: uuid.UUID, shard_count: int) -> int:
         raise ValueError(f"shard_count must be 1..{PARTITIONS_MAX}")
     increment = _CITUS_HASH_TOKENS // shard_count
     return min((citus_hash(account_id) - _INT32_MIN) // increment, shard_count - 1)
+
+
+def by_shard(keys: Iterable[Key], shards: int, shard_hash: str = "postgres") -> list[list[Key]]:
+    """Row keys whose first item is the account (a (account_id, id) primary key), grouped by the
+    shard that holds their account, in shard order; one group of them all when there is one shard.
+    A statement given one group names the accounts of one shard only."""
+    keys = list(keys)
+    if shards == 1:
+        return [keys] if keys else []
+    groups: dict[int, list[Key]] = {}
+    for key in keys:
+        groups.setdefault(shard_of(key[0], shards, shard_hash), []).append(key)
+    return [groups[shard] for shard in sorted(groups)]

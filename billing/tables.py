@@ -175,7 +175,6 @@ applications = sa.Table(
     sa.CheckConstraint("deleted_at IS NULL OR id <> account_id", name="default_not_deleted"),
     # What endpoints' (account_id, application_id) refers to, and an account's pages in id order (0022).
     sa.PrimaryKeyConstraint("account_id", "id"),
-    sa.Index(None, "id"),
     sa.Index("uq_applications_live_uid", "account_id", "uid", unique=True,
              postgresql_where=sa.text("deleted_at IS NULL AND uid IS NOT NULL")),
     comment="One customer of an account's app: its endpoints, and the messages sent to it."
@@ -261,7 +260,8 @@ endpoints = sa.Table(
                        name="headers_size"),
     sa.CheckConstraint(f"rate_limit_per_second BETWEEN {RATE_LIMIT_PER_SECOND_MIN} AND {RATE_LIMIT_PER_SECOND_MAX}",
                        name="rate_limit_range"),
-    # Keys include the account (0022, billing.distribution); the plain index on id serves lookups by a bare id.
+    # Keys include the account (0022, billing.distribution); the plain index on id serves the
+    # operator's switch-off of an endpoint named by its id alone (kept by 0025).
     sa.PrimaryKeyConstraint("account_id", "id"),
     sa.Index(None, "id"),
     sa.Index(None, "account_id"),
@@ -306,10 +306,12 @@ messages = sa.Table(
     sa.CheckConstraint("payload_erased_at IS NULL OR payload IS NULL", name="erased_payload_is_null"),
     sa.CheckConstraint("idempotency_key IS NULL OR " + _length("idempotency_key", 1, 255), name="idempotency_key_length"),
     sa.CheckConstraint("octet_length(payload) <= 1048576", name="payload_size"),
-    # Keys include the account (0022, billing.distribution); the plain index on id serves lookups by a bare id.
+    # Keys include the account (0022, billing.distribution); every read names it (0025).
     sa.PrimaryKeyConstraint("account_id", "id"),
-    sa.Index(None, "id"),
-    sa.UniqueConstraint("account_id", "idempotency_key"),
+    # The keys given (0025): a message without one writes nothing here, and no index but the
+    # primary key leads with the account and can serve a probe by (account_id, id).
+    sa.Index("uq_messages_account_id_idempotency_key", "account_id", "idempotency_key", unique=True,
+             postgresql_where=sa.text("idempotency_key IS NOT NULL")),
     # The payloads still kept, by account and age: what the retention job walks (0014).
     sa.Index("ix_messages_retained", "account_id", "created_at", postgresql_where=sa.text("payload IS NOT NULL")),
     comment="An event an app enqueued. payload is the exact body bytes sent; erased (NULL) by an expunge,"
@@ -352,8 +354,9 @@ deliveries = sa.Table(
     sa.Index("ix_deliveries_lease", "leased_until", postgresql_where=sa.text("state = 'sending'")),
     sa.Index("ix_deliveries_account_live", "account_id", "id", postgresql_where=sa.text("state IN ('pending', 'sending')")),
     sa.Index(None, "account_id", "created_at"),
-    # Keys include the account (0022, billing.distribution); the plain index on id serves lookups by a bare id. An account's
-    # pages of deliveries, newest first (0009), walk the primary key.
+    # Keys include the account (0022, billing.distribution); every read names it. An account's
+    # pages of deliveries, newest first (0009), walk the primary key. The plain index on id keeps
+    # the trigger functions' probes by (account_id, id) off the account's other indexes (kept by 0025).
     sa.PrimaryKeyConstraint("account_id", "id"),
     sa.Index(None, "id"),
     # Whether a dead delivery was replayed, for the recovery's and the bulk replay's candidates (0010).
@@ -392,9 +395,8 @@ delivery_attempts = sa.Table(
     sa.CheckConstraint("sent_headers IS NULL OR (jsonb_typeof(sent_headers) = 'object'"
                        " AND octet_length(sent_headers::text) <= 16384)", name="sent_headers_size"),
     sa.CheckConstraint("latency_ms IS NULL OR latency_ms >= 0", name="latency_non_negative"),
-    # Keys include the account (0022, billing.distribution); the plain index serves lookups by a bare delivery id.
+    # Keys include the account (0022, billing.distribution); every read names it (0025).
     sa.PrimaryKeyConstraint("account_id", "delivery_id", "attempt"),
-    sa.Index(None, "delivery_id", "attempt"),
     sa.Index(None, "account_id", "finished_at"),
     # The late 2xx answers, for the sweep that reclaims a refund whose reclaim was lost (0007).
     sa.Index("ix_delivery_attempts_late_success", "finished_at",
@@ -435,9 +437,10 @@ ledger_entries = sa.Table(
         name="amount_sign",
     ),
     # Keys include the account (0022, billing.distribution): derived ids are unique together with it.
-    # The plain indexes serve lookups by a bare id and reads of the whole ledger in seq order.
+    # The plain index on seq serves reads of the whole ledger in seq order; the top-ups' ids, an
+    # order's top-up on any account (billing.accounts.top_up; 0025: not every entry's id).
     sa.PrimaryKeyConstraint("account_id", "id"),
-    sa.Index(None, "id"),
+    sa.Index("ix_ledger_entries_topup_id", "id", postgresql_where=sa.text("kind = 'topup'")),
     sa.Index(None, "seq"),
     sa.Index(None, "account_id", "seq"),
     sa.Index(None, "delivery_id", postgresql_where=sa.text("delivery_id IS NOT NULL")),
@@ -633,9 +636,8 @@ operational_endpoints = sa.Table(
     sa.CheckConstraint("disabled_reason IS NULL OR char_length(disabled_reason) BETWEEN 1 AND 500",
                        name="disabled_reason_length"),
     sa.CheckConstraint("failure_count >= 0", name="failure_count_positive"),
-    # Keys include the account (0022, billing.distribution); the plain index on id serves lookups by a bare id.
+    # Keys include the account (0022, billing.distribution).
     sa.PrimaryKeyConstraint("account_id", "id"),
-    sa.Index(None, "id"),
     sa.Index(None, "account_id"),
     comment="Where an account's operational events go (its own whsec_ secret, encrypted at rest). Free of charge;"
             " event_types NULL means every type.",
@@ -663,9 +665,8 @@ operational_events = sa.Table(
     sa.CheckConstraint(f"batch_size BETWEEN 1 AND {OPERATIONAL_DEAD_BATCH_MAX}", name="batch_size_range"),
     sa.CheckConstraint("batch_key IS NULL OR " + _length("batch_key", 1, 200), name="batch_key_length"),
     sa.CheckConstraint("dedupe_key IS NULL OR " + _length("dedupe_key", 1, 300), name="dedupe_key_length"),
-    # Keys include the account (0022, billing.distribution); the plain index on id serves lookups by a bare id.
+    # Keys include the account (0022, billing.distribution).
     sa.PrimaryKeyConstraint("account_id", "id"),
-    sa.Index(None, "id"),
     sa.UniqueConstraint("account_id", "dedupe_key"),
     sa.Index(None, "account_id", "seq"),
     sa.Index("ix_operational_events_undispatched", "seq", postgresql_where=sa.text("dispatched_at IS NULL")),
@@ -700,9 +701,8 @@ operational_deliveries = sa.Table(
     sa.CheckConstraint("(state = 'sending') = (leased_until IS NOT NULL)", name="lease_only_when_sending"),
     sa.CheckConstraint("last_status_code IS NULL OR last_status_code BETWEEN 100 AND 599", name="status_code_range"),
     sa.CheckConstraint("last_error IS NULL OR " + _length("last_error", 1, 1000), name="last_error_length"),
-    # Keys include the account (0022, billing.distribution); the plain index on id serves lookups by a bare id.
+    # Keys include the account (0022, billing.distribution).
     sa.PrimaryKeyConstraint("account_id", "id"),
-    sa.Index(None, "id"),
     sa.ForeignKeyConstraint(["account_id", "event_id"], ["operational_events.account_id", "operational_events.id"],
                             name="fk_operational_deliveries_event_id"),
     sa.ForeignKeyConstraint(["account_id", "endpoint_id"], ["operational_endpoints.account_id", "operational_endpoints.id"],

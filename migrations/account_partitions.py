@@ -131,6 +131,25 @@ def partitions_of(bind, table: str) -> int:
     return int(row["partitions"]) if row["kind"] == "p" else 0
 
 
+def name_partition_indexes(bind, table: str) -> None:
+    """Name the partitions' copies of the indexes of a partitioned `table` `<index>_p<k>`, as
+    `partition` does: for a later migration that makes an index on a table already partitioned
+    (the copies named so already are left as they are)."""
+    _name_partition_indexes(bind, table)
+
+
+def _name_partition_indexes(bind, table: str) -> None:
+    """Name each partition's copy of an index (and of a key) `<index>_p<k>`, after its parent and its
+    partition, instead of PostgreSQL's made-up names: a unique violation names the partition's
+    index, and code that tells violations apart by name (billing.distribution.is_index_or_its_copy)
+    then knows it."""
+    for row in _rows(bind, _PARTITION_INDEXES, table):
+        name = row["parent"] + row["partition"][len(table):]
+        assert len(name) <= _NAME_LENGTH_MAX, name
+        if row["name"] != name:
+            _execute(bind, f"ALTER INDEX {_quote(row['name'])} RENAME TO {_quote(name)}")
+
+
 def _rows(bind, statement: str, *parameters) -> list:
     return list(bind.exec_driver_sql(statement, parameters).mappings())
 
@@ -218,17 +237,6 @@ def _make_again(bind, definition: _Definition, partitions: int) -> None:
         if not trigger["row_level"]:
             for name in partition_names:
                 _make_trigger(bind, name, trigger, _on(trigger["definition"], table, name))
-
-
-def _name_partition_indexes(bind, table: str) -> None:
-    """Name each partition's copy of an index (and of a key) `<index>_p<k>`, after its parent and its
-    partition, instead of PostgreSQL's made-up names: a unique violation names the partition's
-    index, and code that tells violations apart by name (billing.distribution.is_index_or_its_copy)
-    then knows it."""
-    for row in _rows(bind, _PARTITION_INDEXES, table):
-        name = row["parent"] + row["partition"][len(table):]
-        assert len(name) <= _NAME_LENGTH_MAX, name
-        _execute(bind, f"ALTER INDEX {_quote(row['name'])} RENAME TO {_quote(name)}")
 
 
 def _make_trigger(bind, table: str, trigger, definition: str) -> None:

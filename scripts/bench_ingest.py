@@ -309,6 +309,19 @@ async def admin_database(database_url: str, statement: str) -> None:
         await connection.close()
 
 
+async def database_backends(database_url: str) -> list[int]:
+    """The pids of the client backends connected to this database now (the API's pool, warmed by
+    the runs before): on a PostgreSQL server that other work shares, their CPU is this run's alone,
+    where 'postgres' counts every PostgreSQL process of the machine."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        return [row["pid"] for row in await connection.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'"
+            " AND pid <> pg_backend_pid()")]
+    finally:
+        await connection.close()
+
+
 async def _load_unwritten(unwritten: tuple[str, int], keys: list[str], fan_out: int, seconds: float,
                           concurrency: int) -> dict:
     """One run of the API without writes (its URL and pid): its rate, statuses and CPU shares."""
@@ -339,7 +352,8 @@ def _per_thousand(before: tuple[cpu_shares.Snapshot, cpu_shares.Snapshot], roles
 
 async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: str, trivial_url: str, servers: list,
                       unwritten: tuple[str, int] | None, many_keys: list[str], hot_key: list[str],
-                      report: dict, applications: dict | None = None) -> list[float]:
+                      report: dict, applications: dict | None = None,
+                      database_url: str | None = None) -> list[float]:
     """The API's runs at one concurrency, each beside the trivial handler at that concurrency; the
     trivial handler's rates."""
     seconds = arguments.seconds
@@ -398,13 +412,23 @@ async def _measure_at(concurrency: int, arguments: argparse.Namespace, api_url: 
                                   "statuses": {str(k): v for k, v in dict(statuses).items()}})
     if applications:
         for label, (keys, paths) in applications.items():
+            # CPU per message beside the rate: on a shared machine the rate drifts with the other
+            # load, while what PostgreSQL and the API spend on each message drifts much less.
+            roles = {"api": [servers[0].pid]}
+            if database_url is not None:
+                roles["database_backends"] = await database_backends(database_url)
+            before = _snapshots(roles)
             rate, statuses = await load(api_url, keys, BODIES[1], seconds, concurrency, paths)
+            shares, waits = _per_thousand(before, roles, statuses.get(202, 0))
             ceilings.append((await load(trivial_url, hot_key, BODIES[1], seconds, concurrency))[0])
             beside = (ceilings[-2] + ceilings[-1]) / 2
             print(f"API  fan-out 1  {label:22}{rate:9.0f} msg/s  {rate / beside:5.0%}  (trivial beside it {beside:.0f}/s)"
                   f"  {statuses}")
+            print(f"     CPU ms per 1,000 messages: {cpu_shares.describe(shares)} (bench: the load generator;"
+                  f" database_backends: this database's client backends, of the postgres processes)")
             report["applications"].append({"concurrency": concurrency, "case": label, "messages_per_second": rate,
                                            "trivial_beside": beside, "share_of_trivial": rate / beside,
+                                           "cpu_shares": shares, "cpu_waits": waits,
                                            "statuses": {str(k): v for k, v in dict(statuses).items()}})
     print(f"trivial aiohttp handler at concurrency {concurrency}, each run: {', '.join(f'{c:.0f}' for c in ceilings)} msg/s"
           f" (mean {sum(ceilings) / len(ceilings):.0f})")
@@ -712,7 +736,7 @@ async def _run(arguments: argparse.Namespace, database_url: str, redis_url: str)
             return report
         ceilings_by_concurrency = [
             await _measure_at(concurrency, arguments, api_url, trivial_url, servers, unwritten, many_keys, hot_key, report,
-                              applications)
+                              applications, database_url)
             for concurrency in concurrencies]
         if arguments.applications:
             report["application_routes"] = await bench_applications.routes(api_url, OPERATOR_KEY, arguments.applications)

@@ -42,7 +42,8 @@ _OUTCOMES = ("SELECT state, coalesce(dead_reason, '') AS reason, count(*) AS n, 
              " FROM deliveries GROUP BY 1, 2 ORDER BY 1, 2")
 _REFUNDS_BY_REASON = (
     "SELECT coalesce(d.dead_reason, 'recovered') AS reason, count(*) AS n, sum(l.amount) AS credits"
-    " FROM ledger_entries l JOIN deliveries d ON d.id = l.delivery_id WHERE l.kind = 'refund' GROUP BY 1 ORDER BY 1"
+    " FROM ledger_entries l JOIN deliveries d ON d.account_id = l.account_id AND d.id = l.delivery_id"
+    " WHERE l.kind = 'refund' GROUP BY 1 ORDER BY 1"
 )
 _LEDGER_BY_KIND = "SELECT kind, count(*) AS n, sum(amount) AS credits FROM ledger_entries GROUP BY kind"
 _BALANCES = "SELECT coalesce(sum(balance), 0) FROM accounts"
@@ -53,8 +54,10 @@ _ALL_IDS = "SELECT id::text FROM deliveries UNION ALL SELECT id::text FROM opera
 _TOPUPS = "SELECT substr(id, length('topup:') + 1) AS order_id, amount FROM ledger_entries WHERE kind = 'topup'"
 _REVERSALS = ("SELECT substr(id, length('topup_reversal:') + 1) AS order_id, amount FROM ledger_entries"
               " WHERE kind = 'topup_reversal'")
+# Each deleted account with its closeout entry, read by the ledger's key (account_id, id).
 _DELETED_ACCOUNTS = ("SELECT a.id::text, a.status, a.balance, l.amount AS closeout FROM accounts a"
-                     " LEFT JOIN ledger_entries l ON l.id = 'closeout:' || a.id::text WHERE a.id = ANY($1::uuid[])")
+                     " LEFT JOIN ledger_entries l ON l.account_id = a.id AND l.id = 'closeout:' || a.id::text"
+                     " WHERE a.id = ANY($1::uuid[])")
 
 
 @dataclass(frozen=True)

@@ -48,13 +48,15 @@ _ERASED_BY = ("SELECT CASE WHEN payload_erased_by LIKE 'api_key:%' THEN 'expunge
 # Attempts that started after their message's payload was erased by an expunge or by retention.
 # (An account deletion settles deliveries a worker may be sending, by design; it is not counted.)
 _SENT_AFTER_ERASURE = (
-    "SELECT a.delivery_id::text, a.attempt FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id"
-    " JOIN messages m ON m.id = d.message_id WHERE m.payload_erased_at IS NOT NULL"
+    "SELECT a.delivery_id::text, a.attempt FROM delivery_attempts a"
+    " JOIN deliveries d ON d.account_id = a.account_id AND d.id = a.delivery_id"
+    " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id WHERE m.payload_erased_at IS NOT NULL"
     " AND m.payload_erased_by <> 'account_deletion' AND a.started_at > m.payload_erased_at"
 )
 _EXCERPTS_OF_ERASED = (
-    "SELECT a.delivery_id::text FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id"
-    " JOIN messages m ON m.id = d.message_id WHERE m.payload IS NULL"
+    "SELECT a.delivery_id::text FROM delivery_attempts a"
+    " JOIN deliveries d ON d.account_id = a.account_id AND d.id = a.delivery_id"
+    " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id WHERE m.payload IS NULL"
     " AND (a.response_excerpt IS NOT NULL OR a.sent_headers IS NOT NULL)"
 )
 # Deliveries the pre-send check settled for want of a payload (it says account_closed for that too)
@@ -63,8 +65,10 @@ _DIED_FOR_WANT_OF_PAYLOAD = (
     "SELECT d.id::text FROM deliveries d JOIN accounts a ON a.id = d.account_id"
     " WHERE d.dead_reason = 'account_closed' AND a.status = 'active'"
 )
-_EXPUNGED = ("SELECT id::text, payload IS NULL AS erased, payload_erased_at FROM messages"
-             " WHERE id = ANY($1::uuid[])")
+# The messages the API said it expunged, each read by its account and id ($1, $2 pairwise).
+_EXPUNGED = ("SELECT m.id::text, m.payload IS NULL AS erased, m.payload_erased_at"
+             " FROM unnest($1::uuid[], $2::uuid[]) AS k(account_id, id)"
+             " JOIN messages m ON m.account_id = k.account_id AND m.id = k.id")
 
 
 @dataclass
@@ -130,8 +134,10 @@ async def erasure_checks(pool: asyncpg.Pool, workload: Workload, receivers: Rece
     kept = [row[0] for row in await pool.fetch(_EXCERPTS_OF_ERASED)]
     checks.append(Check("no response excerpt kept of an erased message", not kept,
                         f"{len(kept)} attempts keep one {kept[:DETAILS_MAX]}"))
-    rows = {row["id"]: row for row in await pool.fetch(_EXPUNGED, list(workload.expunged))}
-    wrong = [message_id for message_id, at in workload.expunged.items()
+    expunged = {message_id: at for message_id, (_, at) in workload.expunged.items()}
+    accounts = [account_id for account_id, _ in workload.expunged.values()]
+    rows = {row["id"]: row for row in await pool.fetch(_EXPUNGED, accounts, list(expunged))}
+    wrong = [message_id for message_id, at in expunged.items()
              if message_id not in rows or not rows[message_id]["erased"] or rows[message_id]["payload_erased_at"] != at]
     checks.append(Check("every message the API said it expunged is erased, at the time it said", not wrong,
                         f"{len(workload.expunged)} expunged, {len(wrong)} not as answered {wrong[:DETAILS_MAX]}"))

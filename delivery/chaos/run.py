@@ -145,6 +145,9 @@ async def run(options: argparse.Namespace) -> int:
         # account (HOOKLEDGER_ACCOUNT_PARTITIONS at migrate time), read from the catalog.
         summary["account_partitions"] = await pool.fetchval(
             "SELECT count(*) FROM pg_inherits WHERE inhparent = 'deliveries'::regclass") or 1
+        # And how many shards the API and the workers split their claims, sweeps and group commits
+        # into (HOOKLEDGER_ACCOUNT_SHARDS, from the environment every process of the run shares).
+        summary["account_shards"] = int({**os.environ, **cluster.environment}.get("HOOKLEDGER_ACCOUNT_SHARDS", "1"))
         print_summary(summary)
         if options.summary:
             options.summary.parent.mkdir(parents=True, exist_ok=True)

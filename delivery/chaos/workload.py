@@ -100,7 +100,8 @@ class Workload:
     deleted_accounts: list[str] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)  # idempotency answers that disagree
     sent_messages: list[tuple[AccountState, str]] = field(default_factory=list)  # (account, message id), in order
-    expunged: dict[str, datetime] = field(default_factory=dict)  # message id -> payload_erased_at the API answered
+    # message id -> (its account id, payload_erased_at the API answered)
+    expunged: dict[str, tuple[str, datetime]] = field(default_factory=dict)
     _operators: list[AsyncClient] = field(default_factory=list)
     _http: list[httpx.AsyncClient] = field(default_factory=list)
     _created: int = 0
@@ -397,7 +398,7 @@ class Workload:
                     self.mismatches.append(f"expunge of {message_id}, a message of an active account: 404")
                 continue
             self.tally["expunged"] += 1
-            self.expunged[message_id] = erased.payload_erased_at
+            self.expunged[message_id] = (account.id, erased.payload_erased_at)
             if self.rng.random() < EXPUNGE_TWICE_SHARE:
                 again = await self._as(account, lambda c, m=message_id: c.messages.expunge(m))
                 self.tally["expunged_twice"] += 1

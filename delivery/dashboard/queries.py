@@ -18,6 +18,9 @@ from billing.database import Executor
 
 # One page of an account's deliveries, newest first, with the endpoint's URL and whether each was
 # refunded and reclaimed (two primary-key probes of the ledger a row); $2.. NULL = any.
+# Ordered by the account too, though it is one (as the API's deliveries pages): the order of the
+# account's own indexes, never of an index on bare ids or seq, which a plan would walk through
+# every account's rows.
 _DELIVERIES_PAGE = (
     "SELECT d.id, d.endpoint_id, e.url AS endpoint_url, m.event_type, d.state, d.attempt, d.attempts_max, d.price,"
     "   d.next_attempt_at, d.dead_reason, d.created_at, d.finished_at, d.replay_of,"
@@ -29,7 +32,7 @@ _DELIVERIES_PAGE = (
     "   AND ($4::text IS NULL OR m.event_type = $4)"
     "   AND ($5::timestamptz IS NULL OR d.created_at >= $5) AND ($6::timestamptz IS NULL OR d.created_at < $6)"
     "   AND ($7::uuid IS NULL OR d.id < $7)"
-    " ORDER BY d.id DESC LIMIT $8"
+    " ORDER BY d.account_id DESC, d.id DESC LIMIT $8"
 )
 # An account's deliveries of the last 24 hours by hours ago (0..23) and state: the overview chart.
 _HOURLY_OUTCOMES = (
@@ -55,7 +58,7 @@ _LEDGER_PAGE = (
     "   WHERE account_id = $1 AND ($2::text IS NULL OR kind = $2)"
     "     AND ($3::timestamptz IS NULL OR created_at >= $3) AND ($4::timestamptz IS NULL OR created_at < $4)"
     "     AND ($5::bigint IS NULL OR seq < $5)"
-    "   ORDER BY seq DESC LIMIT $6),"
+    "   ORDER BY account_id DESC, seq DESC LIMIT $6),"
     " base AS (SELECT coalesce($7::bigint, (SELECT balance FROM accounts WHERE id = $1)"
     "   - coalesce((SELECT sum(amount) FROM ledger_entries WHERE account_id = $1 AND seq >= $5), 0)) AS before_cursor),"
     " span AS (SELECT seq, coalesce(sum(amount) OVER (ORDER BY seq DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),"
@@ -71,7 +74,8 @@ _PAYLOAD_HEAD = (
 )
 # The deliveries that replay one delivery, oldest first (ix_deliveries_replay_of), at most $3.
 _REPLAYS_OF = (
-    "SELECT id, state, created_at FROM deliveries WHERE replay_of = $1 AND account_id = $2 ORDER BY id LIMIT $3"
+    "SELECT id, state, created_at FROM deliveries WHERE replay_of = $1 AND account_id = $2"
+    " ORDER BY account_id, id LIMIT $3"
 )
 # An account's ledger summed per UTC day in [$2, $3): charged (charges and reclaims), refunded, the
 # rest (top-ups, reversals, adjustments, close-out) and the change of the balance. Without an index
@@ -80,7 +84,7 @@ _REPLAYS_OF = (
 # of the range has a smaller seq), found by reading back from the newest.
 _DAILY_TOTALS = (
     "WITH bound AS (SELECT coalesce((SELECT seq FROM ledger_entries WHERE account_id = $1"
-    "   AND created_at < $2::timestamptz - interval '1 day' ORDER BY seq DESC LIMIT 1), 0) AS after)"
+    "   AND created_at < $2::timestamptz - interval '1 day' ORDER BY account_id DESC, seq DESC LIMIT 1), 0) AS after)"
     " SELECT (created_at AT TIME ZONE 'UTC')::date AS day,"
     "   count(*) FILTER (WHERE kind = 'charge')::int AS charges,"
     "   coalesce(-sum(amount) FILTER (WHERE kind IN ('charge', 'reclaim')), 0)::bigint AS charged,"
@@ -99,7 +103,7 @@ _LEDGER_ASCENDING = (
     "   SELECT id, seq, kind, amount, delivery_id, note, created_at FROM ledger_entries"
     "   WHERE account_id = $1 AND ($2::text IS NULL OR kind = $2)"
     "     AND ($3::timestamptz IS NULL OR created_at >= $3) AND ($4::timestamptz IS NULL OR created_at < $4)"
-    "     AND seq > $5 ORDER BY seq LIMIT $6),"
+    "     AND seq > $5 ORDER BY account_id, seq LIMIT $6),"
     " span AS (SELECT seq, sum(amount) OVER (ORDER BY seq) AS running FROM ledger_entries"
     "   WHERE account_id = $1 AND seq > $5 AND seq <= (SELECT max(seq) FROM page))"
     " SELECT p.*, ($7::bigint + span.running)::bigint AS balance_after FROM page p JOIN span USING (seq) ORDER BY p.seq"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import asyncpg
@@ -25,7 +25,7 @@ import asyncpg
 from billing.database import Executor, runs_alone, transaction
 from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, settle
-from billing.shards import shard_of
+from billing.shards import by_shard
 from delivery import tracing
 
 logger = logging.getLogger(__name__)
@@ -82,14 +82,16 @@ _DUE_KEYS = (
     "     WHERE account_id = k.account_id AND id = k.id AND account_id = ANY($1::uuid[]) AND " + _DUE_FILTER +
     "     OFFSET 0 FOR UPDATE SKIP LOCKED) p)"
 )
-# A job of the previous version carries bare delivery ids: claimed by id alone, as that version did.
-# Such a statement reaches every shard; it lasts only while those jobs drain (or the sweep finds them).
+# A job of the previous version carries bare delivery ids: claimed by id alone. Such a statement
+# reaches every shard; it lasts only while those jobs drain (or the sweep finds them). It needs no
+# index on bare ids (a write on every delivery created; migration 0025 keeps ix_deliveries_id for
+# the trigger functions' probes only): one condition on every id of the job, which a plan serves
+# with that index or, without it, with one walk of the live deliveries' partial index
+# (ix_deliveries_account_live): O(live deliveries), never O(every delivery).
 _DUE_BARE_IDS = (
     "WITH due AS ("
-    "   SELECT p.account_id, p.id FROM unnest($1::uuid[]) AS k(id) CROSS JOIN LATERAL ("
-    "     SELECT account_id, id FROM deliveries"
-    "     WHERE id = k.id AND " + _DUE_FILTER +
-    "     OFFSET 0 FOR UPDATE SKIP LOCKED) p)"
+    "   SELECT account_id, id FROM deliveries"
+    "   WHERE id = ANY($1::uuid[]) AND " + _DUE_FILTER + " FOR UPDATE SKIP LOCKED)"
 )
 # The rows `due` locked, found by index probes of their accounts and ids (arrays computed once, as
 # before the keys named accounts), and checked pairwise against `due`. Not a join with `due`: on
@@ -176,18 +178,6 @@ def _check(batch_size: int, lease_ms: int) -> None:
         raise ValueError(f"batch_size must be 1..{CLAIM_BATCH_MAX}")
     if not LEASE_MS_MIN <= lease_ms <= LEASE_MS_MAX:
         raise ValueError(f"lease_ms must be {LEASE_MS_MIN}..{LEASE_MS_MAX}")
-
-
-def by_shard(keys: Iterable[DeliveryKey], shards: int, shard_hash: str = "postgres") -> list[list[DeliveryKey]]:
-    """The keys grouped by the shard that holds their account (billing.shards.shard_of), in shard
-    order; one group of them all when there is one shard."""
-    keys = list(keys)
-    if shards == 1:
-        return [keys] if keys else []
-    groups: dict[int, list[DeliveryKey]] = {}
-    for key in keys:
-        groups.setdefault(shard_of(key.account_id, shards, shard_hash), []).append(key)
-    return [groups[shard] for shard in sorted(groups)]
 
 
 async def claim_due(executor: Executor, *, batch_size: int, lease_ms: int, shards: int = 1,

@@ -38,7 +38,9 @@ import asyncpg
 
 from billing.errors import LedgerMismatch
 from billing.settle import DeadReason, Outcome, reclaim, settle
+from billing.shards import by_shard
 from delivery import tracing
+from delivery.engine.claims import DeliveryKey
 
 logger = logging.getLogger(__name__)
 
@@ -343,12 +345,24 @@ async def reclaim_late_successes(pool: asyncpg.Pool, *, batch_size: int) -> list
     return reclaimed
 
 
-# The lease sweep locks expired leases across accounts, as the claims do (delivery.engine.claims):
-# allowed to span accounts until it takes a group of accounts like a claim. Its writes name them.
+_EXPIRED_FILTER = "state = 'sending' AND leased_until < now()"
+# The lease sweep on one server: expired leases of every account, locked as they are read, in id
+# order (the one order every batched writer locks in).
 _EXPIRED_LEASES = (
-    "SELECT id, account_id, attempt FROM deliveries"
-    " WHERE state = 'sending' AND leased_until < now()"
+    "SELECT id, account_id, attempt FROM deliveries WHERE " + _EXPIRED_FILTER +
     " ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+)
+# With more than one shard (HOOKLEDGER_ACCOUNT_SHARDS), as the claims do (delivery.engine.claims):
+# the expired leases of every account read without a lock (a read across shards is fine on a
+# distributed engine; a lock across them is a statement no shard can run alone), then locked shard
+# by shard, each statement naming the accounts of one shard ($2, $3 pairwise with the ids), each
+# row checked again under its lock. SKIP LOCKED never waits, so the order cannot deadlock.
+_FIND_EXPIRED = "SELECT account_id, id FROM deliveries WHERE " + _EXPIRED_FILTER + " ORDER BY id LIMIT $1"
+_EXPIRED_KEYS = (
+    "SELECT p.id, p.account_id, p.attempt FROM unnest($2::uuid[], $3::uuid[]) AS k(account_id, id)"
+    " CROSS JOIN LATERAL (SELECT id, account_id, attempt FROM deliveries"
+    "   WHERE account_id = k.account_id AND id = k.id AND account_id = ANY($2::uuid[]) AND " + _EXPIRED_FILTER +
+    "   OFFSET 0 FOR UPDATE SKIP LOCKED) p LIMIT $1"
 )
 # A delivery whose last attempt's lease expired has no next attempt to wait for: it is due at
 # once, so the next sweep settles it (the lease outlived the send's timeout, so its result is
@@ -362,33 +376,49 @@ _RETURN_TO_PENDING = (
 
 
 async def expire_leases(
-    pool: asyncpg.Pool, *, batch_size: int, delay_seconds: Callable[[int], float]
+    pool: asyncpg.Pool, *, batch_size: int, delay_seconds: Callable[[int], float], shards: int = 1,
+    shard_hash: str = "postgres",
 ) -> list[uuid.UUID]:
     """Treat expired `sending` leases as failed attempts (the worker died or stalled).
 
     The delivery goes back to pending with the backoff for its next attempt. One that used its
     last attempt is left pending at the limit, due at once; the next sweep settles it
-    (attempts_exhausted).
+    (attempts_exhausted). With `shards` above 1, one transaction per shard of the accounts found.
     """
-    async with pool.acquire() as connection, connection.transaction():
-        rows = await connection.fetch(_EXPIRED_LEASES, batch_size)
-        if not rows:
-            return []
-        ids = [row["id"] for row in rows]
-        await connection.execute(_RETURN_TO_PENDING, ids, [float(delay_seconds(row["attempt"])) for row in rows],
-                                 [row["account_id"] for row in rows])
-        await connection.execute(
-            _INSERT_ATTEMPTS,
-            ids,
-            [row["attempt"] for row in rows],
-            [row["account_id"] for row in rows],
-            [None] * len(rows),
-            [0] * len(rows),
-            [LEASE_EXPIRED_ERROR] * len(rows),
-            [None] * len(rows),
-            [None] * len(rows),  # what the lost send carried is not known; its own result brings it
-            [False] * len(rows),
-            [0.0] * len(rows),
-            [0.0] * len(rows),
-        )
+    if shards == 1:
+        async with pool.acquire() as connection, connection.transaction():
+            return await _return_to_pending(connection, await connection.fetch(_EXPIRED_LEASES, batch_size),
+                                            delay_seconds)
+    found = [DeliveryKey(row[0], row[1]) for row in await pool.fetch(_FIND_EXPIRED, batch_size)]
+    expired: list[uuid.UUID] = []
+    for group in by_shard(found, shards, shard_hash):
+        async with pool.acquire() as connection, connection.transaction():
+            rows = await connection.fetch(_EXPIRED_KEYS, len(group), [key.account_id for key in group],
+                                          [key.id for key in group])
+            expired += await _return_to_pending(connection, rows, delay_seconds)
+    return expired
+
+
+async def _return_to_pending(connection: asyncpg.Connection, rows: list[asyncpg.Record],
+                             delay_seconds: Callable[[int], float]) -> list[uuid.UUID]:
+    """The locked deliveries whose leases expired back to pending, each with its lost attempt on record."""
+    if not rows:
+        return []
+    ids = [row["id"] for row in rows]
+    accounts = [row["account_id"] for row in rows]
+    await connection.execute(_RETURN_TO_PENDING, ids, [float(delay_seconds(row["attempt"])) for row in rows], accounts)
+    await connection.execute(
+        _INSERT_ATTEMPTS,
+        ids,
+        [row["attempt"] for row in rows],
+        accounts,
+        [None] * len(rows),
+        [0] * len(rows),
+        [LEASE_EXPIRED_ERROR] * len(rows),
+        [None] * len(rows),
+        [None] * len(rows),  # what the lost send carried is not known; its own result brings it
+        [False] * len(rows),
+        [0.0] * len(rows),
+        [0.0] * len(rows),
+    )
     return ids

@@ -127,19 +127,38 @@ def _dead_page(filters: DeadFilter, after: uuid.UUID | None, limit: int) -> tupl
             arguments.append(value)
             sql.append(" AND " + condition.format(len(arguments)))
     arguments.append(limit + 1)
-    sql.append(f" ORDER BY d.id DESC LIMIT ${len(arguments)}" + _DEAD_JOINS)
+    # One account's page is ordered by the account too: the order of its own dead deliveries'
+    # index (ix_deliveries_account_dead), never of every account's (ix_deliveries_dead), which a
+    # plan would walk through every account's dead deliveries looking for this one's.
+    order = "d.account_id DESC, d.id DESC" if filters.account_id is not None else "d.id DESC"
+    sql.append(f" ORDER BY {order} LIMIT ${len(arguments)}" + _DEAD_JOINS)
     return "".join(sql), arguments
 
 
-_DELIVERY = (
+# One delivery with its endpoint and message. {accounts}: each table filtered by the accounts $2 as
+# well as joined on the delivery's, so that on partitioned (or distributed) tables the plan reads
+# only those accounts' partitions (shards), as the claims' joins do (delivery.engine.claims).
+_DELIVERY_OF = (
     "SELECT d.id, d.account_id, d.endpoint_id, d.message_id, d.price, d.state, d.dead_reason, d.attempt,"
     "   d.attempts_max, d.created_at, d.finished_at, d.replay_of, coalesce(d.webhook_id, d.id) AS webhook_id,"
     "   e.url, e.enabled, e.deleted_at AS endpoint_deleted_at,"
     "   m.event_type, octet_length(m.payload) AS payload_bytes"
-    " FROM deliveries d JOIN endpoints e ON e.account_id = d.account_id AND e.id = d.endpoint_id"
-    " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id"
-    " WHERE d.id = $1"
+    " FROM deliveries d JOIN endpoints e ON e.account_id = d.account_id AND e.id = d.endpoint_id{accounts_e}"
+    " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id{accounts_m}"
+    " WHERE {accounts_d}d.id = $1"
 )
+_DELIVERY = _DELIVERY_OF.format(accounts_e=" AND e.account_id = ANY($2::uuid[])",
+                                accounts_m=" AND m.account_id = ANY($2::uuid[])",
+                                accounts_d="d.account_id = ANY($2::uuid[]) AND ")
+# A delivery the operator names by its id alone. Its account is read first from its ledger entries
+# (every delivery is written with its charge, which names it: ix_ledger_entries_delivery_id), then
+# the delivery by its key (account_id, id). Only when that finds nothing (an id of no delivery, or
+# a delivery with no entry on its own account: a broken ledger, which the audit reports) is it
+# looked up by the bare id, a scan of every account's deliveries once the index on bare ids goes
+# (a write on every delivery created; migration 0025 keeps it for the trigger functions' probes):
+# an operator's rare read.
+_ACCOUNTS_OF_DELIVERIES = "SELECT DISTINCT account_id FROM ledger_entries WHERE delivery_id = ANY($1::uuid[])"
+_DELIVERY_BY_BARE_ID = _DELIVERY_OF.format(accounts_e="", accounts_m="", accounts_d="")
 _ATTEMPTS = (
     "SELECT attempt, started_at, finished_at, status_code, latency_ms, error, response_excerpt, stale, sent_headers"
     " FROM delivery_attempts WHERE account_id = $3 AND delivery_id = $1 ORDER BY attempt DESC LIMIT $2"
@@ -167,15 +186,18 @@ _BULK_CANDIDATES = (
 )
 _OPERATOR_BULK_CANDIDATES = _BULK_CANDIDATES.format(account="")
 _ACCOUNT_BULK_CANDIDATES = _BULK_CANDIDATES.format(account="account_id = $5 AND ")
-# The deliveries to replay, with their payloads; {account}: in the caller's account ($2).
+# The deliveries to replay, with their payloads; {account}: in the caller's account ($2), or in
+# the accounts $2 (messages filtered by them too, as in _DELIVERY_OF).
 _SOURCES = (
     "SELECT d.id, d.account_id, d.endpoint_id, m.event_type, m.payload, m.payload_erased_at FROM deliveries d"
-    " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id"
+    " JOIN messages m ON m.account_id = d.account_id AND m.id = d.message_id{messages}"
     " WHERE {account}d.id = ANY($1::uuid[]) AND d.state IN ('dead', 'delivered')"
     " ORDER BY d.id"
 )
-_OPERATOR_SOURCES = _SOURCES.format(account="")
-_ACCOUNT_SOURCES = _SOURCES.format(account="d.account_id = $2 AND ")
+_OPERATOR_SOURCES = _SOURCES.format(account="", messages="")  # by bare ids: the fallback, as _DELIVERY_BY_BARE_ID
+_ACCOUNT_SOURCES = _SOURCES.format(account="d.account_id = $2 AND ", messages="")
+_ACCOUNTS_SOURCES = _SOURCES.format(account="d.account_id = ANY($2::uuid[]) AND ",
+                                    messages=" AND m.account_id = ANY($2::uuid[])")
 
 
 async def list_dead(pool: asyncpg.Pool, filters: DeadFilter = DeadFilter(), *, cursor: str | None = None,
@@ -202,7 +224,10 @@ def _cursor(cursor: str | None) -> uuid.UUID | None:
 async def inspect(pool: asyncpg.Pool, delivery_id: uuid.UUID) -> dict:
     """One delivery with its latest attempts (status, latency, errors, response excerpt) and ledger entries."""
     async with pool.acquire() as connection, connection.transaction(isolation="repeatable_read", readonly=True):
-        row = await connection.fetchrow(_DELIVERY, delivery_id)
+        accounts = [row[0] for row in await connection.fetch(_ACCOUNTS_OF_DELIVERIES, [delivery_id])]
+        row = await connection.fetchrow(_DELIVERY, delivery_id, accounts) if accounts else None
+        if row is None:
+            row = await connection.fetchrow(_DELIVERY_BY_BARE_ID, delivery_id)
         if row is None:
             raise DeliveryNotFound(f"no delivery {delivery_id}")
         attempts = await connection.fetch(_ATTEMPTS, delivery_id, ATTEMPTS_SHOWN_MAX, row["account_id"])
@@ -283,9 +308,7 @@ async def _replay(pool: asyncpg.Pool, delivery_ids: list[uuid.UUID], *, attempts
     result = Replayed()
     for start in range(0, len(delivery_ids), REPLAY_BATCH_MAX):
         batch = delivery_ids[start:start + REPLAY_BATCH_MAX]
-        read = pool.fetch(_OPERATOR_SOURCES, batch) if account_id is None else pool.fetch(_ACCOUNT_SOURCES, batch,
-                                                                                          account_id)
-        sources = {row["id"]: row for row in await read}
+        sources = await _sources(pool, batch, account_id)
         requests, olds = [], []
         for old_id in batch:
             source = sources.get(old_id)
@@ -309,6 +332,19 @@ async def _replay(pool: asyncpg.Pool, delivery_ids: list[uuid.UUID], *, attempts
             for old_id, outcome in zip(olds, outcomes):
                 _record(result, old_id, outcome)
     return result
+
+
+async def _sources(pool: asyncpg.Pool, batch: list[uuid.UUID], account_id: uuid.UUID | None) -> dict:
+    """The deliveries to replay by id: in the caller's account; for the operator (None), in the
+    accounts of their ledger entries, and by bare id those not found there (see _DELIVERY_BY_BARE_ID)."""
+    if account_id is not None:
+        return {row["id"]: row for row in await pool.fetch(_ACCOUNT_SOURCES, batch, account_id)}
+    accounts = [row[0] for row in await pool.fetch(_ACCOUNTS_OF_DELIVERIES, batch)]
+    found = {row["id"]: row for row in await pool.fetch(_ACCOUNTS_SOURCES, batch, accounts)} if accounts else {}
+    missing = [delivery_id for delivery_id in batch if delivery_id not in found]
+    if missing:
+        found |= {row["id"]: row for row in await pool.fetch(_OPERATOR_SOURCES, missing)}
+    return found
 
 
 def _record(result: Replayed, old_id: uuid.UUID, outcome: MessageCreated | BillingError) -> None:

@@ -66,7 +66,7 @@ class OperationalWake:
     async def _listen(self) -> None:
         """Hold one pooled connection LISTENing until cancelled, listening again when it drops; run
         whenever listening starts or stops, since events may have been written while nobody listened."""
-        await listen_forever(self.pool, WAKE_CHANNEL, self._on_notice, on_unheard=self._woken.set,
+        await listen_forever(self.pool, {WAKE_CHANNEL: self._on_notice}, on_unheard=self._woken.set,
                              what="operational events")
 
     async def _run(self) -> None:

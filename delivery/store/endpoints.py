@@ -175,7 +175,7 @@ async def list_endpoints(pool: Executor, account_id: uuid.UUID, application_id: 
     most ENDPOINTS_PER_APPLICATION_MAX), oldest first."""
     rows = await pool.fetch(
         f"SELECT {_COLUMNS} FROM endpoints WHERE application_id = $1 AND account_id = $2 AND deleted_at IS NULL"
-        " ORDER BY id LIMIT $3",
+        " ORDER BY account_id, id LIMIT $3",  # the account's order, never the plain index on every account's ids
         application_id or account_id, account_id, ENDPOINTS_PER_APPLICATION_MAX,
     )
     return [Endpoint.from_row(row) for row in rows]
@@ -231,7 +231,8 @@ async def disable_by_operator(executor: Executor, endpoint_id: uuid.UUID) -> End
     die at the pre-send check and are refunded. An endpoint already off keeps its reason: run twice,
     the second changes nothing and writes no event. None when there is no such endpoint."""
     # The operator names only the endpoint: its account comes from a read by the bare id (an
-    # operator's read, allowed to span accounts), and the write then names the account.
+    # operator's read, allowed to span accounts, through ix_endpoints_id, which migration 0025 keeps
+    # for it), and the write then names the account.
     async with transaction(executor) as connection:
         account_id = await connection.fetchval(
             "SELECT account_id FROM endpoints WHERE id = $1 AND deleted_at IS NULL", endpoint_id)
@@ -273,7 +274,7 @@ async def delete_endpoint(pool: asyncpg.Pool, account_id: uuid.UUID, endpoint_id
         "   (SELECT m.trace_context FROM messages m WHERE m.account_id = d.account_id AND m.id = d.message_id)"
         "   AS trace_context"
         " FROM deliveries d WHERE d.endpoint_id = $1 AND d.account_id = $2 AND d.state = 'pending'"
-        " ORDER BY d.id LIMIT $3",
+        " ORDER BY d.account_id, d.id LIMIT $3",
         endpoint_id, account_id, SETTLE_ON_DELETE_MAX,
     )
     refunded = 0

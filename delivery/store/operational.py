@@ -94,7 +94,7 @@ async def create_endpoint(executor: Executor, account_id: uuid.UUID, url: str, *
 
 async def list_endpoints(executor: Executor, account_id: uuid.UUID) -> list[OperationalEndpoint]:
     rows = await executor.fetch(
-        f"SELECT {_COLUMNS} FROM operational_endpoints WHERE account_id = $1 AND deleted_at IS NULL ORDER BY id"
+        f"SELECT {_COLUMNS} FROM operational_endpoints WHERE account_id = $1 AND deleted_at IS NULL ORDER BY account_id, id"
         " LIMIT $2", account_id, OPERATIONAL_ENDPOINTS_PER_ACCOUNT_MAX)
     return [OperationalEndpoint(**dict(row)) for row in rows]
 
@@ -149,11 +149,12 @@ async def read_secret(executor: Executor, account_id: uuid.UUID, endpoint_id: uu
 
 async def events_page(executor: Executor, account_id: uuid.UUID, *, after: int, limit: int,
                       event_type: str | None = None) -> list[OperationalEvent]:
-    """The account's events oldest first, after the cursor (a seq); of one type when given."""
+    """The account's events oldest first, after the cursor (a seq); of one type when given. Ordered by
+    the account too: the order of its (account_id, seq) index, never of an index of every account's."""
     assert 1 <= limit <= EVENTS_PAGE_MAX + 1 and (event_type is None or event_type in OPERATIONAL_EVENT_TYPES)
     rows = await executor.fetch(
         f"SELECT {_EVENT_COLUMNS} FROM operational_events WHERE account_id = $1 AND seq > $2"
-        " AND ($3::text IS NULL OR type = $3) ORDER BY seq LIMIT $4", account_id, after, event_type, limit)
+        " AND ($3::text IS NULL OR type = $3) ORDER BY account_id, seq LIMIT $4", account_id, after, event_type, limit)
     return [_event(row) for row in rows]
 
 
@@ -166,6 +167,7 @@ async def get_event(executor: Executor, account_id: uuid.UUID, event_id: uuid.UU
 async def recent_events(executor: Executor, account_id: uuid.UUID, limit: int = NOTICES_MAX) -> list[OperationalEvent]:
     """The account's newest events, newest first (the dashboard's notices)."""
     rows = await executor.fetch(
-        f"SELECT {_EVENT_COLUMNS} FROM operational_events WHERE account_id = $1 ORDER BY seq DESC LIMIT $2",
+        f"SELECT {_EVENT_COLUMNS} FROM operational_events WHERE account_id = $1"
+        " ORDER BY account_id DESC, seq DESC LIMIT $2",
         account_id, min(limit, NOTICES_MAX))
     return [_event(row) for row in rows]

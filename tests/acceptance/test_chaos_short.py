@@ -49,4 +49,5 @@ def test_short_chaos_run_passes(tmp_path: Path) -> None:
     # The run took the schema the environment asks for: CI runs it once with the account tables
     # hash-partitioned (HOOKLEDGER_ACCOUNT_PARTITIONS=8), and the checks above held there too.
     assert summary["account_partitions"] == account_partitions()
+    assert summary["account_shards"] == int(os.environ.get("HOOKLEDGER_ACCOUNT_SHARDS", "1"))
     assert summary["erasure"]["erased_by"]["retention"] > 0 and summary["erasure"]["erased_by"]["expunge"] > 0

@@ -150,3 +150,62 @@ async def test_partitioning_is_reported_where_it_does_not_belong(database_url: s
     assert any(line.startswith("ledger_entries: partitioned by") and line.endswith("not HASH (account_id) in 3")
                for line in found)
     assert any(line.startswith("accounts: partitioned by") and line.endswith("not HASH (id) in 3") for line in found)
+
+
+# Every index of a distributed table, with its table's primary key columns and its own, in order.
+_INDEXES_WITH_KEYS = """
+SELECT t.relname AS table_name, i.relname AS index_name,
+       array(SELECT a.attname FROM unnest(x.indkey) WITH ORDINALITY AS k(attnum, position)
+             JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum ORDER BY k.position) AS columns,
+       array(SELECT a.attname FROM pg_index p, unnest(p.indkey) AS k(attnum)
+             JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum
+             WHERE p.indrelid = t.oid AND p.indisprimary) AS key_columns
+FROM pg_index x JOIN pg_class t ON t.oid = x.indrelid JOIN pg_class i ON i.oid = x.indexrelid
+WHERE t.relnamespace = 'public'::regnamespace AND NOT t.relispartition AND NOT x.indisprimary
+  AND t.relname = ANY($1::text[])
+"""
+# The indexes that find a distributed table's rows by their key without the account, each with
+# the statements that still need it (migration 0025 dropped the others).
+BARE_KEY_INDEXES = {
+    "ix_deliveries_dead": "the operator's page of dead deliveries across accounts, newest first (dead ones only)",
+    "ix_deliveries_id": "trigger functions' probes by (account_id, id), kept off the account's other indexes (0025)",
+    "ix_endpoints_id": "the operator switches an endpoint off by its id alone",
+    "ix_ledger_entries_topup_id": "a top-up finds its order's entry on any account (top-ups only)",
+}
+
+
+async def bare_key_indexes(connection: asyncpg.Connection) -> list[str]:
+    """Each index of a distributed table that leads with a column of the table's key other than
+    its account, and lacks the account: one that finds rows by a bare id, across every account."""
+    found = []
+    tables = [name for name in distribution.DISTRIBUTED if name != "accounts"]
+    for row in await connection.fetch(_INDEXES_WITH_KEYS, tables):
+        bare_key = set(row["key_columns"]) - {distribution.ACCOUNT_COLUMN}
+        if row["columns"][0] in bare_key and distribution.ACCOUNT_COLUMN not in row["columns"]:
+            found.append(row["index_name"])
+    return sorted(found)
+
+
+async def test_only_the_listed_indexes_find_rows_by_a_bare_key(database_url: str) -> None:
+    """Every statement names the account of the rows it reads: no index of a distributed table
+    finds them by a bare id but those BARE_KEY_INDEXES lists, each with the statements that need it."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        assert await bare_key_indexes(connection) == sorted(BARE_KEY_INDEXES)
+    finally:
+        await connection.close()
+
+
+async def test_an_index_on_a_bare_key_is_reported(database_url: str) -> None:
+    """The check can fail: an index on messages' bare id, and one on attempts' bare delivery id, are
+    reported; one that leads with the account, or with another column, is not."""
+    connection = await asyncpg.connect(database_url)
+    try:
+        await connection.execute("CREATE INDEX ix_bad_messages_id ON messages (id)")
+        await connection.execute("CREATE INDEX ix_bad_attempts ON delivery_attempts (delivery_id, attempt)")
+        await connection.execute("CREATE INDEX ix_fine_messages ON messages (account_id, id, created_at)")
+        await connection.execute("CREATE INDEX ix_fine_attempts ON delivery_attempts (started_at, delivery_id)")
+        found = await bare_key_indexes(connection)
+    finally:
+        await connection.close()
+    assert set(found) - set(BARE_KEY_INDEXES) == {"ix_bad_messages_id", "ix_bad_attempts"}

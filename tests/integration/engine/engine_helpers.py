@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -98,6 +99,11 @@ def fast_environment(database_url: str, redis_url: str, keyring: Keyring, **over
         "HOOKLEDGER_WORKER_POLL_MS": "10",  # the tests' retries are due within tenths of a second
         "HOOKLEDGER_SECRET_KEYS": format_keyring(keyring),
     }
+    # CI's partitioned run sets HOOKLEDGER_ACCOUNT_SHARDS too: every worker and API of these tests
+    # then claims, sweeps and group-commits shard by shard.
+    for name in ("HOOKLEDGER_ACCOUNT_SHARDS", "HOOKLEDGER_ACCOUNT_SHARD_HASH"):
+        if name in os.environ:
+            environment[name] = os.environ[name]
     environment.update(overrides)
     return environment
 
@@ -143,6 +149,22 @@ async def running_worker(settings: config.Settings, pool, redis_pool=None):
             await worker.close()
         finally:
             await worker_task_ended(task)
+
+
+async def startup_crons_done(worker) -> None:
+    """Wait until the crons a worker runs at startup (the sweep and the operational cron) have ended.
+
+    Not the first job to end: the operational cron usually ends first, and a sweep still running
+    claims in bulk the deliveries a test creates next, so their deliver jobs find nothing to claim."""
+    startup = sum(1 for job in worker.cron_jobs if job.run_at_startup)
+    await wait_for(lambda: asyncio.sleep(0, worker.jobs_complete + worker.jobs_failed >= startup
+                                          and worker.job_counter == 0))
+
+
+def stop_sweeping(worker) -> None:
+    """No more sweeps from this worker: with HOOKLEDGER_SWEEP_SECONDS=60 one still runs at each
+    minute's second 0, and claims every due delivery in bulk."""
+    worker.cron_jobs = [job for job in worker.cron_jobs if job.name != "sweep"]
 
 
 async def _cancel_until_done(task: asyncio.Task, seconds_max: float = 30) -> None:

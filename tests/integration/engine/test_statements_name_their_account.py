@@ -31,10 +31,18 @@ import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from billing import distribution, ids
-from delivery.engine import queue as job_queue
-from delivery.platform.web_app import create_app
 from engine_helpers import all_finished, create_logged_pool, keyring, receiver_factory, running_worker, settings, states, wait_for
+from operational_helpers import add_operational_endpoint, start_operational_receiver
+
+from billing import accounts, distribution, ids, messages
+from billing.messages import MessageRequest, create_messages
+from delivery.engine import claims, results
+from delivery.engine import queue as job_queue
+from delivery.engine.retry import RetrySettings
+from delivery.engine.sender import Sender, SenderSettings
+from delivery.operations import dead_letters
+from delivery.operations.operational_sender import OperationalSender
+from delivery.platform.web_app import create_app
 
 __all__ = ["keyring", "receiver_factory", "settings"]  # fixtures, used by name
 
@@ -48,18 +56,20 @@ pytestmark = pytest.mark.skipif(
 # Statements allowed to write or lock rows of many accounts at once, by a pattern of their text.
 ALLOWED_TO_SPAN = {
     "the claims of due deliveries (delivery.engine.claims: due rows of every account, or woken ids)":
-        (re.compile(r"SELECT (account_id, )?id FROM deliveries\s+WHERE (id = k\.id AND )?state = 'pending'"
+        (re.compile(r"SELECT (account_id, )?id FROM deliveries\s+WHERE (id = ANY\(\$1::uuid\[\]\) AND )?state = 'pending'"
                     r" AND next_attempt_at <= now\(\)"),
          "with HOOKLEDGER_ACCOUNT_SHARDS=1 the sweep claims the due deliveries of every account on one server"
          " (with more, it reads them unlocked and claims per shard), and a job of the previous version names bare"
          " ids"),
     "the lease sweep (delivery.engine.results.expire_leases)":
-        (re.compile(r"SELECT id, account_id, attempt FROM deliveries\s+WHERE state = 'sending' AND leased_until < now\(\)"),
-         "a sweep that finds expired leases of every account; its writes name the accounts it found"),
+        (re.compile(r"SELECT id, account_id, attempt FROM deliveries WHERE state = 'sending' AND leased_until < now\(\)"),
+         "with HOOKLEDGER_ACCOUNT_SHARDS=1 a sweep locks the expired leases of every account on one server (with"
+         " more, it reads them unlocked and locks them per shard: test_the_sweeps_by_shard_reach_only_their_partition)"),
     "the operational dispatch, lease expiry and claim (delivery.operations.operational_sender)":
-        (re.compile(r"FROM operational_(events|deliveries)\s+WHERE (dispatched_at IS NULL|state = 'sending' AND leased_until"
+        (re.compile(r"FROM operational_(events|deliveries) WHERE (dispatched_at IS NULL|state = 'sending' AND leased_until"
                     r"|state = 'pending' AND next_attempt_at)"),
-         "sweeps that find the operational work of every account; each is one statement"),
+         "with HOOKLEDGER_ACCOUNT_SHARDS=1 each locks the operational work of every account in one statement (with"
+         " more, per shard: test_the_sweeps_by_shard_reach_only_their_partition)"),
     "the retention batch (delivery.operations.retention)":
         (re.compile(r"WITH candidates AS \(\s*SELECT c\.id, c\.account_id, c\.created_at FROM accounts a"),
          "one batch erases the oldest payloads of every account; each row is addressed by its account and id"),
@@ -279,3 +289,84 @@ async def test_a_planted_statement_that_names_no_account_is_caught(pool, databas
         reached = await unpruned(connection, log)
     assert set(reached) == {planted}
     assert reached[planted] == {f"deliveries_p{n}" for n in range(1, PARTITIONS)}
+
+
+async def test_the_sweeps_by_shard_reach_only_their_partition(pool, database_url, keyring):
+    """With HOOKLEDGER_ACCOUNT_SHARDS at the partition count, the sweeps that lock work across
+    accounts on one server lock it per shard: the due claim, the lease sweep, and the operational
+    dispatch, lease expiry and claim. Each of their locking statements is pruned to p0, with no
+    statement allowed to span."""
+    account_id = await account_in_partition_0(pool, "sweeps", 1)
+    runners: list = []
+    receiver = await start_operational_receiver(runners)
+    await add_operational_endpoint(pool, account_id, receiver, keyring)
+    await accounts.top_up(pool, account_id, f"o-{account_id}", 100)  # a topup.applied event
+    await pool.execute("INSERT INTO endpoints (id, account_id, url) VALUES ($1, $2, 'https://example.com')",
+                       ids.new_id(), account_id)
+    await create_messages(pool, [MessageRequest(account_id, "t", b"{}") for _ in range(3)], attempts_max=3)
+    sender = Sender(SenderSettings(allow_loopback=True))
+    try:
+        async with logged_pool(database_url) as (logged, log):
+            claimed = await claims.claim_due(logged, batch_size=10, lease_ms=60_000, shards=PARTITIONS)
+            assert len(claimed) == 3
+            await pool.execute("UPDATE deliveries SET leased_until = now() - interval '1 second'")
+            assert len(await results.expire_leases(logged, batch_size=10, delay_seconds=lambda attempt: 0.0,
+                                                   shards=PARTITIONS)) == 3
+            operational = OperationalSender(logged, sender, keyring, RetrySettings(), shards=PARTITIONS)
+            assert (await operational.run_once()).delivered == 1
+            await pool.execute("UPDATE operational_deliveries SET state = 'sending', finished_at = NULL,"
+                               " leased_until = now() - interval '1 second'")
+            report = await operational.run_once()
+            assert (report.expired, report.delivered) == (1, 1)
+    finally:
+        await sender.close()
+        for runner in runners:
+            await runner.cleanup()
+    checked = log.checked()
+    for expected in ("SET state = 'sending'", "SELECT id, account_id, attempt FROM deliveries WHERE account_id = k.account_id",
+                     "UPDATE operational_events e SET dispatched_at", "UPDATE operational_deliveries d SET leased_until",
+                     "UPDATE operational_deliveries d SET state"):
+        assert any(expected in " ".join(query.split()) for query in checked), f"no statement with {expected!r} was logged"
+    spanning = [query for query in checked if allowed(query)]
+    assert not spanning, f"statements that lock across shards: {spanning}"
+    async with pool.acquire() as connection:
+        reached = await unpruned(connection, log)
+    assert not reached, "statements that reach past their accounts' partition:\n" + "\n\n".join(
+        f"{sorted(partitions)}: {query}" for query, partitions in reached.items())
+
+
+# Reads allowed to reach every partition in the operator's look-up of a delivery by its id alone
+# and in a top-up, with why.
+ALLOWED_READS = {
+    "the accounts of a delivery's ledger entries (delivery.operations.dead_letters)":
+        "SELECT DISTINCT account_id FROM ledger_entries WHERE delivery_id = ANY($1::uuid[])",
+    "an order's top-up on any account (billing.accounts.top_up)":
+        "SELECT account_id, amount FROM ledger_entries WHERE id = $1 AND kind = 'topup'",
+}
+
+
+async def test_the_operators_look_up_by_a_delivery_id_reads_only_its_accounts_partition(pool, database_url):
+    """The operator names a delivery by its id alone (migration 0025 dropped the index on bare ids):
+    its account is read from its ledger entries, and every other statement of the look-up, as of a
+    top-up, reads only the partition of that account; a look-up of an id of no delivery is the one
+    that reads every partition (a scan: see dead_letters._DELIVERY_BY_BARE_ID)."""
+    account_id = await account_in_partition_0(pool, "looked-up", 1)
+    await pool.execute("INSERT INTO endpoints (id, account_id, url) VALUES ($1, $2, 'https://e.test')",
+                       ids.new_id(), account_id)
+    async with logged_pool(database_url) as (logged, log):
+        await accounts.top_up(logged, account_id, f"order-{account_id}", 10)
+        created = await messages.create_message(logged, messages.MessageRequest(account_id, "t", b"{}", None),
+                                                attempts_max=3)
+        (delivery,) = created.deliveries
+        found = await dead_letters.inspect(logged, delivery.id)
+        assert found["delivery"]["account_id"] == account_id and found["ledger"]
+        looked_up = set(log.examples)
+        with pytest.raises(dead_letters.DeliveryNotFound):
+            await dead_letters.inspect(logged, ids.new_id())
+    reads = [query for query in looked_up if _TABLES.search(query) and query not in ALLOWED_READS.values()]
+    assert dead_letters._DELIVERY in reads and dead_letters._ATTEMPTS in reads
+    async with pool.acquire() as connection:
+        reached = {query: await other_partitions(connection, query, log.examples[query][0]) for query in reads}
+        bare = await other_partitions(connection, dead_letters._DELIVERY_BY_BARE_ID, (delivery.id,))
+    assert not any(reached.values()), {query: partitions for query, partitions in reached.items() if partitions}
+    assert dead_letters._DELIVERY_BY_BARE_ID in log.examples and bare
