@@ -34,6 +34,7 @@ from delivery.engine import claims
 from delivery.store import idempotent_responses
 from delivery.engine import presend, retry
 from delivery.engine.endpoint_health import EndpointHealth
+from delivery.engine.intake import Intake
 from delivery.engine.presend import Outgoing
 from delivery.engine.queue import IDS_PER_JOB_MAX, Queue
 from delivery.engine.recorder import Batch, Pending, Recorder
@@ -131,6 +132,9 @@ class Engine:
                                  reachable=lambda: self.queue_reachable)
         # Every claim first reserves room in the sender for its whole batch (delivery.engine.send_budget).
         self.budget = SendBudget(sender.sends_pending_max)
+        # How much more work the worker should take off the queue (delivery.engine.intake).
+        self.intake = Intake(sender)
+        sender.on_send_end = self.intake.room_changed
         largest_claim = max(IDS_PER_JOB_MAX, settings.batch_size)
         if self.budget.total < largest_claim:
             raise ValueError(f"the sender takes {self.budget.total} pending sends, less than one claim ({largest_claim})")
@@ -141,12 +145,16 @@ class Engine:
         await self.throttle.close()
         await self.recorder.close()
 
-    async def deliver_ids(self, keys: list[claims.DeliveryKey], bare_ids: Sequence[uuid.UUID] = ()) -> BatchReport:
+    async def deliver_ids(self, keys: list[claims.DeliveryKey], bare_ids: Sequence[uuid.UUID] = (),
+                          job_id: str | None = None) -> BatchReport:
         """The fast path after a create: claim exactly these deliveries (account, id) if they are
-        due; and those a job of the previous version names by id alone (`bare_ids`)."""
+        due; and those a job of the previous version names by id alone (`bare_ids`). `job_id`: the
+        deliver job's, counted by the intake as a whole job until now."""
         if not self.accepting:
+            self.intake.job_reading(job_id)
             return BatchReport()
-        return await self._claim_and_process(len(keys) + len(bare_ids), functools.partial(self._claim_ids, keys, bare_ids))
+        return await self._claim_and_process(len(keys) + len(bare_ids), functools.partial(self._claim_ids, keys, bare_ids),
+                                             job_id)
 
     async def _claim_ids(self, keys: list[claims.DeliveryKey],
                          bare_ids: Sequence[uuid.UUID]) -> list[tuple[claims.Claimed, asyncpg.Record]]:
@@ -157,13 +165,20 @@ class Engine:
             loaded += await claims.claim_bare_ids_for_send(self.pool, bare_ids, lease_ms=self.settings.lease_ms)
         return loaded
 
-    async def _claim_and_process(self, count: int, claim) -> BatchReport:
+    async def _claim_and_process(self, count: int, claim, job_id: str | None = None) -> BatchReport:
         """Reserve room for `count` sends, claim (at most that many), then check, send and record them.
 
         The room is taken before anything is leased, and what the claim did not fill is handed back
-        at once; the rest is held until the batch is recorded.
+        at once; the rest is held until the batch is recorded. The intake counts the deliveries as
+        taken on from here (the job that named them no longer) until they are handed to the sender.
         """
-        held = await self.budget.take(count)
+        taken_on = self.intake.reserve(count)
+        self.intake.job_reading(job_id)
+        try:
+            held = await self.budget.take(count)
+        except BaseException:
+            self.intake.release(taken_on)
+            raise
         try:
             if not self.accepting:  # shutdown began while this batch waited for room
                 return BatchReport()
@@ -172,16 +187,19 @@ class Engine:
             loaded = await claim()
             self.budget.give(held - len(loaded))
             held = len(loaded)
+            self.intake.release(taken_on, count - len(loaded))
             if tracing.ENABLED:  # each claimed delivery's attempt, in its message's trace
-                return await tracing.traced_batch(loaded, claimed_at, self.process_loaded(loaded, claimed_at))
-            return await self.process_loaded(loaded, claimed_at)
+                return await tracing.traced_batch(loaded, claimed_at, self.process_loaded(loaded, claimed_at, taken_on))
+            return await self.process_loaded(loaded, claimed_at, taken_on)
         finally:
+            self.intake.release(taken_on)
             self.budget.give(held)
 
     async def sweep(self) -> int:
         """Find what Redis may have lost: expired leases, exhausted deliveries, lost reclaims, due
         deliveries; and purge the API's stored answers past their retention."""
-        await expire_leases(self.pool, batch_size=claims.CLAIM_BATCH_MAX, delay_seconds=self._lease_expiry_delay)
+        await expire_leases(self.pool, batch_size=claims.CLAIM_BATCH_MAX, delay_seconds=self._lease_expiry_delay,
+                            shards=self.settings.account_shards, shard_hash=self.settings.account_shard_hash)
         exhausted = await claims.settle_exhausted(self.pool, batch_size=claims.CLAIM_BATCH_MAX)
         metrics.count_deaths("attempts_exhausted", exhausted)
         reclaimed = await reclaim_late_successes(self.pool, batch_size=claims.CLAIM_BATCH_MAX)
@@ -218,14 +236,16 @@ class Engine:
                                                    lease_ms=self.settings.lease_ms, shards=self.settings.account_shards,
                                                    shard_hash=self.settings.account_shard_hash)
 
-    async def process_loaded(self, loaded: list[tuple[claims.Claimed, asyncpg.Record]], claimed_at: float) -> BatchReport:
+    async def process_loaded(self, loaded: list[tuple[claims.Claimed, asyncpg.Record]], claimed_at: float,
+                             taken_on: list[int] | None = None) -> BatchReport:
         """Check, send and record deliveries claimed (at time.monotonic() `claimed_at`, or just
-        after) with their pre-send rows (one round trip)."""
+        after) with their pre-send rows (one round trip). `taken_on`: their intake reservation,
+        released once they are handed to the sender."""
         report = BatchReport(claimed=len(loaded))
         if not loaded:
             return report
         outgoing, settled = await presend.check_loaded(self.pool, loaded)
-        return await self._send_and_record(report, outgoing, settled, claimed_at)
+        return await self._send_and_record(report, outgoing, settled, claimed_at, taken_on)
 
     def _sends_end_by(self, claimed_at: float) -> float:
         """When a batch's sends must have ended: its lease's end, less time to record them.
@@ -239,7 +259,7 @@ class Engine:
         return claimed_at + lease_seconds - max(LEASE_MARGIN_SECONDS_MIN, lease_seconds * LEASE_MARGIN_SHARE)
 
     async def _send_and_record(self, report: BatchReport, outgoing: list[Outgoing], settled: list,
-                               claimed_at: float) -> BatchReport:
+                               claimed_at: float, taken_on: list[int] | None = None) -> BatchReport:
         report.settled_before_send = len(settled)
         for item in settled:
             if item.reason is not None:
@@ -255,6 +275,8 @@ class Engine:
         # result goes to the recorder as it lands; a cancelled job leaves them to it (Recorder.close).
         for item in outgoing:
             self._submit(item, not_after).add_done_callback(functools.partial(landed, item, batch, lease_ends_at))
+        if taken_on is not None:
+            self.intake.release(taken_on)
         await batch.done
         report.summary = batch.summary
         report.sent = batch.sent

@@ -61,10 +61,16 @@ OPERATOR_JOBS_MAX = 2
 QUEUE_HEAD_READ = 16
 OPERATOR_PREFIX = job_queue.OPERATOR_JOB_PREFIX.encode()
 RUNNING_ELSEWHERE_RECHECK_SECONDS = 1.0
+CRON_PREFIX = b"cron:"  # arq's cron jobs' ids
 EXISTS_CHUNK = 64  # in-progress keys asked about per round trip while looking for startable jobs
 # A worker process still running this long after the shutdown grace has ended is stuck: it dumps
 # every thread's stack to its log and exits (its leases expire and the deliveries are tried again).
 SHUTDOWN_OVERRUN_SECONDS = 15
+
+
+def _is_deliver_job(job_id: bytes) -> bool:
+    """A deliver job: every job in the queue that is neither an operator's nor a cron's."""
+    return not job_id.startswith(OPERATOR_PREFIX) and not job_id.startswith(CRON_PREFIX)
 
 
 async def deliver(ctx: dict, delivery_ids: list) -> int:
@@ -72,7 +78,7 @@ async def deliver(ctx: dict, delivery_ids: list) -> int:
     the previous version) if they are due. Returns how many were claimed."""
     keys, bare_ids = job_queue.parse_deliver_job(delivery_ids)
     try:
-        report = await ctx["engine"].deliver_ids(keys, bare_ids)
+        report = await ctx["engine"].deliver_ids(keys, bare_ids, ctx.get("job_id"))
     except Exception as error:
         if not database_lost(error):
             raise
@@ -217,7 +223,9 @@ async def _startup(ctx: dict) -> None:
     # A sender of its own: the engine's counts on every pending send being one it reserved room for.
     ctx["operational"] = OperationalSender(pool, Sender(settings.worker.sender), keyring, settings.worker.engine.retry,
                                            lease_ms=settings.worker.engine.lease_ms,
-                                           timeout_ms=settings.worker.sender.timeout_ms_default)
+                                           timeout_ms=settings.worker.sender.timeout_ms_default,
+                                           shards=settings.worker.engine.account_shards,
+                                           shard_hash=settings.worker.engine.account_shard_hash)
     ctx["operational_wake"] = OperationalWake(pool, ctx["operational"])
     ctx["operational_wake"].start()
     logger.info("worker started on the %s event loop", event_loop.name(asyncio.get_running_loop()))
@@ -258,6 +266,7 @@ class DeliveryWorker(Worker):
         self._woken = asyncio.Event()  # a job is due now (job_queue.WAKE_CHANNEL), or one of ours ended
         self._running_elsewhere: dict[bytes, float] = {}  # job id -> when to ask Redis about it again
         self._redis_outage: RedisOutage | None = None
+        self._held_back = False  # deliver jobs were left in the queue for want of room in the intake
         self.exit_deadline_seconds: float | None = None  # set by run(): the process's own, not an embedder's
         self._exit_deadline_armed = False
 
@@ -385,6 +394,28 @@ class DeliveryWorker(Worker):
         return {True: min(free, OPERATOR_JOBS_MAX - operator_running),
                 False: min(free, self.max_jobs - OPERATOR_JOBS_MAX - other_running)}
 
+    def _deliver_jobs_allowed(self) -> int:
+        """How many deliver jobs to take now: as many as the engine's intake has room for (a burst
+        goes to the workers whose connections are free, delivery.engine.intake). While there is none,
+        the intake's next room wakes the poll."""
+        engine: Engine | None = self.ctx.get("engine")
+        if engine is None:  # not started yet: nothing to hold back for
+            return self.max_jobs
+        intake = engine.intake
+        if intake.on_room is None:
+            intake.on_room = self._room_freed
+        intake.forget_jobs(job_id for job_id, task in self.tasks.items() if not task.done())
+        allowed = intake.jobs_allowed()
+        self._held_back = allowed == 0
+        return allowed
+
+    def _room_freed(self) -> None:
+        """The intake's room may have grown (a send ended, a reservation was handed over): while
+        deliver jobs are held back, read the queue again once there is room for one."""
+        if self._held_back and self.ctx["engine"].intake.jobs_allowed() > 0:
+            self._held_back = False
+            self._woken.set()
+
     def _outage(self) -> RedisOutage | None:
         engine: Engine | None = self.ctx.get("engine")
         if self._redis_outage is None and engine is not None:
@@ -409,9 +440,11 @@ class DeliveryWorker(Worker):
         running, elsewhere = self.tasks, self._running_elsewhere
         now = self.loop.time()
         slots = self._free_slots()  # for operator jobs (True) and for the rest (False)
+        deliver_allowed = self._deliver_jobs_allowed()
         candidates = [
             job_id for job_id in job_ids
             if slots[job_id.startswith(OPERATOR_PREFIX)] > 0
+            and (deliver_allowed > 0 or not _is_deliver_job(job_id))
             and ((task := running.get(job_id.decode())) is None or task.done()) and elsewhere.get(job_id, 0.0) <= now
         ]
         # Ask about a chunk at a time, and stop once there are enough free jobs for the free slots:
@@ -422,6 +455,10 @@ class DeliveryWorker(Worker):
             if slots[False] <= 0 and (start > 0 or slots[True] <= 0):
                 break
             chunk = candidates[start:start + EXISTS_CHUNK]
+            if deliver_allowed <= 0:  # the intake is full: asking about deliver jobs is a round trip for nothing
+                chunk = [job_id for job_id in chunk if not _is_deliver_job(job_id)]
+                if not chunk:
+                    continue
             async with self.pool.pipeline(transaction=False) as pipe:
                 for job_id in chunk:
                     pipe.exists(in_progress_key_prefix + job_id.decode())
@@ -430,6 +467,10 @@ class DeliveryWorker(Worker):
                 if taken:
                     elsewhere[job_id] = now + RUNNING_ELSEWHERE_RECHECK_SECONDS
                 elif slots[operator := job_id.startswith(OPERATOR_PREFIX)] > 0:
+                    if _is_deliver_job(job_id):
+                        if deliver_allowed <= 0:
+                            continue
+                        deliver_allowed -= 1
                     slots[operator] -= 1
                     free.append(job_id)
         if len(elsewhere) > 2 * QUEUE_READ_MAX:
@@ -443,6 +484,8 @@ class DeliveryWorker(Worker):
             started = False
             try:
                 started = await self._mark_in_progress(job_id.decode())
+                if started and _is_deliver_job(job_id) and "engine" in self.ctx:  # its task has not run yet
+                    self.ctx["engine"].intake.job_started(job_id.decode())
             finally:
                 if not started:  # taken elsewhere, or Redis failed: the slot is free again
                     self.job_counter -= 1

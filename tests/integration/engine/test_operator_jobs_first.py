@@ -13,7 +13,8 @@ from billing.messages import MessageRequest, create_messages
 from delivery.engine import queue as job_queue
 from delivery.operations import deletion
 from delivery.platform import config
-from engine_helpers import keys_of, add_account, add_endpoint, fast_environment, ledger_of, running_worker, wait_for
+from engine_helpers import (keys_of, add_account, add_endpoint, fast_environment, ledger_of, running_worker,
+                            startup_crons_done, stop_sweeping, wait_for)
 
 BUSY_DELIVERIES = 300  # one deliver job each, 0.8 s per send: 12 s of work for 20 slots
 
@@ -29,7 +30,8 @@ async def test_a_deletion_starts_within_a_second_behind_a_full_delivery_queue(
     """Every delivery slot holds a send that takes 0.8 s and 280 deliver jobs wait behind them; then an
     account is deleted. Its first step commits within a second of the request (behind the queue it
     would wait about 12 s), and its live deliveries are refunded once."""
-    # The sweep once a minute: a sweep would claim the waiting deliveries in bulk and empty the queue.
+    # A sweep would claim the waiting deliveries in bulk and empty the queue: the startup sweep ends
+    # before anything is created, and none runs after it.
     settings = config.load(fast_environment(database_url, redis_url, keyring, HOOKLEDGER_SWEEP_SECONDS="60"))
 
     async def slow(number):
@@ -43,7 +45,8 @@ async def test_a_deletion_starts_within_a_second_behind_a_full_delivery_queue(
     await add_endpoint(pool, doomed, await receiver_factory(), keyring)
     redis = arq_queue.redis
     async with running_worker(settings, pool) as worker:
-        await wait_for(lambda: asyncio.sleep(0, worker.jobs_complete >= 1))  # the startup sweep is done
+        await startup_crons_done(worker)
+        stop_sweeping(worker)
         busy_deliveries = await _create(pool, busy, BUSY_DELIVERIES)
         doomed_deliveries = await _create(pool, doomed, 5)  # never woken: pending when the deletion comes
         for delivery_id in busy_deliveries:

@@ -9,7 +9,7 @@ import time
 
 from billing.messages import MessageRequest, create_message
 from delivery.platform import config
-from engine_helpers import add_account, add_endpoint, fast_environment, running_worker, wait_for, keys_of
+from engine_helpers import add_account, add_endpoint, fast_environment, keys_of, running_worker, startup_crons_done, wait_for
 
 POLL_MS = 1000  # a timed read every second (the most the setting allows): what a woken delivery must not wait for
 
@@ -31,7 +31,7 @@ async def test_a_woken_delivery_is_sent_without_waiting_for_the_next_read_and_an
     account_id = await add_account(pool)
     await add_endpoint(pool, account_id, receiver, keyring)
     async with running_worker(settings, pool) as worker:
-        await wait_for(lambda: asyncio.sleep(0, worker.jobs_complete >= 1))  # the startup sweep
+        await startup_crons_done(worker)
         reads = 0
         read = worker._poll_iteration
 
