@@ -27,6 +27,11 @@ loopback collector that discards (scripts/otlp_sink.py); that share of the messa
 sampled trace context, as the API stores one for the requests it samples. It prints each mode's
 rate and the worker's CPU per 1,000 deliveries as ratios of the first mode's.
 
+With `--sender-clients aiohttp,wire` it compares the sender's HTTP clients the same way: a drain by
+one worker per client (HOOKLEDGER_SENDER_CLIENT), in the order given and then reversed, with the
+ceiling measured before the first drain and after each; each client's rate, its share of the
+ceiling beside it and the worker's CPU per 1,000 deliveries, as ratios of the first client's.
+
 With `--custom-headers` it measures the cost of endpoints' custom headers the same way: a drain by
 one worker with every endpoint carrying none, then three (CUSTOM_HEADERS: sent on every request and
 recorded on every attempt, delivery_attempts.sent_headers), then the two again in reverse order;
@@ -42,10 +47,17 @@ uvloop where installed); the receiver, the same in every run, on asyncio's. Besi
 it prints the CPU each process spent per 1,000 deliveries, and the share of the ceiling that the
 CPU PostgreSQL and Redis spent leaves room for.
 
+With `--answer-ms 50` the receiver answers each request that long after it arrived, as a real
+receiver across a network does, and each endpoint has a loopback address of its own (127.0.0.2,
+127.0.0.3, ...: one host each, as customers' endpoints are). A drain is then bound by the
+connections each worker may hold open in all (HOOKLEDGER_SENDER_CONNECTIONS, as the ceiling's one
+client is), not by the cores: it shows what a second worker adds when the machine is not the
+limit. Arrival times are still taken on arrival.
+
     .venv/bin/python scripts/bench_delivery.py [--deliveries 20000] [--naive-deliveries 2000]
         [--workers 1,2] [--endpoints 24] [--rate 500] [--seconds 10] [--body-bytes 512] [--event-loop auto]
-        [--tracing off,1%,100%] [--custom-headers]
-        [--throttled-deliveries 0] [--throttle-rate 50] [--partitions 1,8]
+        [--tracing off,1%,100%] [--custom-headers] [--sender-clients aiohttp,wire]
+        [--throttled-deliveries 0] [--throttle-rate 50] [--partitions 1,8] [--answer-ms 0]
 
 With `--partitions 1,8` the runs above (ceiling, drains, latency, naive) are made once per count, in
 the order given, each on a fresh database migrated with HOOKLEDGER_ACCOUNT_PARTITIONS set to the
@@ -84,7 +96,7 @@ from delivery.engine import presend, queue as job_queue
 from delivery.platform import services
 from delivery.api import api_keys
 from delivery.engine.results import AttemptResult, record_results
-from delivery.engine.sender import SESSION_HEADERS, Sender, SendRequest
+from delivery.engine.sender import CLIENTS as SENDER_CLIENTS, SESSION_HEADERS, Sender, SendRequest
 from delivery.store.signer_cache import SignerCache, endpoint_secret_context
 import cpu_shares  # scripts/, beside this file
 import otlp_sink  # scripts/, beside this file
@@ -105,8 +117,9 @@ PHASE_TIMEOUT_SECONDS = 600
 # The receiver (its own process): answers 200, records arrivals.
 
 class ReceiverState:
-    def __init__(self, secret: str) -> None:
+    def __init__(self, secret: str, answer_seconds: float = 0.0) -> None:
         self.secret = secret
+        self.answer_seconds = answer_seconds
         self.reset(0)
 
     def reset(self, verify_count: int) -> None:
@@ -132,6 +145,8 @@ async def _receive(request: web.Request) -> web.Response:
             state.verified += 1
         except Exception:  # noqa: BLE001 - counted and reported, not raised
             state.invalid += 1
+    if state.answer_seconds:
+        await asyncio.sleep(state.answer_seconds)
     return web.Response(text="ok")
 
 
@@ -152,7 +167,7 @@ async def _reset(request: web.Request) -> web.Response:
 
 async def serve_receiver(port: int) -> None:
     app = web.Application()
-    app["state"] = ReceiverState(os.environ["BENCH_SECRET"])
+    app["state"] = ReceiverState(os.environ["BENCH_SECRET"], int(os.environ.get("BENCH_ANSWER_MS", "0")) / 1000)
     app.router.add_post("/hook/{endpoint}", _receive)
     app.router.add_get("/stats", _stats)
     app.router.add_get("/arrivals", _arrivals)
@@ -160,7 +175,10 @@ async def serve_receiver(port: int) -> None:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port, backlog=1024).start()
-    print(runner.addresses[0][1], flush=True)
+    port = runner.addresses[0][1]
+    for number in range(int(os.environ.get("BENCH_HOSTS", "0"))):  # the same port on endpoint hosts of their own
+        await web.TCPSite(runner, _endpoint_host(number), port, backlog=1024).start()
+    print(port, flush=True)
     await asyncio.Event().wait()
 
 
@@ -243,6 +261,7 @@ class Bench:
         self.queue = job_queue.Queue(self.redis)
         self.http = aiohttp.ClientSession()
         self.receiver = f"http://127.0.0.1:{receiver_port}"
+        self.receiver_port = receiver_port
         account = await accounts.create_account(self.pool, "bench", price_per_delivery=1)
         await accounts.top_up(self.pool, account.id, f"bench-{account.id}", 10**12)
         self.account_id = account.id
@@ -251,8 +270,14 @@ class Bench:
             ciphertext = encrypt_secret(self.secret, self.keyring, context=endpoint_secret_context(endpoint_id))
             await self.pool.execute(
                 "INSERT INTO endpoints (id, account_id, url, secret, timeout_ms, event_types) VALUES ($1, $2, $3, $4, 15000, $5)",
-                endpoint_id, account.id, f"{self.receiver}/hook/{number}", ciphertext, [f"bench.{number}"])
+                endpoint_id, account.id, self.endpoint_url(number), ciphertext, [f"bench.{number}"])
         self.created = 0
+
+    def endpoint_url(self, number: int) -> str:
+        """Endpoint `number`'s URL: on the receiver's address, or with --answer-ms on a host of its own."""
+        if self.arguments.answer_ms:
+            return f"http://{_endpoint_host(number)}:{self.receiver_port}/hook/{number}"
+        return f"{self.receiver}/hook/{number}"
 
     async def close(self) -> None:
         await self.http.close()
@@ -327,7 +352,7 @@ class Bench:
                 for number in pending:
                     headers = {"webhook-id": str(uuid.UUID(int=number)), "webhook-timestamp": timestamp,
                                "webhook-signature": signature}
-                    async with session.post(f"{self.receiver}/hook/{number % self.arguments.endpoints}",
+                    async with session.post(self.endpoint_url(number % self.arguments.endpoints),
                                             data=self.body, headers=headers) as response:
                         await response.read()
             roles = {"receiver": [self.receiver_pid]}
@@ -337,16 +362,17 @@ class Bench:
         stats = await self.wait_for_arrivals(count, 10)
         return {**_rates(stats, count, started), "cpu_ms_per_1000": shares["bench"], "cpu_shares": shares}
 
-    async def drain(self, count: int, workers: int, tracing: dict[str, str] | None = None,
+    async def drain(self, count: int, workers: int, environment: dict[str, str] | None = None,
                     traced_share: float = 0.0) -> dict:
-        """Create count deliveries, then start the workers (with `tracing`, the OTEL_* environment
-        that turns tracing on) and time them from the first arrival to the last."""
+        """Create count deliveries, then start the workers (with `environment` added to theirs: the
+        OTEL_* variables that turn tracing on, or the sender's client) and time them from the first
+        arrival to the last."""
         await self.reset_receiver(VERIFIED_PER_PHASE)
         delivery_ids = await self.create(count, traced_share)
         await self.steady_state()
         await self.queue.wake(self.keys(delivery_ids))  # what the API does right after the commit
         started = time.time()
-        processes = [self.start(command="worker", environment=tracing) for _ in range(workers)]
+        processes = [self.start(command="worker", environment=environment) for _ in range(workers)]
         try:
             stats = await self.wait_for_arrivals(count, processes=processes)
         finally:
@@ -571,6 +597,42 @@ async def measure_custom_headers(bench: Bench, arguments) -> dict:
     return {"modes": modes, "runs": runs, "ratios": ratios}
 
 
+async def measure_sender_clients(bench: Bench, arguments, concurrency: int) -> dict:
+    """The sender's HTTP clients side by side: a drain by one worker per client (the worker's
+    HOOKLEDGER_SENDER_CLIENT), the clients in the order given and then reversed, with the ceiling
+    measured before the first drain and after each, so each drain is set beside the mean of the two
+    ceilings around it (its share of the ceiling leaves out a drift of the shared machine's speed)."""
+    clients = arguments.sender_clients
+    runs: dict[str, list[dict]] = {client: [] for client in clients}
+    ceilings = [await bench.ceiling(arguments.deliveries, concurrency)]
+    for client in [*clients, *reversed(clients)]:
+        drain = await bench.drain(arguments.deliveries, 1, {"HOOKLEDGER_SENDER_CLIENT": client})
+        ceilings.append(await bench.ceiling(arguments.deliveries, concurrency))
+        drain["ceiling"] = (ceilings[-2]["rate"] + ceilings[-1]["rate"]) / 2
+        drain["share_of_ceiling"] = drain["rate"] / drain["ceiling"]
+        runs[client].append(drain)
+        print(f"  client {client:8} {drain['rate']:7.0f} deliveries/s  {drain['share_of_ceiling']:.0%} of the ceiling"
+              f" ({drain['ceiling']:.0f}/s)  worker CPU {drain['cpu_ms_per_1000']:.0f} ms per 1,000"
+              f"  delivered {drain['delivered']}/{drain['arrived']}", flush=True)
+    first = clients[0]
+    base = {field: statistics.mean(run[field] for run in runs[first])
+            for field in ("rate", "share_of_ceiling", "cpu_ms_per_1000")}
+    ratios = []
+    print(f"the sender's HTTP clients, a drain of {arguments.deliveries} deliveries by one worker, each client twice"
+          f" (ceiling: plain aiohttp, c={concurrency}, {', '.join(str(round(c['rate'])) for c in ceilings)}/s):")
+    for client in clients:
+        figures = {field: statistics.mean(run[field] for run in runs[client]) for field in base}
+        ratios.append({"client": client, "rate": figures["rate"], "rate_ratio": figures["rate"] / base["rate"],
+                       "share_of_ceiling": figures["share_of_ceiling"],
+                       "share_ratio": figures["share_of_ceiling"] / base["share_of_ceiling"],
+                       "worker_cpu_ms_per_1000": figures["cpu_ms_per_1000"],
+                       "cpu_ratio": figures["cpu_ms_per_1000"] / base["cpu_ms_per_1000"]})
+        print(f"  client {client:8} {figures['rate']:7.0f} deliveries/s x{figures['rate'] / base['rate']:.3f} of {first}'s;"
+              f" {figures['share_of_ceiling']:.0%} of the ceiling x{figures['share_of_ceiling'] / base['share_of_ceiling']:.3f};"
+              f" worker CPU {figures['cpu_ms_per_1000']:.0f} ms per 1,000 deliveries x{figures['cpu_ms_per_1000'] / base['cpu_ms_per_1000']:.3f}")
+    return {"clients": clients, "runs": runs, "ceilings": [c["rate"] for c in ceilings], "ratios": ratios}
+
+
 def _mean_shares(runs: list[dict]) -> dict:
     roles = runs[0].get("cpu_shares", {})
     return {role: statistics.mean(run["cpu_shares"][role] for run in runs) for role in roles}
@@ -667,28 +729,28 @@ async def _measure(arguments, database_url: str, redis_url: str) -> dict:
     keyring, secret = Keyring({"k1": generate_at_rest_key()}, "k1"), generate_secret()
     bench = Bench(arguments, database_url, redis_url, keyring, secret)
     receiver = subprocess.Popen([sys.executable, __file__, "--serve-receiver", "0"], cwd=ROOT, stdout=subprocess.PIPE,
-                                env={**os.environ, "BENCH_SECRET": secret})
+                                env={**os.environ, "BENCH_SECRET": secret, "BENCH_ANSWER_MS": str(arguments.answer_ms),
+                                     "BENCH_HOSTS": str(arguments.endpoints if arguments.answer_ms else 0)})
     sender_settings = config.load({**os.environ, "HOOKLEDGER_DEV": "1"}).worker.sender
     concurrency = min(sender_settings.connections_max, sender_settings.connections_per_host_max)
+    if arguments.answer_ms:  # each endpoint its own host: only the bound in all limits
+        concurrency = sender_settings.connections_max
     results: dict = {"event_loop": event_loop.name(asyncio.get_running_loop())}
     try:
         bench.receiver_pid = receiver.pid
         await bench.setup(int(receiver.stdout.readline()))
-        if arguments.custom_headers:
-            results = {**results, "custom_headers": await measure_custom_headers(bench, arguments)}
-            await bench.close()
-            if arguments.json:
-                arguments.json.write_text(json.dumps({"benchmark": "delivery_custom_headers",
-                                                      "deliveries": arguments.deliveries, "results": results},
-                                                     indent=2, default=str) + "\n")
-            return results
-        if arguments.tracing:
-            results = {**results, "tracing": await measure_tracing(bench, arguments)}
-            await bench.close()
-            if arguments.json:
-                arguments.json.write_text(json.dumps({"benchmark": "delivery_tracing", "deliveries": arguments.deliveries,
-                                                      "results": results}, indent=2, default=str) + "\n")
-            return results
+        # A comparison the arguments ask for is the whole run: its modes side by side, nothing else.
+        comparisons = (("sender_clients", lambda: measure_sender_clients(bench, arguments, concurrency)),
+                       ("custom_headers", lambda: measure_custom_headers(bench, arguments)),
+                       ("tracing", lambda: measure_tracing(bench, arguments)))
+        for name, measure in comparisons:
+            if getattr(arguments, name):
+                results = {**results, name: await measure()}
+                await bench.close()
+                if arguments.json:
+                    arguments.json.write_text(json.dumps({"benchmark": f"delivery_{name}", "deliveries": arguments.deliveries,
+                                                          "results": results}, indent=2, default=str) + "\n")
+                return results
         # The machine is shared, so the ceiling is measured right before and after every drain
         # and each drain is compared with the mean of the two beside it.
         ceilings = [await bench.ceiling(arguments.deliveries, concurrency)]
@@ -724,7 +786,7 @@ async def _measure(arguments, database_url: str, redis_url: str) -> dict:
         arguments.json.write_text(json.dumps({
             "benchmark": "delivery", "deliveries": arguments.deliveries, "naive_deliveries": arguments.naive_deliveries,
             "workers": arguments.workers, "endpoints": arguments.endpoints, "body_bytes": arguments.body_bytes,
-            "offered_rate": arguments.rate, "latency_seconds": arguments.seconds, "connections": concurrency,
+            "offered_rate": arguments.rate, "latency_seconds": arguments.seconds, "connections": concurrency, "answer_ms": arguments.answer_ms,
             "results": results,
         }, indent=2, default=str) + "\n")
     return results
@@ -733,10 +795,11 @@ async def _measure(arguments, database_url: str, redis_url: str) -> dict:
 def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: list[str]) -> None:
     ceiling = results["ceiling"]["rate"]
     naive = results.get("naive", {}).get("rate")
-    print(f"\ndelivery benchmark: body {arguments.body_bytes} B, {arguments.endpoints} endpoints on one receiver,"
+    answering = f" answering {arguments.answer_ms} ms after each arrival," if arguments.answer_ms else ""
+    print(f"\ndelivery benchmark: body {arguments.body_bytes} B, {arguments.endpoints} endpoints on one receiver,{answering}"
           f" the {results['event_loop']} event loop for the ceiling's client and the workers"
           f" ({arguments.endpoints} x {per_endpoint} per-endpoint sends = {arguments.endpoints * per_endpoint}"
-          f" > {concurrency} connections per host: the per-endpoint bound does not limit)")
+          f" > {concurrency} connections {'in all' if arguments.answer_ms else 'per host'}: the per-endpoint bound does not limit)")
     print(f"{'run':<28} {'deliveries':>10} {'rate /s':>9} {'wall /s':>9} {'/ceiling':>9} {'/naive':>7}"
           f" {'cpu ms/1000':>11}  checks")
     rows = [("ceiling (plain aiohttp, c=%d)" % concurrency, results["ceiling"])]
@@ -786,7 +849,29 @@ def report(arguments, results: dict, concurrency: int, per_endpoint: int, logs: 
           " client (ceiling) or the worker processes per 1000 deliveries, less sensitive to a shared machine.")
     print("ceiling measured before and after each drain: " + ", ".join(f"{rate:.0f}" for rate in results["ceiling"]["each"])
           + "/s; each drain is compared with the mean of the two beside it, the naive run with the mean of all.")
+    if arguments.answer_ms:
+        print(f"the receiver answers {arguments.answer_ms} ms late: the ceiling's one client, like each worker, is bound by"
+              f" its {concurrency} connections, so N workers can reach N times it (/ceiling above 100%).")
     print("worker logs: " + " ".join(logs))
+
+
+def _sender_clients(text: str) -> list[str]:
+    clients = [client.strip() for client in text.split(",") if client.strip()]
+    unknown = [client for client in clients if client not in SENDER_CLIENTS]
+    if not clients or unknown or len(set(clients)) != len(clients):
+        raise argparse.ArgumentTypeError(f"a comma-separated list of distinct clients of {', '.join(SENDER_CLIENTS)}")
+    return clients
+
+
+def _endpoint_host(number: int) -> str:
+    """A loopback address of endpoint `number`'s own (Linux routes all of 127.0.0.0/8 to loopback)."""
+    return f"127.0.{(number + 2) // 256}.{(number + 2) % 256}"
+
+
+def _answer_ms(text: str) -> int:
+    if not text.isdigit() or int(text) > 60_000:
+        raise argparse.ArgumentTypeError("a whole number of milliseconds, 0 to 60000")
+    return int(text)
 
 
 def main() -> None:
@@ -810,11 +895,17 @@ def main() -> None:
                         help="measure the cost of tracing instead, for each of these modes (say off,1%%,100%%)")
     parser.add_argument("--custom-headers", action="store_true",
                         help="measure the cost of endpoints' custom headers instead (a drain without, with, with, without)")
+    parser.add_argument("--sender-clients", type=_sender_clients, default=None, metavar="CLIENTS",
+                        help="compare the sender's HTTP clients instead (say aiohttp,wire): a drain by one worker"
+                             " per client, in order and then reversed")
+    parser.add_argument("--answer-ms", type=_answer_ms, default=0, metavar="MS",
+                        help="the receiver answers each request this many ms after it arrives (0 to 60000; default 0)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     add_partitions_argument(parser)
     arguments = parser.parse_args()
-    if arguments.partitions and (arguments.tracing or arguments.custom_headers):
-        parser.error("--partitions compares the plain runs; it goes with neither --tracing nor --custom-headers")
+    if arguments.partitions and (arguments.tracing or arguments.custom_headers or arguments.sender_clients):
+        parser.error("--partitions compares the plain runs; it goes with none of --tracing, --custom-headers"
+                     " and --sender-clients")
     if arguments.serve_receiver is not None:
         asyncio.run(serve_receiver(arguments.serve_receiver))
     elif arguments.naive_worker:
