@@ -18,7 +18,13 @@ from delivery.operations.operational_sender import OperationalSender
 from delivery.operations.operational_wake import OperationalWake
 from delivery.store import operational as store
 from engine_helpers import PRICE, add_account, running_worker, wait_for
-from operational_helpers import add_operational_endpoint, check_each_received_once, events_of, start_operational_receiver
+from operational_helpers import (add_operational_endpoint, all_received, check_each_received_once, events_of,
+                                 start_operational_receiver)
+
+
+async def _all_recorded(pool, account_id, operations, count: int) -> bool:
+    """`count` requests received and each one's delivery recorded as delivered."""
+    return len(operations.received) == count and await all_received(pool, account_id, operations)
 
 
 @pytest.fixture
@@ -122,8 +128,9 @@ async def test_a_failing_streak_that_meets_the_policy_switches_it_off_and_a_succ
 
 async def test_events_are_sent_when_they_commit_without_the_cron(pool, keyring, runners, sender):
     """No cron runs here: the wake-up alone (PostgreSQL's notice of each commit that writes events) sends
-    a top-up's event, then each of three more; a delivery.dead batch goes once its window ends."""
-    operations = await start_operational_receiver(runners)
+    a top-up's event, then each of three more; a delivery.dead batch goes once its window ends. The
+    receiver answers 0.2 s after it has read each request, so the test waits for the records, not the reads."""
+    operations = await start_operational_receiver(runners, behaviour=lambda number: asyncio.sleep(0.2, result=204))
     account_id = await add_account(pool, balance=0)
     await add_operational_endpoint(pool, account_id, operations, keyring)
     wake = OperationalWake(pool, OperationalSender(pool, sender, keyring, _settings()))
@@ -139,7 +146,8 @@ async def test_events_are_sent_when_they_commit_without_the_cron(pool, keyring, 
                            " 'https://example.com/hook')", account_id)
         created = await create_message(pool, MessageRequest(account_id, "e", b"{}"), attempts_max=3)
         await settle(pool, created.deliveries[0].id, "out_of_retries", account_id=account_id)
-        await wait_for(lambda: asyncio.sleep(0, result=len(operations.received) == 5))
+        # received is not recorded: the sender writes 'delivered' once the receiver has answered
+        await wait_for(lambda: _all_recorded(pool, account_id, operations, 5))
     finally:
         await wake.stop()
     assert [entry["payload"]["type"] for entry in operations.received] == ["topup.applied"] * 4 + ["delivery.dead"]
@@ -160,7 +168,7 @@ async def test_a_worker_without_its_operational_cron_still_sends_each_event(pool
                                              and worker.ctx["operational_wake"].runs >= 1))
         for number in range(3):
             await accounts.top_up(pool, account_id, f"order-{number}", 10)
-        await wait_for(lambda: asyncio.sleep(0, result=len(operations.received) == 3))
+        await wait_for(lambda: _all_recorded(pool, account_id, operations, 3))
     assert sorted(entry["payload"]["data"]["order_id"] for entry in operations.received) == [
         "order-0", "order-1", "order-2"]
     await check_each_received_once(pool, account_id, operations)
