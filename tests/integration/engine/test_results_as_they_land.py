@@ -54,7 +54,10 @@ async def test_no_2xx_is_lost_when_the_database_goes_away_while_results_are_reco
     switch = await DatabaseSwitch(database_url).start()
     worker_pool = await create_pool(switch.url(), size_min=1, size_max=8)
     try:
+        arrived = []
+
         async def answer(number):
+            arrived.append(number)
             await asyncio.sleep(rng.uniform(0.0, 0.6))
             return rng.choice((200, 201, 204))
 
@@ -65,7 +68,10 @@ async def test_no_2xx_is_lost_when_the_database_goes_away_while_results_are_reco
         async with Sender(SENDER) as sender:
             engine = _engine(worker_pool, sender, keyring)
             job = asyncio.create_task(engine.deliver_ids(await keys_of(pool, delivery_ids)))
-            # Off once some results are in and others are still coming.
+            # Off once some results are in and others are still coming: after the claim committed (the
+            # first request has arrived), not while it runs; a loaded machine can take longer than
+            # any fixed sleep to claim, and a claim cut by the outage fails the job as it should.
+            await wait_for(lambda: asyncio.sleep(0, arrived))
             await asyncio.sleep(rng.uniform(0.05, 0.35))
             await switch.off()
             await asyncio.sleep(rng.uniform(0.2, 1.0))
