@@ -4,21 +4,31 @@ PostgreSQL restarts, without restarting the server other tests share.
 `off()` aborts every connection through it (the client's reads and writes fail mid-statement,
 as when a backend is terminated) and stops listening, so new connections are refused, as while
 a server restarts. `on()` listens again on the same port. `url()` is the database URL through it.
+
+The server behind it is DATABASE_URL's host and port, or, with no host in the URL (the embedded
+PostgreSQL a run starts when DATABASE_URL is unset), the unix socket in its `host=` directory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 
 class DatabaseSwitch:
     def __init__(self, database_url: str) -> None:
         parts = urlsplit(database_url)
-        assert parts.hostname, "the switch proxies a TCP server (DATABASE_URL with a host)"
+        query = parse_qs(parts.query)
+        host = parts.hostname or query.get("host", [""])[0]
+        port = parts.port or int(query.get("port", ["5432"])[0])
+        assert host, f"the switch needs a host or a host= socket directory in {database_url!r}"
         self._database_url = database_url
-        self._upstream = (parts.hostname, parts.port or 5432)
+        if host.startswith("/"):
+            socket_path = f"{host}/.s.PGSQL.{port}"
+            self._open_upstream = lambda: asyncio.open_unix_connection(socket_path)
+        else:
+            self._open_upstream = lambda: asyncio.open_connection(host, port)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task] = set()
@@ -60,7 +70,7 @@ class DatabaseSwitch:
         task = asyncio.current_task()
         self._tasks.add(task)
         try:
-            server_reader, server_writer = await asyncio.open_connection(*self._upstream)
+            server_reader, server_writer = await self._open_upstream()
         except OSError:
             client_writer.transport.abort()
             self._tasks.discard(task)
