@@ -45,10 +45,10 @@ async def test_batches_past_the_senders_bound_wait_their_turn_and_each_delivery_
 
     receiver = await receiver_factory(slow)
     account_id = await add_account(pool, balance=100_000)
-    # The platform's default timeout, not the helper's 1 s: the claim here is order and once-only, and
+    # The sender's default timeout, not the helper's 1 s: the claim here is order and once-only, and
     # under stress --cpu 2, 320 sends and their receiver on one event loop took over 1 s (64 timeouts).
     for _ in range(ENDPOINTS):
-        await add_endpoint(pool, account_id, receiver, keyring, timeout_ms=15_000)
+        await add_endpoint(pool, account_id, receiver, keyring, timeout_ms=SenderSettings.timeout_ms_default)
     batches = [await _deliveries(pool, account_id, MESSAGES_PER_BATCH) for _ in range(3)]
     sender = Sender(SenderSettings(allow_loopback=True, sends_pending_max=CAPACITY))
     engine = engine_module.Engine(pool, sender, None, SignerCache(keyring), engine_module.EngineSettings(), random.Random(1))
